@@ -1,0 +1,34 @@
+# Chooses the BLAS behind kernels/gemm (see docs/benchmarks.md for the measurement that picked
+# the default). Provides the interface target `meshtrain_blas` and the definition
+# MESHTRAIN_BLAS_<NAME> so kernels/gemm.cpp knows which library it calls.
+set(MESHTRAIN_BLAS "openblas" CACHE STRING "BLAS library behind GEMM: openblas, blis or dnnl")
+set_property(CACHE MESHTRAIN_BLAS PROPERTY STRINGS openblas blis dnnl)
+add_library(meshtrain_blas INTERFACE)
+
+if(MESHTRAIN_BLAS STREQUAL "openblas")
+  # The OpenMP build of OpenBLAS respects each calling thread's omp_set_num_threads, which is
+  # what lets several ranks in one process each keep their own thread budget.
+  find_library(MESHTRAIN_OPENBLAS_LIB NAMES openblas
+               PATHS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/x86_64-linux-gnu
+               NO_DEFAULT_PATH)
+  find_path(MESHTRAIN_CBLAS_INCLUDE cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas-openmp
+            /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas /usr/include)
+  if(NOT MESHTRAIN_OPENBLAS_LIB OR NOT MESHTRAIN_CBLAS_INCLUDE)
+    message(FATAL_ERROR "OpenBLAS not found: run scripts/setup.sh (installs libopenblas-openmp-dev)")
+  endif()
+  target_link_libraries(meshtrain_blas INTERFACE ${MESHTRAIN_OPENBLAS_LIB})
+  target_include_directories(meshtrain_blas INTERFACE ${MESHTRAIN_CBLAS_INCLUDE})
+  target_compile_definitions(meshtrain_blas INTERFACE MESHTRAIN_BLAS_OPENBLAS=1)
+elseif(MESHTRAIN_BLAS STREQUAL "blis")
+  find_library(MESHTRAIN_BLIS_LIB NAMES blis-openmp blis REQUIRED)
+  find_path(MESHTRAIN_BLIS_INCLUDE blis.h PATH_SUFFIXES blis REQUIRED)
+  target_link_libraries(meshtrain_blas INTERFACE ${MESHTRAIN_BLIS_LIB})
+  target_include_directories(meshtrain_blas INTERFACE ${MESHTRAIN_BLIS_INCLUDE})
+  target_compile_definitions(meshtrain_blas INTERFACE MESHTRAIN_BLAS_BLIS=1)
+elseif(MESHTRAIN_BLAS STREQUAL "dnnl")
+  find_package(dnnl REQUIRED)
+  target_link_libraries(meshtrain_blas INTERFACE DNNL::dnnl)
+  target_compile_definitions(meshtrain_blas INTERFACE MESHTRAIN_BLAS_DNNL=1)
+else()
+  message(FATAL_ERROR "MESHTRAIN_BLAS must be openblas, blis or dnnl, not '${MESHTRAIN_BLAS}'")
+endif()

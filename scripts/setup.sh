@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything meshtrain needs on Debian 12 (apt-get only) and prepares the bundled text
+# corpus. Safe to run again: packages already present are skipped, nothing else is downloaded.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake pkg-config git
+  libopenblas-openmp-dev libblis-dev libdnnl-dev   # BLAS candidates (docs/benchmarks.md)
+  libopenmpi-dev openmpi-bin                       # the mpi backend
+  libgtest-dev libgmock-dev libbenchmark-dev       # tests and benchmarks
+  nlohmann-json3-dev libcli11-dev zlib1g-dev
+  fortunes                                         # the text corpus of the quick start
+  python3
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The corpus: Debian's fortune-cookie collection (about 2.4 MB of English text: literature,
+# quotes, songs and poems), concatenated once into data/corpus.txt.
+mkdir -p data
+if [ ! -s data/corpus.txt ]; then
+  src=/usr/share/games/fortunes
+  find "$src" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' ! -name 'ascii-art' \
+    | LC_ALL=C sort | xargs cat > data/corpus.txt.tmp
+  mv data/corpus.txt.tmp data/corpus.txt
+  echo "setup: wrote data/corpus.txt ($(wc -c < data/corpus.txt) bytes)"
+fi

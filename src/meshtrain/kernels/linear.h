@@ -1,0 +1,18 @@
+// Linear layer kernels (GPT-2 Conv1D layout: weight stored (in, out)).
+//   forward:  out(N, OC) = inp(N, C) @ weight(C, OC) + bias(OC)
+//   backward: dinp(N, C) (=), dweight(C, OC) (+=), dbias(OC) (+=)
+// Gradient rule (nn/module.h): parameter gradients accumulate, activation gradients are written.
+#pragma once
+
+#include <cstdint>
+
+namespace meshtrain::kernels {
+
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    int64_t N, int64_t C, int64_t OC, int threads);
+// dinp may be null (no input gradient needed); dbias may be null when there is no bias.
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC,
+                     int threads);
+
+}  // namespace meshtrain::kernels

@@ -1,0 +1,105 @@
+#include "meshtrain/tensor/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <sstream>
+#include <stdexcept>
+
+namespace meshtrain {
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) throw std::invalid_argument("negative dimension in shape " + shape_str(shape));
+    n *= d;
+  }
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << ")";
+  return os.str();
+}
+
+void Tensor::allocate(int64_t n) {
+  capacity_ = n;
+  if (n == 0) {
+    data_.reset();
+    return;
+  }
+  size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (!p) throw std::bad_alloc();
+  data_.reset(static_cast<float*>(p));
+}
+
+Tensor::Tensor(Shape shape) : shape_(std::move(shape)), numel_(shape_numel(shape_)) {
+  allocate(numel_);
+  zero();
+}
+
+Tensor Tensor::empty(Shape shape) {
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.numel_ = shape_numel(t.shape_);
+  t.allocate(t.numel_);
+  return t;
+}
+
+Tensor Tensor::from(Shape shape, const std::vector<float>& values) {
+  Tensor t = empty(std::move(shape));
+  if (static_cast<int64_t>(values.size()) != t.numel_)
+    throw std::invalid_argument("Tensor::from: " + std::to_string(values.size()) +
+                                " values for shape " + shape_str(t.shape_));
+  std::copy(values.begin(), values.end(), t.data());
+  return t;
+}
+
+Tensor::Tensor(const Tensor& other) : shape_(other.shape_), numel_(other.numel_) {
+  allocate(numel_);
+  if (numel_) std::memcpy(data(), other.data(), bytes());
+}
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  if (this == &other) return *this;
+  resize(other.shape_);
+  if (numel_) std::memcpy(data(), other.data(), bytes());
+  return *this;
+}
+
+void Tensor::zero() {
+  if (numel_) std::memset(data(), 0, bytes());
+}
+
+void Tensor::fill(float v) { std::fill(data(), data() + numel_, v); }
+
+void Tensor::resize(Shape shape) {
+  int64_t n = shape_numel(shape);
+  if (n > capacity_) allocate(n);
+  shape_ = std::move(shape);
+  numel_ = n;
+}
+
+Tensor& Tensor::reshape(Shape shape) {
+  if (shape_numel(shape) != numel_)
+    throw std::invalid_argument("reshape " + shape_str(shape_) + " -> " + shape_str(shape) +
+                                " changes the element count");
+  shape_ = std::move(shape);
+  return *this;
+}
+
+float max_abs_diff(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape())
+    throw std::invalid_argument("max_abs_diff: shapes " + shape_str(a.shape()) + " and " +
+                                shape_str(b.shape()) + " differ");
+  float m = 0.f;
+  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,72 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "meshtrain/tensor/rng.h"
+#include "meshtrain/tensor/tensor.h"
+
+using namespace meshtrain;
+
+TEST(Tensor, ShapeAndZeroFill) {
+  Tensor t({2, 3, 4});
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.dim(-1), 4);
+  EXPECT_EQ(shape_str(t.shape()), "(2, 3, 4)");
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t[i], 0.f);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 64, 0u);
+}
+
+TEST(Tensor, CopyIsDeepAndResizeKeepsCapacity) {
+  Tensor a = Tensor::from({2, 2}, {1, 2, 3, 4});
+  Tensor b = a;
+  b[0] = 9;
+  EXPECT_EQ(a[0], 1.f);
+  float* p = a.data();
+  a.resize({3});
+  EXPECT_EQ(a.data(), p);
+  EXPECT_EQ(a.numel(), 3);
+  EXPECT_THROW(a.reshape({2, 2}), std::invalid_argument);
+  EXPECT_THROW(Tensor::from({3}, {1, 2}), std::invalid_argument);
+}
+
+// Known-answer test from the Random123 distribution (kat_vectors, philox4x32_10).
+TEST(Rng, PhiloxKnownAnswer) {
+  auto r = philox4x32({0, 0, 0, 0}, 0);
+  EXPECT_EQ(r[0], 0x6627e8d5u);
+  EXPECT_EQ(r[1], 0xe169c58du);
+  EXPECT_EQ(r[2], 0xbc57ac4cu);
+  EXPECT_EQ(r[3], 0x9b00dbd8u);
+  auto s = philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, 0xffffffffffffffffull);
+  EXPECT_EQ(s[0], 0x408f276du);
+  EXPECT_EQ(s[1], 0x41c83b0eu);
+  EXPECT_EQ(s[2], 0xa20bc7c6u);
+  EXPECT_EQ(s[3], 0x6d5451fdu);
+}
+
+TEST(Rng, NormalMomentsAndDistinctStreams) {
+  uint64_t k = stream_key(1337, "wte.weight");
+  EXPECT_NE(k, stream_key(1337, "wpe.weight"));
+  EXPECT_NE(k, stream_key(1338, "wte.weight"));
+  const int n = 200000;
+  std::vector<float> x(n);
+  fill_normal(x.data(), n, k, 0, 1.0f);
+  double mean = 0, var = 0;
+  for (float v : x) mean += v;
+  mean /= n;
+  for (float v : x) var += (v - mean) * (v - mean);
+  var /= n;
+  EXPECT_NEAR(mean, 0.0, 0.01);
+  EXPECT_NEAR(var, 1.0, 0.02);
+}
+
+// A shard drawn on its own equals the same block of the whole tensor (decision 1).
+TEST(Rng, BlockOfMatrixEqualsSliceOfWhole) {
+  uint64_t k = stream_key(7, "h.0.mlp.c_fc.weight");
+  const int R = 6, C = 10;
+  std::vector<float> whole(R * C), block(3 * 4);
+  fill_normal(whole.data(), R * C, k, 0, 0.02f);
+  fill_normal_block(block.data(), 3, 4, 2, 5, C, k, 0.02f);
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(block[r * 4 + c], whole[(2 + r) * C + 5 + c]);
+}
