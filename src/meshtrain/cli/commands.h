@@ -1,0 +1,21 @@
+// The subcommands of `meshtrain`. Each lives in its own file and registers its options and
+// callback on the parent CLI11 app; main.cpp only wires them together.
+//
+// Exit codes: 0 success, 1 a failure while running, 2 bad input (unknown flag, impossible
+// layout, missing file), always with one sentence that says what to change.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace meshtrain::cli {
+
+// Thrown by a subcommand for bad input; main prints the message and exits 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void add_train_command(CLI::App& app);       // cli/train.cpp
+void add_generate_command(CLI::App& app);    // cli/generate.cpp
+void add_bench_comm_command(CLI::App& bench);  // cli/bench_comm.cpp: `meshtrain bench comm`
+
+}  // namespace meshtrain::cli
