@@ -1,0 +1,114 @@
+// GEMM against a double-precision triple loop, for every transpose combination, odd sizes,
+// leading dimensions larger than the row length, alpha/beta, and the thread budget.
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "kernel_test_util.h"
+#include "meshtrain/kernels/gemm.h"
+
+using namespace meshtrain::kernels;
+using namespace meshtrain::kernels::testing;
+
+namespace {
+
+// ---- reference ----
+// C = alpha op(A) op(B) + beta C, row-major, in double.
+std::vector<double> ref_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha,
+                             const std::vector<float>& A, int64_t lda, const std::vector<float>& B,
+                             int64_t ldb, double beta, const std::vector<float>& C, int64_t ldc) {
+  std::vector<double> out(C.begin(), C.end());
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double a = ta == Trans::N ? A[i * lda + k] : A[k * lda + i];
+        const double b = tb == Trans::N ? B[k * ldb + j] : B[j * ldb + k];
+        s += a * b;
+      }
+      out[i * ldc + j] = alpha * s + beta * C[i * ldc + j];
+    }
+  return out;
+}
+
+struct Case {
+  int64_t M, N, K;
+};
+
+}  // namespace
+
+// ---- correctness ----
+TEST(Gemm, AllTransposesOddSizes) {
+  // float32 products with K <= 70 terms of N(0,1) inputs: error ~ sqrt(K) * 6e-8 * |terms|;
+  // atol 1e-4 on outputs of magnitude ~sqrt(K) ~ 8 leaves a wide but still sensitive margin
+  // (a wrong index or transpose gives errors of order 1).
+  const Case cases[] = {{1, 1, 1}, {1, 17, 5}, {13, 1, 7}, {7, 9, 70}, {33, 31, 17}, {64, 48, 32}};
+  for (auto [M, N, K] : cases)
+    for (Trans ta : {Trans::N, Trans::T})
+      for (Trans tb : {Trans::N, Trans::T})
+        for (int threads : {1, 2}) {
+          const int64_t lda = (ta == Trans::N ? K : M) + 3;  // padded rows
+          const int64_t ldb = (tb == Trans::N ? N : K) + 1;
+          const int64_t ldc = N + 2;
+          auto A = randn((ta == Trans::N ? M : K) * lda, 1);
+          auto B = randn((tb == Trans::N ? K : N) * ldb, 2);
+          auto C = randn(M * ldc, 3);
+          auto want = ref_gemm(ta, tb, M, N, K, 0.5, A, lda, B, ldb, 0.25, C, ldc);
+          gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 0.25f, C.data(), ldc,
+               {threads});
+          EXPECT_TRUE(all_close(C, want, 1e-5, 1e-4))
+              << "M=" << M << " N=" << N << " K=" << K << " ta=" << int(ta)
+              << " tb=" << int(tb) << " threads=" << threads;
+        }
+}
+
+TEST(Gemm, BetaZeroIgnoresNaNInC) {
+  // BLAS semantics: beta = 0 must overwrite C, even when C holds NaN.
+  auto A = randn(4 * 3, 1), B = randn(3 * 5, 2);
+  std::vector<float> C(4 * 5, std::nanf(""));
+  auto want = ref_gemm(Trans::N, Trans::N, 4, 5, 3, 1.0, A, 3, B, 5, 0.0,
+                       std::vector<float>(20, 0.0f), 5);
+  gemm(Trans::N, Trans::N, 4, 5, 3, 1.0f, A.data(), 3, B.data(), 5, 0.0f, C.data(), 5);
+  EXPECT_TRUE(all_close(C, want, 1e-5, 1e-5));
+}
+
+TEST(Gemm, ZeroKScalesC) {
+  std::vector<float> C = {1, 2, 3, 4};
+  gemm(Trans::N, Trans::N, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 2.0f, C.data(), 2);
+  EXPECT_EQ(C, (std::vector<float>{2, 4, 6, 8}));
+}
+
+TEST(Gemm, BackendName) {
+  const std::string name = gemm_backend();
+  EXPECT_TRUE(name == "openblas" || name == "blis" || name == "dnnl") << name;
+}
+
+// ---- thread budget ----
+// Two std::threads (two "ranks") call gemm concurrently with their own budgets; results must
+// match the single-threaded answer, and the calling threads' OpenMP settings must be their own.
+TEST(Gemm, ConcurrentCallersKeepTheirBudgets) {
+  const int64_t n = 192;
+  auto A = randn(n * n, 4), B = randn(n * n, 5);
+  std::vector<float> want(n * n, 0.0f);
+  gemm(Trans::N, Trans::N, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, want.data(), n, {1});
+  std::atomic<int> bad{0};
+  auto rank = [&](int budget) {
+    std::vector<float> C(n * n, 0.0f);
+    for (int rep = 0; rep < 20; ++rep) {
+      gemm(Trans::N, Trans::N, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n,
+           {budget});
+      for (int64_t i = 0; i < n * n; ++i)
+        if (std::fabs(C[i] - want[i]) > 1e-3f * (1.0f + std::fabs(want[i]))) ++bad;
+    }
+    // OpenMP-driven backends keep the budget in this thread's own ICV.
+    if (std::string(gemm_backend()) != "blis" && omp_get_max_threads() != budget) ++bad;
+  };
+  std::thread t1(rank, 1), t2(rank, 2);
+  t1.join();
+  t2.join();
+  EXPECT_EQ(bad.load(), 0);
+}
