@@ -1,0 +1,223 @@
+// Token datasets: file loading (text, nanoGPT .bin, llm.c .bin), the split and the batch order.
+// The layouts and the order are specified in data.h; this file only implements them.
+#include "meshtrain/train/data.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "meshtrain/tensor/rng.h"
+
+namespace meshtrain::train {
+
+static_assert(std::endian::native == std::endian::little,
+              "token files are little-endian; a big-endian host needs byte swapping here");
+
+namespace {
+
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr int64_t kLlmcHeaderInts = 256;
+constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
+constexpr uint64_t kRowBits = 24;  // random order: index = step * 2^24 + row
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw DataError("data file " + path + ": " + what);
+}
+
+bool has_bin_extension(const std::string& path) {
+  return std::filesystem::path(path).extension() == ".bin";
+}
+
+std::string read_all(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    fail(path, "does not exist; check the --data path (a text file or a uint16 .bin token file)");
+  if (std::filesystem::is_directory(path, ec))
+    fail(path, "is a directory; pass a text file or a uint16 .bin token file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot be opened for reading (" + std::string(std::strerror(errno)) +
+                          "); check its permissions");
+  std::string bytes;
+  in.seekg(0, std::ios::end);
+  auto size = static_cast<int64_t>(in.tellg());
+  in.seekg(0, std::ios::beg);
+  bytes.resize(static_cast<size_t>(std::max<int64_t>(size, 0)));
+  if (size > 0 && !in.read(bytes.data(), size)) fail(path, "could not be read completely");
+  if (bytes.empty()) fail(path, "is empty; it must hold at least a few tokens");
+  return bytes;
+}
+
+// Copies `count` uint16 tokens from raw bytes.
+std::vector<uint16_t> u16_tokens(const char* p, int64_t count) {
+  std::vector<uint16_t> out(static_cast<size_t>(count));
+  if (count > 0) std::memcpy(out.data(), p, static_cast<size_t>(count) * 2);
+  return out;
+}
+
+std::vector<uint16_t> parse_llmc(const std::string& path, const std::string& bytes) {
+  if (static_cast<int64_t>(bytes.size()) < kLlmcHeaderBytes)
+    fail(path, "starts with the llm.c magic 20240520 but is only " +
+                   std::to_string(bytes.size()) + " bytes, shorter than its 1024-byte header; "
+                   "the file is truncated, regenerate it");
+  int32_t header[kLlmcHeaderInts];
+  std::memcpy(header, bytes.data(), kLlmcHeaderBytes);
+  if (header[1] != 1)
+    fail(path, "has llm.c header version " + std::to_string(header[1]) +
+                   ", only version 1 (uint16 tokens) is supported; re-export it with uint16 tokens");
+  const int64_t count = header[2];
+  const int64_t payload = static_cast<int64_t>(bytes.size()) - kLlmcHeaderBytes;
+  if (count < 0 || count * 2 != payload)
+    fail(path, "has a malformed llm.c header: it records " + std::to_string(count) +
+                   " tokens (" + std::to_string(count * 2) + " bytes) but " +
+                   std::to_string(payload) +
+                   " bytes follow the header; the file is truncated or corrupt, regenerate it");
+  return u16_tokens(bytes.data() + kLlmcHeaderBytes, count);
+}
+
+}  // namespace
+
+// ---- enums ----
+
+const char* to_string(Split split) { return split == Split::train ? "train" : "val"; }
+
+const char* to_string(DataOrder order) {
+  return order == DataOrder::random ? "random" : "sequential";
+}
+
+DataOrder parse_data_order(const std::string& text) {
+  if (text == "random") return DataOrder::random;
+  if (text == "sequential") return DataOrder::sequential;
+  throw std::invalid_argument("unknown data order '" + text +
+                              "'; use 'random' (windows drawn from seed and step) or "
+                              "'sequential' (llm.c's order)");
+}
+
+// ---- loading ----
+
+TokenDataset TokenDataset::from_tokens(std::vector<uint16_t> tokens, double val_fraction,
+                                       std::string name) {
+  if (!(val_fraction >= 0.0 && val_fraction < 1.0))
+    throw std::invalid_argument("val_fraction must be in [0, 1), got " +
+                                std::to_string(val_fraction));
+  TokenDataset ds;
+  ds.path_ = std::move(name);
+  const auto n = static_cast<int64_t>(tokens.size());
+  const auto n_val = static_cast<int64_t>(std::floor(static_cast<double>(n) * val_fraction));
+  ds.n_train_ = n - n_val;
+  uint16_t max_token = 0;
+  for (uint16_t t : tokens) max_token = std::max(max_token, t);
+  ds.vocab_size_ = n > 0 ? static_cast<int32_t>(max_token) + 1 : 0;
+  ds.tokens_ = std::move(tokens);
+  return ds;
+}
+
+TokenDataset TokenDataset::open(const std::string& path, double val_fraction,
+                                int64_t min_window) {
+  if (min_window < 1)
+    throw std::invalid_argument("min_window must be at least 1, got " +
+                                std::to_string(min_window));
+  const std::string bytes = read_all(path);
+  Format format = Format::text;
+  std::vector<uint16_t> tokens;
+  if (!has_bin_extension(path)) {
+    tokens.assign(reinterpret_cast<const unsigned char*>(bytes.data()),
+                  reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
+  } else {
+    int32_t first = 0;
+    if (bytes.size() >= 4) std::memcpy(&first, bytes.data(), 4);
+    if (first == kLlmcMagic) {
+      format = Format::llmc_bin;
+      tokens = parse_llmc(path, bytes);
+    } else {
+      format = Format::nanogpt_bin;
+      if (bytes.size() % 2 != 0)
+        fail(path, "has an odd size (" + std::to_string(bytes.size()) +
+                       " bytes) for a raw uint16 token file; it is truncated or not a token "
+                       "file (text files must not end in .bin)");
+      tokens = u16_tokens(bytes.data(), static_cast<int64_t>(bytes.size() / 2));
+    }
+  }
+  TokenDataset ds = from_tokens(std::move(tokens), val_fraction, path);
+  ds.format_ = format;
+  if (format == Format::text) ds.vocab_size_ = 256;
+  const int64_t need = min_window + 1;
+  const int64_t n_val = ds.num_tokens(Split::val);
+  if (ds.n_train_ < need || (val_fraction > 0.0 && n_val < need))
+    fail(path, "is too short: " + std::to_string(ds.tokens_.size()) + " tokens give " +
+                   std::to_string(ds.n_train_) + " training and " + std::to_string(n_val) +
+                   " validation tokens, but a window of T=" + std::to_string(min_window) +
+                   " needs " + std::to_string(need) +
+                   " in each split; use a longer file, a shorter sequence or another val_fraction");
+  return ds;
+}
+
+int64_t TokenDataset::num_tokens(Split split) const {
+  return split == Split::train ? n_train_ : static_cast<int64_t>(tokens_.size()) - n_train_;
+}
+
+const uint16_t* TokenDataset::tokens(Split split) const {
+  return tokens_.data() + (split == Split::train ? 0 : n_train_);
+}
+
+// ---- batches ----
+
+void TokenDataset::check_batch_args(Split split, DataOrder order, int64_t step, int64_t B,
+                                    int64_t T) const {
+  if (B < 1 || T < 1)
+    throw std::invalid_argument("batch size and sequence length must be positive, got B=" +
+                                std::to_string(B) + " T=" + std::to_string(T));
+  if (step < 0) throw std::invalid_argument("step must be >= 0, got " + std::to_string(step));
+  const int64_t n = num_tokens(split);
+  const std::string where = std::string("the ") + to_string(split) + " split of " + path_;
+  if (order == DataOrder::random) {
+    if (B > (int64_t{1} << kRowBits))
+      throw std::invalid_argument("random data order supports at most 2^24 rows per batch, got B=" +
+                                  std::to_string(B));
+    if (n < T + 1)
+      throw DataError(where + " has " + std::to_string(n) + " tokens, fewer than the T+1=" +
+                      std::to_string(T + 1) +
+                      " of one window; use a shorter sequence, a longer file or another "
+                      "val_fraction");
+  } else if (n < B * T + 1) {
+    throw DataError(where + " has " + std::to_string(n) + " tokens, fewer than the B*T+1=" +
+                    std::to_string(B * T + 1) +
+                    " of one sequential batch; use a smaller batch or sequence, or a longer file");
+  }
+}
+
+int64_t TokenDataset::window_start(Split split, DataOrder order, uint64_t seed, int64_t step,
+                                   int64_t B, int64_t T, int64_t row) const {
+  const int64_t n = num_tokens(split);
+  if (order == DataOrder::random) {
+    const uint64_t key = stream_key(seed, split == Split::train ? "data.train" : "data.val");
+    const uint64_t index = (static_cast<uint64_t>(step) << kRowBits) + static_cast<uint64_t>(row);
+    return static_cast<int64_t>(philox_u64(key, index) % static_cast<uint64_t>(n - T));
+  }
+  const int64_t per_pass = (n - 1) / (B * T);  // whole batches before wrapping (>= 1)
+  return (step % per_pass) * B * T + row * T;
+}
+
+void TokenDataset::batch(Split split, DataOrder order, uint64_t seed, int64_t step, int64_t B,
+                         int64_t T, int64_t row_begin, int64_t row_end, int32_t* tokens,
+                         int32_t* targets) const {
+  check_batch_args(split, order, step, B, T);
+  if (row_begin < 0 || row_end > B || row_begin > row_end)
+    throw std::invalid_argument("rows [" + std::to_string(row_begin) + ", " +
+                                std::to_string(row_end) + ") are not inside a batch of B=" +
+                                std::to_string(B));
+  const uint16_t* src = this->tokens(split);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint16_t* w = src + window_start(split, order, seed, step, B, T, r);
+    int32_t* x = tokens + (r - row_begin) * T;
+    int32_t* y = targets + (r - row_begin) * T;
+    for (int64_t t = 0; t < T; ++t) {
+      x[t] = w[t];
+      y[t] = w[t + 1];
+    }
+  }
+}
+
+}  // namespace meshtrain::train
