@@ -3,6 +3,7 @@
 # on the same GPT, batch and sequence length, on this machine's CPU cores.
 #
 #   bench/train_speed.sh [--data FILE] [--reps N] [--quick] [--no-gemm] [MODEL ...]
+#   bench/train_speed.sh --sweep [--reps N] [MODEL ...]   # PyTorch only: intra-op x OpenBLAS threads
 #
 # MODEL: gpt-tiny gpt-small gpt2-124m (default: all three). For each model the two programs run
 # alternately, meshtrain then PyTorch, --reps times (default 2: A B A B, so slow drift of the
@@ -12,6 +13,8 @@
 # If build/meshtrain is missing or fails, the meshtrain column says so and PyTorch still runs.
 # If bench_gemm was built, its square SGEMM case runs first (optional; --no-gemm skips it).
 # Default data: data/corpus.txt if present, else ../shared/data/tinyshakespeare.txt.
+# Before each run it waits (up to QUIET_WAIT=90 s) for the other processes' CPU use to drop below
+# half a core, since the machine is shared; each run line shows the CPU others used just before it.
 # The default run takes about 4-6 minutes on 2 idle cores; --quick takes about a third of that.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,9 +26,11 @@ REPS=2
 DATA=""
 GEMM=1
 QUICK=0
+SWEEP=0
+QUIET_WAIT=${QUIET_WAIT:-90}
 MODELS=()
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) DATA=${2:?--data needs a file}; shift 2 ;;
@@ -33,6 +38,7 @@ while [ $# -gt 0 ]; do
     --reps) REPS=${2:?--reps needs a number}; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --no-gemm) GEMM=0; shift ;;
+    --sweep) SWEEP=1; shift ;;
     -h|--help) usage; exit 0 ;;
     gpt-tiny|gpt-small|gpt2-124m) MODELS+=("$1"); shift ;;
     *) echo "train_speed.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -71,7 +77,7 @@ if awk -v l="$load1" 'BEGIN { exit !(l > 0.5) }'; then
 fi
 
 # Optional: the 2-thread SGEMM rate of meshtrain's own GEMM benchmark, square case.
-if [ "$GEMM" = 1 ]; then
+if [ "$GEMM" = 1 ] && [ "$SWEEP" = 0 ]; then
   gemm=""
   for f in build/bench/bench_gemm build/bench_gemm build/bench/gemm; do
     [ -x "$f" ] && { gemm=$f; break; }
@@ -87,7 +93,7 @@ if [ "$GEMM" = 1 ]; then
 fi
 
 have_meshtrain=1
-if [ ! -x "$MESHTRAIN" ]; then
+if [ "$SWEEP" = 0 ] && [ ! -x "$MESHTRAIN" ]; then
   have_meshtrain=0
   echo "== meshtrain: $MESHTRAIN not found (build it with scripts/build.sh): PyTorch column only"
 fi
@@ -122,11 +128,82 @@ print(f"{tps:.1f} {med:.2f} {rows[0].get('loss', 'nan')} {rows[-1].get('loss', '
 EOF
 }
 
+# CPU used by other processes, in cores, over the last second (this script is idle meanwhile).
+busy_cores() {
+  local a b
+  a=($(head -n 1 /proc/stat)); sleep 1; b=($(head -n 1 /proc/stat))
+  awk -v u1="${a[1]}" -v n1="${a[2]}" -v s1="${a[3]}" -v i1="${a[4]}" -v w1="${a[5]}" -v q1="${a[6]}" -v sq1="${a[7]}" \
+      -v u2="${b[1]}" -v n2="${b[2]}" -v s2="${b[3]}" -v i2="${b[4]}" -v w2="${b[5]}" -v q2="${b[6]}" -v sq2="${b[7]}" \
+      -v ncpu="$(nproc)" 'BEGIN {
+        busy = (u2 - u1) + (n2 - n1) + (s2 - s1) + (q2 - q1) + (sq2 - sq1); idle = (i2 - i1) + (w2 - w1);
+        printf "%.1f", (busy + idle > 0) ? ncpu * busy / (busy + idle) : 0 }'
+}
+# Waits up to QUIET_WAIT seconds for others' CPU use to fall below half a core; sets BUSY.
+wait_quiet() {
+  local t=0
+  BUSY=$(busy_cores)
+  while awk -v b="$BUSY" 'BEGIN { exit !(b >= 0.5) }' && [ "$t" -lt "$QUIET_WAIT" ]; do
+    sleep 4; t=$((t + 5)); BUSY=$(busy_cores)
+  done
+}
+
+# Runs the PyTorch reference; sets TPS, MED, L0, L1 (or returns non-zero, 2 when torch is missing).
+run_torch() {  # model intra blas steps
+  local m=$1 out rc
+  out=$(timeout "$RUN_TIMEOUT" "$PY" bench/torch_gpt.py --model "$m" --data "$DATA" --batch "${BATCH[$m]}" \
+          --seq "${SEQ[$m]}" --steps "$4" --warmup "$WARMUP" --intra-threads "$2" --blas-threads "$3" \
+          --json --quiet 2> "$TMP/torch.err")
+  rc=$?
+  if [ "$rc" != 0 ]; then
+    if [ "$rc" = 2 ] && grep -q "not installed" "$TMP/torch.err"; then
+      echo "   PyTorch: not installed (apt-get install -y python3-torch python3-numpy)"
+    else
+      echo "   PyTorch: FAILED (exit $rc)"; tail -n 5 "$TMP/torch.err" | sed 's/^/      /'
+    fi
+    return "$rc"
+  fi
+  read -r TPS MED L0 L1 <<< "$("$PY" -c 'import json,sys; r=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(r["tokens_per_s"], r["step_ms"]["median"], r["loss"]["first"], r["loss"]["last"])' <<< "$out")"
+}
+
+mean() { [ $# -gt 0 ] && printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.0f", s / NR }'; }
+steps_for() { if [ "$QUICK" = 1 ]; then echo "${QSTEPS[$1]}"; else echo "${STEPS[$1]}"; fi; }
+
+if [ "$SWEEP" = 1 ]; then
+  # PyTorch's thread sweep: every (intra-op, OpenBLAS) pair, the order rotated each rep.
+  COMBOS=(1,1 1,2 2,1 2,2)
+  declare -A SW
+  for m in "${MODELS[@]}"; do
+    S=$(steps_for "$m")
+    echo "== sweep $m: B=${BATCH[$m]} T=${SEQ[$m]}, $S timed steps after $WARMUP warm-up"
+    for ((r = 0; r < REPS; r++)); do
+      for ((k = 0; k < ${#COMBOS[@]}; k++)); do
+        c=${COMBOS[$(((k + r) % ${#COMBOS[@]}))]}
+        wait_quiet
+        if run_torch "$m" "${c%,*}" "${c#*,}" "$S"; then
+          echo "   intra-op ${c%,*} OpenBLAS ${c#*,}: $TPS tokens/s (median $MED ms/step; others used $BUSY cores)"
+          SW[$m,$c]="${SW[$m,$c]:-} $TPS"
+        elif [ $? = 2 ]; then exit 2; fi
+      done
+    done
+  done
+  echo
+  printf '%-10s' model; for c in "${COMBOS[@]}"; do printf ' %20s' "intra ${c%,*} blas ${c#*,}"; done; echo "  best"
+  for m in "${MODELS[@]}"; do
+    printf '%-10s' "$m"; best="" bv=0
+    for c in "${COMBOS[@]}"; do
+      v=$(mean ${SW[$m,$c]:-}); printf ' %20s' "${v:--}"
+      if [ -n "$v" ] && [ "$v" -gt "$bv" ]; then bv=$v best=$c; fi
+    done
+    echo "  ${best:--}"
+  done
+  echo "(tokens/s, mean over $REPS rep(s); each run: batch*seq / median step time)"
+  exit 0
+fi
+
 declare -A MT_TPS PT_TPS MT_NOTE PT_NOTE
 for m in "${MODELS[@]}"; do
   B=${BATCH[$m]} T=${SEQ[$m]}
-  S=${STEPS[$m]}
-  [ "$QUICK" = 1 ] && S=${QSTEPS[$m]}
+  S=$(steps_for "$m")
   th=${TORCH_THREADS:-${BEST_THREADS[$m]}}
   intra=${th%,*} blas=${th#*,}
   echo "== $m: B=$B T=$T, $S timed steps after $WARMUP warm-up; PyTorch intra-op $intra, OpenBLAS $blas"
@@ -135,37 +212,30 @@ for m in "${MODELS[@]}"; do
     if [ "$have_meshtrain" = 1 ]; then
       mf="$TMP/$m.$r.jsonl"
       rm -f "$mf"
+      wait_quiet
       timeout "$RUN_TIMEOUT" "$MESHTRAIN" train --model "$m" --data "$DATA" --steps $((S + WARMUP)) \
         --batch "$B" --seq "$T" --metrics "$mf" > "$TMP/$m.$r.log" 2>&1
       rc=$?
       if [ "$rc" = 0 ] && [ -s "$mf" ] && sum=$(summarise_metrics "$mf" $((B * T))); then
         read -r tps med l0 l1 n <<< "$sum"
-        echo "   rep $r meshtrain: $tps tokens/s (median $med ms/step over $n steps; loss $l0 -> $l1)"
+        echo "   rep $r meshtrain: $tps tokens/s (median $med ms/step over $n steps; loss $l0 -> $l1; others used $BUSY cores)"
         mt_vals+=("$tps")
       else
-        echo "   rep $r meshtrain: FAILED (exit $rc${rc:+, }metrics $( [ -s "$mf" ] && echo unreadable || echo missing)); its last lines:"
+        echo "   rep $r meshtrain: FAILED (exit $rc, metrics $([ -s "$mf" ] && echo unreadable || echo missing)); its last lines:"
         tail -n 5 "$TMP/$m.$r.log" | sed 's/^/      /'
         MT_NOTE[$m]="failed"
       fi
     fi
-    if out=$(timeout "$RUN_TIMEOUT" "$PY" bench/torch_gpt.py --model "$m" --data "$DATA" --batch "$B" \
-               --seq "$T" --steps "$S" --warmup "$WARMUP" --intra-threads "$intra" --blas-threads "$blas" \
-               --json --quiet 2> "$TMP/$m.$r.torch.err"); then
-      read -r tps med l0 l1 <<< "$("$PY" -c 'import json,sys; r=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(r["tokens_per_s"], r["step_ms"]["median"], r["loss"]["first"], r["loss"]["last"])' <<< "$out")"
-      echo "   rep $r PyTorch:   $tps tokens/s (median $med ms/step; loss $l0 -> $l1)"
-      pt_vals+=("$tps")
+    wait_quiet
+    if run_torch "$m" "$intra" "$blas" "$S"; then
+      echo "   rep $r PyTorch:   $TPS tokens/s (median $MED ms/step; loss $L0 -> $L1; others used $BUSY cores)"
+      pt_vals+=("$TPS")
     else
       rc=$?
-      if [ "$rc" = 2 ] && grep -q "not installed" "$TMP/$m.$r.torch.err"; then
-        PT_NOTE[$m]="no torch"
-        echo "   PyTorch: not installed (apt-get install -y python3-torch python3-numpy)"
-        break
-      fi
-      echo "   rep $r PyTorch: FAILED (exit $rc)"; tail -n 5 "$TMP/$m.$r.torch.err" | sed 's/^/      /'
+      if [ "$rc" = 2 ]; then PT_NOTE[$m]="no torch"; break; fi
       PT_NOTE[$m]="failed"
     fi
   done
-  mean() { [ $# -gt 0 ] && printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.0f", s / NR }'; }
   MT_TPS[$m]=$(mean "${mt_vals[@]}")
   PT_TPS[$m]=$(mean "${pt_vals[@]}")
 done
@@ -174,7 +244,9 @@ echo
 printf '%-10s %16s %16s %7s %7s  %s\n' model "meshtrain tok/s" "PyTorch tok/s" ratio target verdict
 for m in "${MODELS[@]}"; do
   mt=${MT_TPS[$m]:-} pt=${PT_TPS[$m]:-}
-  [ -n "$mt" ] || { [ "$have_meshtrain" = 1 ] && mt=${MT_NOTE[$m]:-failed} || mt="not built"; }
+  if [ -z "$mt" ]; then
+    if [ "$have_meshtrain" = 1 ]; then mt=${MT_NOTE[$m]:-failed}; else mt="not built"; fi
+  fi
   [ -n "$pt" ] || pt=${PT_NOTE[$m]:-failed}
   ratio="-" verdict=""
   if [[ "$mt" =~ ^[0-9]+$ && "$pt" =~ ^[0-9]+$ && "$pt" -gt 0 ]]; then
