@@ -17,9 +17,12 @@ TEST(Tensor, ShapeAndZeroFill) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 64, 0u);
 }
 
-TEST(Tensor, CopyIsDeepAndResizeKeepsCapacity) {
+TEST(Tensor, CopySharesCloneIsDeepResizeKeepsCapacity) {
   Tensor a = Tensor::from({2, 2}, {1, 2, 3, 4});
-  Tensor b = a;
+  Tensor shared = a;
+  shared[1] = 7;
+  EXPECT_EQ(a[1], 7.f);
+  Tensor b = a.clone();
   b[0] = 9;
   EXPECT_EQ(a[0], 1.f);
   float* p = a.data();

@@ -1,8 +1,67 @@
-// `meshtrain train`: placeholder until the trainer lands.
+// `meshtrain train`: the flags of DESIGN "Interfaces", mapped onto train::TrainOptions.
+// Bad input (unknown model, missing data file, impossible layout, corrupt checkpoint) exits 2
+// with the sentence the trainer raised; failures while training exit 1.
+#include <stdexcept>
+
 #include "meshtrain/cli/commands.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/metrics.h"
+#include "meshtrain/train/trainer.h"
 
 namespace meshtrain::cli {
+
 void add_train_command(CLI::App& app) {
-  app.add_subcommand("train", "Train a model (not built yet)");
+  auto opt = std::make_shared<train::TrainOptions>();
+  auto order = std::make_shared<std::string>("random");
+  CLI::App* c = app.add_subcommand("train", "Train a GPT on a text or token file");
+  c->add_option("--model", opt->model, "Named model: gpt-tiny, gpt-small, gpt2-124m")->capture_default_str();
+  c->add_option("--config", opt->config_file, "Model config JSON file (instead of --model)");
+  c->add_option("--data", opt->data, "Text file (byte tokens) or uint16 token file (.bin)");
+  c->add_option("--data-order", *order, "random (windows drawn from seed and step) or sequential (llm.c order)")->capture_default_str();
+  c->add_option("--val-fraction", opt->val_fraction, "Share of the tokens held out for validation (the end of the file)")->capture_default_str();
+  c->add_option("--dp", opt->dp, "Data-parallel ranks")->capture_default_str();
+  c->add_option("--tp", opt->tp, "Tensor-parallel ranks")->capture_default_str();
+  c->add_option("--pp", opt->pp, "Pipeline stages")->capture_default_str();
+  c->add_option("--microbatches", opt->microbatches, "Micro-batches per step (gradient accumulation)")->capture_default_str();
+  c->add_option("--schedule", opt->schedule, "Pipeline schedule: gpipe, 1f1b, interleaved, zb")->capture_default_str();
+  c->add_option("--zero", opt->zero, "ZeRO stage 0..3")->capture_default_str();
+  c->add_option("--backend", opt->backend, "Communication backend: threads or mpi")->capture_default_str();
+  c->add_option("--steps", opt->steps, "Optimizer steps")->capture_default_str();
+  c->add_option("--batch", opt->batch, "Global batch size B (default: the model's)");
+  c->add_option("--seq", opt->seq, "Sequence length T (default: the model's)");
+  c->add_option("--lr", opt->adam.lr, "Peak learning rate")->capture_default_str();
+  c->add_option("--min-lr", opt->adam.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
+  c->add_option("--warmup", opt->adam.warmup_steps, "Linear warm-up steps")->capture_default_str();
+  c->add_option("--weight-decay", opt->adam.weight_decay, "AdamW weight decay (2-D weights only)")->capture_default_str();
+  c->add_option("--beta2", opt->adam.beta2, "AdamW beta2")->capture_default_str();
+  c->add_option("--grad-clip", opt->adam.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
+  c->add_option("--seed", opt->seed, "Seed of the initialisation and the data order")->capture_default_str();
+  c->add_option("--threads", opt->threads, "Kernel threads per rank (0: cores / ranks)")->capture_default_str();
+  c->add_option("--eval-every", opt->eval_every, "Validation loss every K steps (0: only at the end)")->capture_default_str();
+  c->add_option("--eval-batches", opt->eval_batches, "Batches averaged for the validation loss")->capture_default_str();
+  c->add_option("--metrics", opt->metrics, "Write one JSON line per step to this file");
+  c->add_option("--trace", opt->trace, "Write a Chrome trace (Perfetto) of every rank to this file");
+  c->add_option("--checkpoint-dir", opt->checkpoint_dir, "Directory for checkpoints");
+  c->add_option("--checkpoint-every", opt->checkpoint_every, "Save a checkpoint every K steps (and at the end)")->capture_default_str();
+  c->add_option("--keep-checkpoints", opt->keep_checkpoints, "Keep only the newest N checkpoints (0: all)")->capture_default_str();
+  c->add_flag("--resume", opt->resume, "Continue from the newest checkpoint in --checkpoint-dir");
+  c->add_flag("--save-initial", opt->save_initial, "Also save the initial weights as step 0");
+  c->add_option("--log-every", opt->log_every, "Progress line every N steps")->capture_default_str();
+  c->add_flag("--quiet", opt->quiet, "No progress output");
+  c->callback([opt, order] {
+    train::TrainOptions o = *opt;
+    try {
+      o.data_order = train::parse_data_order(*order);
+      train::configure_allocator();
+      train::train(o);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    } catch (const train::DataError& e) {
+      throw UsageError(e.what());
+    } catch (const train::CheckpointError& e) {
+      throw UsageError(e.what());
+    }
+  });
 }
+
 }  // namespace meshtrain::cli

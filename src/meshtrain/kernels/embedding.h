@@ -3,7 +3,9 @@
 //   backward: dwte(V, C) +=, dwpe(T_max, C) += (parameter gradients accumulate)
 // vocab_start/vocab_size let a vocabulary-parallel rank own rows [vocab_start, vocab_start +
 // vocab_size) of the table: tokens outside contribute zero (forward) and nothing (backward).
-// A full table passes vocab_start = 0, vocab_size = V. add_positions = false skips wpe.
+// A full table passes vocab_start = 0, vocab_size = V. wpe = nullptr skips the position table
+// (forward), dwpe = nullptr skips its gradient (backward); a vocabulary-parallel group passes
+// wpe on one rank only, so the all-reduce of the partial outputs adds it once.
 #pragma once
 
 #include <cstdint>

@@ -35,7 +35,7 @@ void Tensor::allocate(int64_t n) {
   size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, bytes);
   if (!p) throw std::bad_alloc();
-  data_.reset(static_cast<float*>(p));
+  data_ = std::shared_ptr<float[]>(static_cast<float*>(p), [](float* q) { std::free(q); });
 }
 
 Tensor::Tensor(Shape shape) : shape_(std::move(shape)), numel_(shape_numel(shape_)) {
@@ -60,16 +60,17 @@ Tensor Tensor::from(Shape shape, const std::vector<float>& values) {
   return t;
 }
 
-Tensor::Tensor(const Tensor& other) : shape_(other.shape_), numel_(other.numel_) {
-  allocate(numel_);
-  if (numel_) std::memcpy(data(), other.data(), bytes());
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_);
+  if (numel_) std::memcpy(t.data(), data(), bytes());
+  return t;
 }
 
-Tensor& Tensor::operator=(const Tensor& other) {
-  if (this == &other) return *this;
-  resize(other.shape_);
-  if (numel_) std::memcpy(data(), other.data(), bytes());
-  return *this;
+void Tensor::copy_from(const Tensor& other) {
+  if (other.numel_ != numel_)
+    throw std::invalid_argument("copy_from: " + shape_str(other.shape_) + " into " +
+                                shape_str(shape_) + " changes the element count");
+  if (numel_ && data() != other.data()) std::memcpy(data(), other.data(), bytes());
 }
 
 void Tensor::zero() {

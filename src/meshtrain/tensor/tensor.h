@@ -1,7 +1,9 @@
-// Tensor: a contiguous, row-major float32 array with a shape. It owns its storage (64-byte
-// aligned, so SIMD kernels and BLAS see aligned rows); copies are deep, moves are cheap.
+// Tensor: a contiguous, row-major float32 array with a shape. Storage is 64-byte aligned (SIMD
+// kernels and BLAS see aligned rows) and shared: copying a Tensor shares its storage (as a
+// PyTorch tensor does), so saving an activation for backward costs a reference count, not a
+// copy. `clone()` makes a deep copy.
 // Limits: no strides or views (kernels take raw pointers plus sizes, llm.c style); bf16 storage
-// comes later behind the same class.
+// comes later behind the same class. Concurrency: one rank owns a tensor; no locking.
 #pragma once
 
 #include <cstdint>
@@ -29,10 +31,14 @@ class Tensor {
   static Tensor zeros(Shape shape) { return Tensor(std::move(shape)); }
   static Tensor from(Shape shape, const std::vector<float>& values);
 
-  Tensor(const Tensor& other);
-  Tensor& operator=(const Tensor& other);
+  // Shallow: shares storage. Use clone() for an independent copy.
+  Tensor(const Tensor&) = default;
+  Tensor& operator=(const Tensor&) = default;
   Tensor(Tensor&&) noexcept = default;
   Tensor& operator=(Tensor&&) noexcept = default;
+  Tensor clone() const;
+  // Copies other's values into this tensor's storage (shapes must have equal element counts).
+  void copy_from(const Tensor& other);
 
   float* data() { return data_.get(); }
   const float* data() const { return data_.get(); }
@@ -47,21 +53,19 @@ class Tensor {
 
   void zero();
   void fill(float v);
-  // Changes the shape; reallocates only when the element count grows past the capacity.
+  // Changes the shape; reallocates (leaving other sharers on the old storage) only when the
+  // element count grows past the capacity.
   void resize(Shape shape);
   // Same storage, new shape of the same element count.
   Tensor& reshape(Shape shape);
 
  private:
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
   void allocate(int64_t n);
 
   Shape shape_;
   int64_t numel_ = 0;
   int64_t capacity_ = 0;
-  std::unique_ptr<float[], Free> data_;
+  std::shared_ptr<float[]> data_;
 };
 
 // Largest absolute element-wise difference; the shapes must match.

@@ -1,0 +1,186 @@
+#include "meshtrain/model/gpt.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "meshtrain/kernels/crossentropy.h"
+#include "meshtrain/kernels/elementwise.h"
+#include "meshtrain/kernels/embedding.h"
+#include "meshtrain/kernels/gemm.h"
+
+namespace meshtrain::model {
+
+// ---- MLPBlock ----
+
+MLPBlock::MLPBlock(std::string name, int64_t C, uint64_t seed, float proj_std)
+    : c_fc(std::make_unique<nn::Linear>(name + ".c_fc", C, 4 * C,
+                                        nn::LinearOptions{.seed = seed})),
+      c_proj(std::make_unique<nn::Linear>(name + ".c_proj", 4 * C, C,
+                                          nn::LinearOptions{.init_std = proj_std, .seed = seed})) {}
+
+MLPBlock::MLPBlock(std::unique_ptr<nn::Linear> fc, std::unique_ptr<nn::Linear> proj)
+    : c_fc(std::move(fc)), c_proj(std::move(proj)) {}
+
+Tensor MLPBlock::forward(Context& ctx, const Tensor& x) {
+  Tensor h = c_fc->forward(ctx, x);  // (B, T, 4C)
+  Tensor g = gelu.forward(ctx, h);   // (B, T, 4C)
+  return c_proj->forward(ctx, g);    // (B, T, C)
+}
+
+Tensor MLPBlock::backward(Context& ctx, const Tensor& dy) {
+  Tensor dg = c_proj->backward(ctx, dy);
+  Tensor dh = gelu.backward(ctx, dg);
+  return c_fc->backward(ctx, dh);
+}
+
+void MLPBlock::collect_params(std::vector<Param*>& out) {
+  c_fc->collect_params(out);
+  c_proj->collect_params(out);
+}
+
+// ---- Block ----
+
+Block::Block(std::string name, const GPTConfig& cfg, uint64_t seed)
+    : ln_1(name + ".ln_1", cfg.n_embd), ln_2(name + ".ln_2", cfg.n_embd) {
+  const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
+  attn = std::make_unique<nn::CausalSelfAttention>(
+      name + ".attn", cfg.n_embd, cfg.n_head,
+      nn::AttentionOptions{.seed = seed, .init_std = 0.02f, .proj_init_std = proj_std});
+  mlp = std::make_unique<MLPBlock>(name + ".mlp", cfg.n_embd, seed, proj_std);
+}
+
+Block::Block(std::string name, int64_t C, std::unique_ptr<nn::Layer> a,
+             std::unique_ptr<nn::Layer> m)
+    : ln_1(name + ".ln_1", C), attn(std::move(a)), ln_2(name + ".ln_2", C), mlp(std::move(m)) {}
+
+Tensor Block::forward(Context& ctx, const Tensor& x) {
+  const int threads = ctx.threads;
+  Tensor a = attn->forward(ctx, ln_1.forward(ctx, x));
+  Tensor x1 = Tensor::empty(x.shape());
+  kernels::add(x1.data(), x.data(), a.data(), x.numel(), threads);
+  Tensor m = mlp->forward(ctx, ln_2.forward(ctx, x1));
+  kernels::accumulate(m.data(), x1.data(), m.numel(), threads);  // x2 = x1 + mlp(...)
+  return m;
+}
+
+Tensor Block::backward(Context& ctx, const Tensor& dy) {
+  // dx1 = dy + ln_2'(mlp'(dy)); dx = dx1 + ln_1'(attn'(dx1)). The layernorm backward adds into
+  // the residual gradient, so dy's buffer becomes dx1 and then dx without new allocations.
+  Tensor dx = dy.clone();
+  ln_2.backward_into(ctx, mlp->backward(ctx, dy), dx);
+  Tensor da = attn->backward(ctx, dx);
+  ln_1.backward_into(ctx, da, dx);
+  return dx;
+}
+
+void Block::collect_params(std::vector<Param*>& out) {
+  ln_1.collect_params(out);
+  attn->collect_params(out);
+  ln_2.collect_params(out);
+  mlp->collect_params(out);
+}
+
+// ---- GPT ----
+
+GPT::GPT(const GPTConfig& cfg, uint64_t seed)
+    : wte("wte.weight", {cfg.vocab_size, cfg.n_embd}),
+      wpe("wpe.weight", {cfg.block_size, cfg.n_embd}),
+      ln_f("ln_f", cfg.n_embd),
+      cfg_(cfg) {
+  cfg_.validate();
+  nn::init_normal(wte, seed, 0.02f);
+  nn::init_normal(wpe, seed, 0.02f);
+  for (int64_t i = 0; i < cfg.n_layer; ++i)
+    h.push_back(std::make_unique<Block>("h." + std::to_string(i), cfg, seed));
+}
+
+Tensor GPT::trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_t T) {
+  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
+  if (T > cfg_.block_size)
+    throw std::invalid_argument("sequence length " + std::to_string(T) + " exceeds the model's " +
+                                std::to_string(cfg_.block_size) + " positions");
+  for (int64_t i = 0; i < B * T; ++i)
+    if (tokens[i] < 0 || tokens[i] >= V)
+      throw std::invalid_argument("token id " + std::to_string(tokens[i]) +
+                                  " outside the vocabulary of " + std::to_string(V));
+  Tensor x = Tensor::empty({B, T, C});
+  kernels::embedding_forward(x.data(), tokens, wte.value.data(), wpe.value.data(), B, T, C, 0, V,
+                             ctx.threads);
+  if (ctx.training) ctx.ints(this).assign(tokens, tokens + B * T);
+  for (auto& block : h) x = block->forward(ctx, x);
+  return ln_f.forward(ctx, x);
+}
+
+float GPT::forward(Context& ctx, const int32_t* tokens, const int32_t* targets, int64_t B,
+                   int64_t T) {
+  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, N = B * T;
+  Tensor hN = trunk_forward(ctx, tokens, B, T);  // (B, T, C)
+  Tensor logits = Tensor::empty({N, V});
+  kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, V, C, 1.f, hN.data(), C,
+                wte.value.data(), C, 0.f, logits.data(), V, {ctx.threads});
+  Tensor losses = Tensor::empty({N}), lse = Tensor::empty({N});
+  kernels::crossentropy_forward(losses.data(), lse.data(), logits.data(), targets, N, V,
+                                ctx.threads);
+  double sum = 0;
+  int64_t valid = 0;
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[i] >= 0) sum += losses[i], ++valid;
+  if (ctx.training) {
+    ctx.save(&head_, {hN, logits, lse});
+    auto& t = ctx.ints(&head_);
+    t.assign(targets, targets + N);
+    t.push_back(static_cast<int32_t>(valid));
+  }
+  return valid ? static_cast<float>(sum / static_cast<double>(valid)) : 0.f;
+}
+
+void GPT::backward(Context& ctx, float grad_scale) {
+  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
+  auto& s = ctx.saved(&head_);
+  Tensor hN = s[0], logits = s[1], lse = s[2];
+  std::vector<int32_t> targets = std::move(ctx.ints(&head_));
+  const int64_t valid = targets.back();
+  targets.pop_back();
+  ctx.release(&head_);
+  const int64_t N = logits.dim(0), B = hN.dim(0), T = hN.dim(1);
+
+  // dloss_i = grad_scale / valid for every counted row (the loss is a mean).
+  Tensor dloss = Tensor::empty({N});
+  dloss.fill(valid ? grad_scale / static_cast<float>(valid) : 0.f);
+  kernels::crossentropy_backward_inplace(logits.data(), lse.data(), targets.data(), dloss.data(),
+                                         N, V, ctx.threads);
+  Tensor& dlogits = logits;  // (N, V)
+  // Tied output projection: dwte += dlogits^T hN; dh = dlogits wte.
+  kernels::gemm(kernels::Trans::T, kernels::Trans::N, V, C, N, 1.f, dlogits.data(), V,
+                hN.data(), C, 1.f, wte.grad.data(), C, {ctx.threads});
+  Tensor dh = Tensor::empty({B, T, C});
+  kernels::gemm(kernels::Trans::N, kernels::Trans::N, N, C, V, 1.f, dlogits.data(), V,
+                wte.value.data(), C, 0.f, dh.data(), C, {ctx.threads});
+  logits = Tensor();  // free (N, V) before the trunk's backward
+
+  Tensor dx = ln_f.backward(ctx, dh);
+  for (auto it = h.rbegin(); it != h.rend(); ++it) dx = (*it)->backward(ctx, dx);
+  std::vector<int32_t> tokens = std::move(ctx.ints(this));
+  ctx.release(this);
+  kernels::embedding_backward(wte.grad.data(), wpe.grad.data(), dx.data(), tokens.data(), B, T,
+                              C, 0, V, ctx.threads);
+}
+
+Tensor GPT::logits(Context& ctx, const int32_t* tokens, int64_t B, int64_t T) {
+  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
+  Context eval(ctx.threads, /*training=*/false);
+  Tensor hN = trunk_forward(eval, tokens, B, T);
+  Tensor out = Tensor::empty({B, T, V});
+  kernels::gemm(kernels::Trans::N, kernels::Trans::T, B * T, V, C, 1.f, hN.data(), C,
+                wte.value.data(), C, 0.f, out.data(), V, {ctx.threads});
+  return out;
+}
+
+void GPT::collect_params(std::vector<Param*>& out) {
+  out.push_back(&wte);
+  out.push_back(&wpe);
+  for (auto& b : h) b->collect_params(out);
+  ln_f.collect_params(out);
+}
+
+}  // namespace meshtrain::model

@@ -1,0 +1,84 @@
+// GPT: GPT-2's architecture with explicit backward. Pre-LN blocks (ln_1 -> attention ->
+// residual, ln_2 -> MLP 4x tanh-GELU -> residual), learned positions, final layernorm, and the
+// output projection tied to the token embedding. Parameter names and layouts are those of the
+// GPT-2 checkpoints on the Hugging Face hub (`wte.weight` (V, C), `h.{i}.attn.c_attn.weight`
+// (C, 3C) stored (in, out), ...), so a GPT-2 model.safetensors loads as is.
+//
+// Initialisation (GPT-2): weights N(0, 0.02), residual projections (attn.c_proj, mlp.c_proj)
+// N(0, 0.02 / sqrt(2 n_layer)), biases 0, layernorm weights 1, all drawn layout-invariantly.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "meshtrain/model/config.h"
+#include "meshtrain/nn/attention.h"
+#include "meshtrain/nn/gelu.h"
+#include "meshtrain/nn/layernorm.h"
+#include "meshtrain/nn/linear.h"
+
+namespace meshtrain::model {
+
+using nn::Context;
+using nn::Param;
+
+// ---- MLP half of a block: c_fc (C, 4C) -> GELU -> c_proj (4C, C) ----
+class MLPBlock : public nn::Layer {
+ public:
+  MLPBlock(std::string name, int64_t C, uint64_t seed, float proj_std);
+  MLPBlock(std::unique_ptr<nn::Linear> fc, std::unique_ptr<nn::Linear> proj);
+  Tensor forward(Context& ctx, const Tensor& x) override;   // (B, T, C) -> (B, T, C)
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  void collect_params(std::vector<Param*>& out) override;
+
+  std::unique_ptr<nn::Linear> c_fc;
+  nn::Gelu gelu;
+  std::unique_ptr<nn::Linear> c_proj;
+};
+
+// ---- transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)) ----
+class Block : public nn::Layer {
+ public:
+  Block(std::string name, const GPTConfig& cfg, uint64_t seed);
+  Block(std::string name, int64_t C, std::unique_ptr<nn::Layer> attn,
+        std::unique_ptr<nn::Layer> mlp);
+  Tensor forward(Context& ctx, const Tensor& x) override;   // (B, T, C) -> (B, T, C)
+  Tensor backward(Context& ctx, const Tensor& dy) override;
+  void collect_params(std::vector<Param*>& out) override;
+
+  nn::LayerNorm ln_1;
+  std::unique_ptr<nn::Layer> attn;
+  nn::LayerNorm ln_2;
+  std::unique_ptr<nn::Layer> mlp;
+};
+
+// ---- the model ----
+class GPT : public nn::Module {
+ public:
+  GPT(const GPTConfig& cfg, uint64_t seed);
+
+  // Mean cross-entropy over the (B, T) targets; saves activations in ctx when training.
+  float forward(Context& ctx, const int32_t* tokens, const int32_t* targets, int64_t B,
+                int64_t T);
+  // Backward of `grad_scale * mean loss` (grad_scale = this micro-batch's share of the global
+  // batch). Parameter gradients accumulate.
+  void backward(Context& ctx, float grad_scale = 1.0f);
+  // Logits (B, T, V) for sampling; saves nothing.
+  Tensor logits(Context& ctx, const int32_t* tokens, int64_t B, int64_t T);
+
+  void collect_params(std::vector<Param*>& out) override;
+  const GPTConfig& config() const { return cfg_; }
+
+  Param wte;  // (V, C), also the output projection
+  Param wpe;  // (block_size, C)
+  std::vector<std::unique_ptr<Block>> h;
+  nn::LayerNorm ln_f;
+
+ private:
+  Tensor trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_t T);  // (B,T,C)
+  GPTConfig cfg_;
+  struct Head {};  // key for the head's saved tensors
+  Head head_;
+};
+
+}  // namespace meshtrain::model

@@ -1,0 +1,45 @@
+#include "meshtrain/nn/layernorm.h"
+
+#include "meshtrain/kernels/layernorm.h"
+
+namespace meshtrain::nn {
+
+LayerNorm::LayerNorm(std::string name, int64_t C)
+    : weight(name + ".weight", {C}, {}, /*decay=*/false),
+      bias(name + ".bias", {C}, {}, /*decay=*/false) {
+  init_constant(weight, 1.f);
+  init_constant(bias, 0.f);
+}
+
+Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
+  const int64_t C = weight.value.numel(), N = x.numel() / C;
+  Tensor y = Tensor::empty(x.shape());
+  Tensor mean = Tensor::empty({N}), rstd = Tensor::empty({N});
+  kernels::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), weight.value.data(),
+                             bias.value.data(), N, C, ctx.threads);
+  ctx.save(this, {x, mean, rstd});
+  return y;
+}
+
+void LayerNorm::backward_into(Context& ctx, const Tensor& dy, Tensor& dx) {
+  auto& s = ctx.saved(this);
+  const Tensor &x = s[0], &mean = s[1], &rstd = s[2];
+  const int64_t C = weight.value.numel(), N = x.numel() / C;
+  kernels::layernorm_backward(dx.data(), weight.grad.data(), bias.grad.data(), dy.data(),
+                              x.data(), weight.value.data(), mean.data(), rstd.data(), N, C,
+                              ctx.threads);
+  ctx.release(this);
+}
+
+Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
+  Tensor dx(dy.shape());
+  backward_into(ctx, dy, dx);
+  return dx;
+}
+
+void LayerNorm::collect_params(std::vector<Param*>& out) {
+  out.push_back(&weight);
+  out.push_back(&bias);
+}
+
+}  // namespace meshtrain::nn

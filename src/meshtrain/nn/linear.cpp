@@ -1,0 +1,48 @@
+#include "meshtrain/nn/linear.h"
+
+#include <stdexcept>
+
+#include "meshtrain/kernels/linear.h"
+
+namespace meshtrain::nn {
+
+Linear::Linear(std::string name, int64_t in, int64_t out, const LinearOptions& opt)
+    : weight(name + ".weight", {in, out}, opt.weight_shard, /*decay=*/true), has_bias(opt.bias) {
+  init_normal(weight, opt.seed, opt.init_std);
+  if (has_bias) {
+    bias = Param(name + ".bias", {out}, opt.bias_shard, /*decay=*/false);
+    init_constant(bias, 0.f);
+  }
+}
+
+Tensor Linear::forward(Context& ctx, const Tensor& x) {
+  const int64_t C = in_local(), OC = out_local();
+  if (x.dim(-1) != C)
+    throw std::invalid_argument(weight.name + ": input " + shape_str(x.shape()) +
+                                " does not end in " + std::to_string(C));
+  const int64_t N = x.numel() / C;
+  Shape ys = x.shape();
+  ys.back() = OC;
+  Tensor y = Tensor::empty(ys);
+  const float* b = has_bias && add_bias_in_forward ? bias.value.data() : nullptr;
+  kernels::linear_forward(y.data(), x.data(), weight.value.data(), b, N, C, OC, ctx.threads);
+  ctx.save(this, {x});
+  return y;
+}
+
+Tensor Linear::backward(Context& ctx, const Tensor& dy) {
+  Tensor x = ctx.saved(this)[0];
+  ctx.release(this);
+  const int64_t C = in_local(), OC = out_local(), N = x.numel() / C;
+  Tensor dx = Tensor::empty(x.shape());
+  kernels::linear_backward(dx.data(), weight.grad.data(), has_bias ? bias.grad.data() : nullptr,
+                           dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.threads);
+  return dx;
+}
+
+void Linear::collect_params(std::vector<Param*>& out) {
+  out.push_back(&weight);
+  if (has_bias) out.push_back(&bias);
+}
+
+}  // namespace meshtrain::nn

@@ -1,0 +1,71 @@
+#include "meshtrain/nn/param.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#include "meshtrain/tensor/rng.h"
+
+namespace meshtrain::nn {
+
+Shape ShardSpec::local_shape(const Shape& global) const {
+  if (!is_split()) return global;
+  if (dim < 0 || dim >= static_cast<int>(global.size()))
+    throw std::invalid_argument("shard dim " + std::to_string(dim) + " outside shape " +
+                                shape_str(global));
+  if (global[dim] % (static_cast<int64_t>(groups) * size) != 0)
+    throw std::invalid_argument("dimension " + std::to_string(dim) + " of " + shape_str(global) +
+                                " (" + std::to_string(groups) + " part(s)) does not split over " +
+                                std::to_string(size) + " ranks");
+  Shape s = global;
+  s[dim] = global[dim] / size;
+  return s;
+}
+
+int64_t ShardSpec::global_index(const Shape& global, int64_t i) const {
+  if (!is_split()) return i;
+  Shape local = local_shape(global);
+  // Decompose i into local coordinates (row-major), map the split coordinate, recompose.
+  int64_t idx = 0, rem = i;
+  std::vector<int64_t> coord(local.size());
+  for (int d = static_cast<int>(local.size()) - 1; d >= 0; --d) {
+    coord[d] = rem % local[d];
+    rem /= local[d];
+  }
+  int64_t part_local = local[dim] / groups;    // this rank's share of one group
+  int64_t part_global = global[dim] / groups;  // one group in the full tensor
+  int64_t g = coord[dim] / part_local, within = coord[dim] % part_local;
+  coord[dim] = g * part_global + static_cast<int64_t>(rank) * part_local + within;
+  for (size_t d = 0; d < global.size(); ++d) idx = idx * global[d] + coord[d];
+  return idx;
+}
+
+std::string ShardSpec::str() const {
+  if (!is_split()) return "replicated";
+  std::ostringstream os;
+  os << "split(dim=" << dim << ", groups=" << groups << ", " << rank << "/" << size << ")";
+  return os.str();
+}
+
+Param::Param(std::string n, Shape global, ShardSpec s, bool d)
+    : name(std::move(n)), global_shape(std::move(global)), shard(s), decay(d) {
+  Shape local = shard.local_shape(global_shape);
+  value = Tensor(local);
+  grad = Tensor(local);
+}
+
+void init_normal(Param& p, uint64_t seed, float std) {
+  uint64_t key = stream_key(seed, p.name);
+  float* v = p.value.data();
+  const int64_t n = p.value.numel();
+  if (!p.shard.is_split()) {
+    fill_normal(v, n, key, 0, std);
+    return;
+  }
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = std * philox_normal(key, static_cast<uint64_t>(p.shard.global_index(p.global_shape, i)));
+}
+
+void init_constant(Param& p, float v) { p.value.fill(v); }
+
+}  // namespace meshtrain::nn

@@ -1,0 +1,57 @@
+// Param: one trainable tensor with its name, gradient and shard spec (DESIGN decision 6).
+// `value` and `grad` hold this rank's local part; `global_shape` is the full logical tensor the
+// checkpoint stores under `name`. The shard spec says where the local part sits in the global
+// tensor, and initialisation draws each local element from the counter-based RNG at its
+// *global* index, so a shard holds exactly what the full tensor holds there (decision 1).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::nn {
+
+// How a parameter is laid out over the tensor-parallel axis.
+struct ShardSpec {
+  enum class Kind { kReplicated, kSplit };
+  Kind kind = Kind::kReplicated;
+  int dim = 0;     // the dimension split over tp (kSplit)
+  int groups = 1;  // that dimension is `groups` equal parts, each split over tp separately
+                   // (the fused qkv projection is [q | k | v]: groups = 3, so a rank holds its
+                   // heads' columns of each of q, k and v)
+  int rank = 0;    // this rank's index on the tp axis
+  int size = 1;    // the tp axis size
+
+  static ShardSpec replicated() { return {}; }
+  static ShardSpec split(int dim, int rank, int size, int groups = 1) {
+    return {Kind::kSplit, dim, groups, rank, size};
+  }
+  bool is_split() const { return kind == Kind::kSplit && size > 1; }
+  // Local shape of a tensor whose global shape is `global`; throws if it does not divide.
+  Shape local_shape(const Shape& global) const;
+  // Global flat index of local flat index `i` (row-major both) for a tensor of global shape.
+  int64_t global_index(const Shape& global, int64_t i) const;
+  std::string str() const;  // "replicated" or "split(dim=1, groups=3, 2/4)"
+};
+
+struct Param {
+  std::string name;
+  Shape global_shape;
+  ShardSpec shard;
+  bool decay = true;  // AdamW weight decay applies (2-D weights); off for biases and norms
+  Tensor value;       // local part
+  Tensor grad;        // same shape as value; accumulates (+=) over backward calls
+
+  Param() = default;
+  Param(std::string name, Shape global_shape, ShardSpec shard = {}, bool decay = true);
+  int64_t numel() const { return value.numel(); }
+  void zero_grad() { grad.zero(); }
+};
+
+// ---- initialisation (layout-invariant) ----
+// value[i] = std * N(0,1) drawn from stream (seed, name) at the element's global index.
+void init_normal(Param& p, uint64_t seed, float std);
+void init_constant(Param& p, float v);
+
+}  // namespace meshtrain::nn

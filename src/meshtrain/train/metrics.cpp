@@ -1,0 +1,74 @@
+#include "meshtrain/train/metrics.h"
+
+#include <malloc.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "meshtrain/kernels/gemm.h"
+
+namespace meshtrain::train {
+
+static double status_field_mb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string k = key;
+  while (std::getline(f, line))
+    if (line.compare(0, k.size(), k) == 0) return std::stod(line.substr(k.size())) / 1024.0;
+  return 0.0;
+}
+
+double peak_rss_mb() { return status_field_mb("VmHWM:"); }
+double current_rss_mb() { return status_field_mb("VmRSS:"); }
+
+double measured_gemm_gflops(int threads) {
+  static std::mutex mu;
+  static std::map<int, double> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(threads); it != cache.end()) return it->second;
+  const int64_t n = 1024;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  auto run = [&] {
+    kernels::gemm(kernels::Trans::N, kernels::Trans::N, n, n, n, 1.f, a.data(), n, b.data(), n,
+                  0.f, c.data(), n, {threads});
+  };
+  run();  // warm up (thread pool, packing buffers)
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    run();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  double gflops = 2.0 * n * n * n / best / 1e9;
+  cache[threads] = gflops;
+  return gflops;
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append) {
+  if (path.empty()) return;
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+  if (!f_) throw std::runtime_error("cannot open metrics file '" + path + "' for writing");
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsWriter::write(const nlohmann::json& line) {
+  if (!f_) return;
+  std::string s = line.dump() + "\n";
+  std::fwrite(s.data(), 1, s.size(), f_);
+  std::fflush(f_);
+}
+
+void configure_allocator() {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_ARENA_MAX, 8);
+}
+
+}  // namespace meshtrain::train

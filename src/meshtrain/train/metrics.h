@@ -1,0 +1,40 @@
+// Per-step measurements (DESIGN decision 8): one JSON object per step, appended to a
+// JSON-lines file and flushed at once so nothing is lost on a crash; process memory; and the
+// machine's measured SGEMM rate, the reference for MFU.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace meshtrain::train {
+
+// Peak and current resident set size of this process, in MiB (/proc/self/status).
+double peak_rss_mb();
+double current_rss_mb();
+
+// Measured float32 GEMM rate (GFLOP/s) of a 1024^3 product with `threads` threads: the
+// denominator of the MFU this project reports (what the machine's BLAS reaches, not a
+// datasheet peak). Takes about a tenth of a second; cached per thread count.
+double measured_gemm_gflops(int threads);
+
+// Appends JSON lines to a file; a null writer (empty path) does nothing.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path, bool append = false);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  void write(const nlohmann::json& line);
+
+ private:
+  std::FILE* f_ = nullptr;
+};
+
+// Uses glibc's malloc settings that suit training: large blocks are kept for reuse instead of
+// being returned to the kernel and faulted in again every step (a step frees and reallocates
+// the same activation sizes). Call once at start-up.
+void configure_allocator();
+
+}  // namespace meshtrain::train

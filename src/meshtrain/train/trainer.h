@@ -1,0 +1,84 @@
+// The training loop: data -> forward/backward over micro-batches -> clip -> AdamW, with
+// validation every K steps, one metrics line per step, and checkpoints that resume
+// bit-for-bit (the batch of a step is a function of (seed, step) and every kernel is
+// deterministic for a fixed thread budget, so a resumed run recomputes exactly what the
+// uninterrupted one did).
+//
+// Limits: this file drives one rank; the parallel layouts (--dp/--tp/--pp) are validated here
+// and run by the parallel/ and pipeline/ drivers as they land.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/model/config.h"
+#include "meshtrain/train/data.h"
+#include "meshtrain/train/optimizer.h"
+
+namespace meshtrain::train {
+
+struct TrainOptions {
+  // model and data
+  std::string model = "gpt-tiny";  // a named config, ignored when config_file is set
+  std::string config_file;
+  std::string data;
+  DataOrder data_order = DataOrder::random;
+  double val_fraction = 0.1;
+  // layout (DESIGN "Interfaces")
+  int dp = 1, tp = 1, pp = 1;
+  int microbatches = 1;
+  std::string schedule = "1f1b";
+  int zero = 0;
+  std::string backend = "threads";
+  // run
+  int64_t steps = 500;
+  int64_t batch = 0;  // global batch B (0: the model's default)
+  int64_t seq = 0;    // T (0: the model's default)
+  uint64_t seed = 1337;
+  AdamWConfig adam;
+  int threads = 0;  // kernel threads per rank (0: cores / ranks)
+  int64_t eval_every = 250;
+  int64_t eval_batches = 20;
+  // outputs
+  std::string metrics;  // JSON lines, one per step
+  std::string trace;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int keep_checkpoints = 0;  // 0: keep all
+  bool resume = false;
+  bool save_initial = false;
+  int64_t log_every = 1;  // progress line every N steps (0: none)
+  bool quiet = false;     // no progress output at all
+};
+
+struct StepRecord {
+  int64_t step = 0;  // 0-based index of the step just completed
+  float loss = 0;
+  float lr = 0;
+  double grad_norm = 0;
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;
+  double peak_rss_mb = 0;
+  std::optional<float> val_loss;
+};
+
+struct TrainResult {
+  model::GPTConfig config;
+  std::vector<StepRecord> steps;  // the steps run by this call (after a resume: from there)
+  std::optional<float> final_val_loss;
+  int64_t start_step = 0;
+  double wall_s = 0;
+};
+
+// Resolves defaults (batch, seq, threads, decay_steps) and checks the options; throws
+// std::invalid_argument with a sentence saying what to change.
+model::GPTConfig resolve_options(TrainOptions& opt);
+
+// Runs training as configured. Bad input throws std::invalid_argument, DataError or
+// CheckpointError before any step runs.
+TrainResult train(TrainOptions opt);
+
+}  // namespace meshtrain::train

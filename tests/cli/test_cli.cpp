@@ -1,0 +1,92 @@
+// The `meshtrain` program as a user meets it: bad input exits 2 with a sentence saying what
+// to change; help works for every subcommand.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code;
+  std::string output;
+};
+
+Result run(const std::string& args) {
+  std::string cmd = std::string(MESHTRAIN_BINARY_DIR) + "/meshtrain " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string corpus() {
+  auto p = std::filesystem::temp_directory_path() / "meshtrain_cli_corpus.txt";
+  std::ofstream f(p);
+  for (int i = 0; i < 2000; ++i) f << "to be or not to be, that is the question. ";
+  return p.string();
+}
+
+}  // namespace
+
+TEST(Cli, HelpForEverySubcommand) {
+  for (const char* sub : {"", "train ", "generate ", "bench ", "bench comm "}) {
+    Result r = run(std::string(sub) + "--help");
+    EXPECT_EQ(r.code, 0) << sub << r.output;
+    EXPECT_NE(r.output.find("Usage"), std::string::npos) << sub;
+  }
+}
+
+TEST(Cli, UnknownFlagExits2) {
+  Result r = run("train --data x.txt --frobnicate 3");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--frobnicate"), std::string::npos) << r.output;
+}
+
+TEST(Cli, MissingDataFileExits2) {
+  Result r = run("train --data /nonexistent/corpus.txt --steps 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/corpus.txt"), std::string::npos) << r.output;
+}
+
+TEST(Cli, UnknownModelExits2) {
+  Result r = run("train --model gpt-enormous --data " + corpus() + " --steps 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("gpt-tiny"), std::string::npos) << "should list the known models: " << r.output;
+}
+
+TEST(Cli, BatchZeroExits2) {
+  Result r = run("train --data " + corpus() + " --batch 0 --steps 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--batch"), std::string::npos) << r.output;
+}
+
+TEST(Cli, ImpossibleLayoutExits2) {
+  Result r = run("train --data " + corpus() + " --microbatches 5 --steps 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--microbatches"), std::string::npos) << r.output;
+}
+
+TEST(Cli, TrainsAndWritesMetrics) {
+  auto metrics = std::filesystem::temp_directory_path() / "meshtrain_cli_metrics.jsonl";
+  Result r = run("train --data " + corpus() + " --batch 4 --seq 16 --steps 3 --eval-batches 2 --metrics " +
+                 metrics.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("validation loss"), std::string::npos) << r.output;
+  std::ifstream f(metrics);
+  std::string line;
+  int lines = 0;
+  while (std::getline(f, line)) {
+    ++lines;
+    for (const char* key : {"\"step\"", "\"loss\"", "\"tokens_per_s\"", "\"step_ms\"", "\"lr\"", "\"mfu\"", "\"peak_rss_mb\""})
+      EXPECT_NE(line.find(key), std::string::npos) << key << " missing in " << line;
+  }
+  EXPECT_EQ(lines, 3);
+}
