@@ -246,7 +246,7 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return folder.string();
 }
 
-CheckpointData load_checkpoint(const std::string& path) {
+CheckpointData load_checkpoint(const std::string& path) try {
   const std::string folder = resolve_step_folder(path);
   const nlohmann::json index = read_index(folder);
   for (const char* f : {kModelFile, kOptimizerFile}) verify_file(folder, index, f);
@@ -257,9 +257,11 @@ CheckpointData load_checkpoint(const std::string& path) {
   out.model = read_checked(folder, kModelFile);
   out.optimizer = read_checked(folder, kOptimizerFile);
   return out;
+} catch (const fs::filesystem_error& e) {
+  throw CheckpointError("cannot load checkpoint " + path + ": " + e.what());
 }
 
-std::vector<std::pair<std::string, Tensor>> load_model_weights(const std::string& path) {
+std::vector<std::pair<std::string, Tensor>> load_model_weights(const std::string& path) try {
   if (fs::is_regular_file(path)) return read_safetensors(path);
   if (!fs::is_directory(path))
     throw CheckpointError("weights " + path +
@@ -275,6 +277,8 @@ std::vector<std::pair<std::string, Tensor>> load_model_weights(const std::string
   const nlohmann::json index = read_index(folder);
   verify_file(folder, index, kModelFile);
   return read_checked(folder, kModelFile);
+} catch (const fs::filesystem_error& e) {
+  throw CheckpointError("cannot load weights from " + path + ": " + e.what());
 }
 
 }  // namespace meshtrain::train
