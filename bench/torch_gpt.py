@@ -26,8 +26,8 @@ import sys
 import time
 
 CONFIGS = {
-    # name: (layers, d_model, heads, vocab, batch, seq, max_seq)
-    "gpt-tiny": dict(layers=4, d=128, heads=4, vocab=256, batch=12, seq=64, max_seq=256),
+    # as meshtrain's src/meshtrain/model/config.cpp (max_seq = block_size: the position table)
+    "gpt-tiny": dict(layers=4, d=128, heads=4, vocab=256, batch=12, seq=64, max_seq=64),
     "gpt-small": dict(layers=6, d=384, heads=6, vocab=256, batch=8, seq=256, max_seq=256),
     "gpt2-124m": dict(layers=12, d=768, heads=12, vocab=50257, batch=4, seq=64, max_seq=1024),
 }
@@ -88,6 +88,16 @@ def reexec_if_needed(args):
     if env is not None:
         sys.stdout.flush()
         os.execve(exe, [exe, os.path.abspath(__file__)] + sys.argv[1:], env)
+
+
+def cpu_busy_seconds():
+    """Busy CPU seconds of the whole machine so far (/proc/stat), or None where unavailable."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:8]]
+        return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def loaded_blas():
@@ -241,6 +251,8 @@ def main(argv):
               flush=True)
     losses, times = [], []
     for i in range(args.warmup + args.steps):
+        if i == args.warmup:  # the timed region: own CPU and the whole machine's, to expose noise
+            cpu0, busy0, wall0 = time.process_time(), cpu_busy_seconds(), time.perf_counter()
         t0 = time.perf_counter()
         loss = step()
         dt = time.perf_counter() - t0
@@ -251,6 +263,10 @@ def main(argv):
         if not args.quiet:
             print(f"step {i:4d}{'' if timed else ' (warm-up)'}: loss {loss:.4f}  {dt * 1e3:8.1f} ms  "
                   f"{B * T / dt:9.0f} tok/s", flush=True)
+    wall = time.perf_counter() - wall0
+    own = (time.process_time() - cpu0) / wall
+    busy1 = cpu_busy_seconds()
+    others = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0) / wall - own)
     med = statistics.median(times)
     mean = statistics.fmean(times)
     result = {
@@ -262,11 +278,15 @@ def main(argv):
         "step_ms": {"median": round(med * 1e3, 3), "mean": round(mean * 1e3, 3),
                     "min": round(min(times) * 1e3, 3), "max": round(max(times) * 1e3, 3)},
         "loss": {"first": round(losses[0], 5), "last": round(losses[-1], 5)},
+        # cores this process kept busy, and cores other processes used, during the timed steps
+        "cpu_cores": {"own": round(own, 2), "others": None if others is None else round(others, 2)},
         "blas_lib": loaded_blas(),
     }
     if not args.quiet:
         print(f"{args.model}: median {med * 1e3:.1f} ms/step (mean {mean * 1e3:.1f}), "
-              f"{B * T / med:.0f} tokens/s; loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+              f"{B * T / med:.0f} tokens/s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
+              f"CPU cores: own {own:.2f}, others {others if others is None else round(others, 2)}",
+              flush=True)
     if args.json:
         print(json.dumps(result), flush=True)
     return 0
