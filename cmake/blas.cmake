@@ -20,7 +20,14 @@ if(MESHTRAIN_BLAS STREQUAL "openblas")
   target_include_directories(meshtrain_blas INTERFACE ${MESHTRAIN_CBLAS_INCLUDE})
   target_compile_definitions(meshtrain_blas INTERFACE MESHTRAIN_BLAS_OPENBLAS=1)
 elseif(MESHTRAIN_BLAS STREQUAL "blis")
-  find_library(MESHTRAIN_BLIS_LIB NAMES blis-openmp blis REQUIRED)
+  # The OpenMP build (libblis-openmp-dev): the per-call rntm_t in kernels/gemm.cpp sets the
+  # thread count. Look in its own folder first; the generic libblis.so is an alternatives link
+  # that may point at the serial or pthread build.
+  find_library(MESHTRAIN_BLIS_LIB NAMES blis PATHS /usr/lib/x86_64-linux-gnu/blis-openmp
+               NO_DEFAULT_PATH)
+  find_library(MESHTRAIN_BLIS_LIB NAMES blis REQUIRED)
+  find_path(MESHTRAIN_BLIS_INCLUDE blis.h PATHS /usr/include/x86_64-linux-gnu/blis-openmp
+            NO_DEFAULT_PATH)
   find_path(MESHTRAIN_BLIS_INCLUDE blis.h PATH_SUFFIXES blis REQUIRED)
   target_link_libraries(meshtrain_blas INTERFACE ${MESHTRAIN_BLIS_LIB})
   target_include_directories(meshtrain_blas INTERFACE ${MESHTRAIN_BLIS_INCLUDE})
@@ -32,3 +39,14 @@ elseif(MESHTRAIN_BLAS STREQUAL "dnnl")
 else()
   message(FATAL_ERROR "MESHTRAIN_BLAS must be openblas, blis or dnnl, not '${MESHTRAIN_BLAS}'")
 endif()
+
+# ---- kernel compile flags ----
+# The CPU kernels (src/meshtrain/kernels) rely on the compiler vectorising loops with
+# comparisons and selects (clamps, causal masks) and sqrt. GCC keeps those as branches while
+# -ftrapping-math is on (a comparison may raise FE_INVALID) and keeps sqrt scalar while errno
+# must be set, so these files are built without both. Neither changes results: no kernel reads
+# floating-point exception flags or errno.
+file(GLOB MESHTRAIN_KERNEL_SOURCES CONFIGURE_DEPENDS
+     ${CMAKE_CURRENT_LIST_DIR}/../src/meshtrain/kernels/*.cpp)
+set_source_files_properties(${MESHTRAIN_KERNEL_SOURCES} PROPERTIES
+                            COMPILE_OPTIONS "-fno-trapping-math;-fno-math-errno")
