@@ -1,14 +1,16 @@
 // Causal self-attention, FlashAttention style, on the CPU.
 // Work is split over (b, h) pairs: every pair costs the same, and one thread owns all of a
 // head's outputs and gradients, so no two threads write the same element.
-// Per (b, h), K is copied transposed (hs, Tp) and V as (Tp, hs) into thread-local buffers
-// (Tp = T rounded up to the key tile, padding zeroed), so the inner loops run over
-// contiguous memory. Queries go in blocks of kBr rows against key tiles of kBc columns:
+// Per (b, h) the head's K and V rows (and for the backward dq, dk, dv) are staged in
+// thread-local buffers with the head size padded to hp (a multiple of 16 floats, one AVX-512
+// vector) and T padded to the tile, padding zeroed, so the micro-kernels run over whole
+// vectors. Queries go in blocks of kBr = 16 rows (one row per vector lane) against key tiles
+// of kBc = 16 keys:
 //   forward:  s = q k^T * scale (kBr x kBc), online softmax (running max m, sum l, rescaled
 //             accumulator), out = acc / l, lse = m + log l.
 //   backward: recompute p = exp(s - lse) per tile; D_i = dout_i . out_i;
-//             dv += p^T dout, dp = dout v^T, ds = p (dp - D), dq += ds k scale, dk += ds^T q scale.
-// Memory: O(T * hs) per thread; no (T x T) array exists. Limits: hs = C / NH must divide C.
+//             dv += p^T dout, dp = dout v^T, ds = p (dp - D) scale, dq += ds k, dk += ds^T q.
+// Memory: O(T * hs) per thread; no (T x T) array exists. Limits: NH must divide C.
 #include "meshtrain/kernels/attention.h"
 
 #include <cmath>
@@ -23,107 +25,198 @@ namespace meshtrain::kernels {
 
 namespace {
 
-constexpr int64_t kBr = 4;   // query rows per block
-constexpr int64_t kBc = 32;  // keys per tile (two AVX-512 vectors of scores)
+constexpr int64_t kBr = 16;  // query rows per block: one AVX-512 vector, a row per lane
+constexpr int64_t kBc = 16;  // keys per tile
+constexpr int64_t kV = 16;   // floats per vector chunk of the head dimension
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// ---- per-head staging ----
-// Copies head h of batch b: kt(hs, Tp) = K^T, v(Tp, hs) (and optionally vt(hs, Tp) = V^T).
-void stage_kv(float* kt, float* v, float* vt, const float* qkv, int64_t T, int64_t Tp, int64_t C,
-              int64_t hs, int64_t h) {
-  for (int64_t j = 0; j < Tp; ++j) {
-    const float* krow = qkv + j * 3 * C + C + h * hs;
-    const float* vrow = krow + C;
-    for (int64_t d = 0; d < hs; ++d) {
-      const float kv = j < T ? krow[d] : 0.0f;
-      const float vv = j < T ? vrow[d] : 0.0f;
-      kt[d * Tp + j] = kv;
-      v[j * hs + d] = vv;
-      if (vt) vt[d * Tp + j] = vv;
+// Score tiles are kept transposed, st(kBc, kBr): st[c][r] is query row r against key c, so
+// the softmax statistics of the kBr rows (max, sum, rescale factors) are lane-wise vector
+// operations over the kBc keys, with no horizontal reductions.
+
+// ---- micro-kernels ----
+// Each keeps a block of 16 vectors of accumulators in registers.
+
+// st(kBc, kBr) = keys(kBc, hp) @ xt(hp, kBr)
+inline void mk_scores(float* __restrict st, const float* __restrict keys,
+                      const float* __restrict xt, int64_t hp) {
+  float acc[kBc][kBr] = {};
+  for (int64_t d = 0; d < hp; ++d) {
+    const float* x = xt + d * kBr;
+#pragma GCC unroll 16
+    for (int64_t c = 0; c < kBc; ++c) {
+      const float kc = keys[c * hp + d];
+#pragma omp simd
+      for (int64_t r = 0; r < kBr; ++r) acc[c][r] += kc * x[r];
+    }
+  }
+  for (int64_t c = 0; c < kBc; ++c)
+#pragma omp simd
+    for (int64_t r = 0; r < kBr; ++r) st[c * kBr + r] = acc[c][r];
+}
+
+// acc(kBr, hp) += pt(kBc, kBr)[0:cend]^T @ x(cend, hp)
+inline void mk_acc_rows(float* __restrict acc, const float* __restrict pt,
+                        const float* __restrict x, int64_t cend, int64_t hp) {
+  for (int64_t v0 = 0; v0 < hp; v0 += kV) {
+    float a[kBr][kV];
+    for (int64_t r = 0; r < kBr; ++r)
+#pragma omp simd
+      for (int64_t v = 0; v < kV; ++v) a[r][v] = acc[r * hp + v0 + v];
+    for (int64_t c = 0; c < cend; ++c) {
+      const float* xc = x + c * hp + v0;
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < kBr; ++r) {
+        const float p = pt[c * kBr + r];
+#pragma omp simd
+        for (int64_t v = 0; v < kV; ++v) a[r][v] += p * xc[v];
+      }
+    }
+    for (int64_t r = 0; r < kBr; ++r)
+#pragma omp simd
+      for (int64_t v = 0; v < kV; ++v) acc[r * hp + v0 + v] = a[r][v];
+  }
+}
+
+// dst(cend, hp) += pt(kBc, kBr)[0:cend] @ y(kBr, hp)
+inline void mk_acc_keys(float* __restrict dst, const float* __restrict pt,
+                        const float* __restrict y, int64_t cend, int64_t hp) {
+  for (int64_t v0 = 0; v0 < hp; v0 += kV) {
+    float yr[kBr][kV];
+    for (int64_t r = 0; r < kBr; ++r)
+#pragma omp simd
+      for (int64_t v = 0; v < kV; ++v) yr[r][v] = y[r * hp + v0 + v];
+    for (int64_t c = 0; c < cend; ++c) {
+      float a[kV];
+#pragma omp simd
+      for (int64_t v = 0; v < kV; ++v) a[v] = dst[c * hp + v0 + v];
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < kBr; ++r) {
+        const float p = pt[c * kBr + r];
+#pragma omp simd
+        for (int64_t v = 0; v < kV; ++v) a[v] += p * yr[r][v];
+      }
+#pragma omp simd
+      for (int64_t v = 0; v < kV; ++v) dst[c * hp + v0 + v] = a[v];
     }
   }
 }
 
-// s(rows, kBc) = q(rows, hs) @ kt(hs, Tp)[:, j0 : j0 + kBc]
-inline void scores_tile(float* s, const float* q, const float* kt, int64_t rows, int64_t hs,
-                        int64_t Tp, int64_t j0) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float acc[kBc] = {};
-    const float* qr = q + r * hs;
-    for (int64_t d = 0; d < hs; ++d) {
-      const float qd = qr[d];
-      const float* k = kt + d * Tp + j0;
+// ---- staging ----
+struct Dims {
+  int64_t T, C, hs, hp, Tp;  // hp: hs padded to kV; Tp: T padded to kBr and kBc
+};
+
+Dims dims(int64_t T, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH;
+  const int64_t tile = kBc > kBr ? kBc : kBr;
+  return {T, C, hs, (hs + kV - 1) / kV * kV, (T + tile - 1) / tile * tile};
+}
+
+// rows(Tp, hp) = rows of a (T, ld) head slice, zero-padded.
+void stage_rows(float* rows, const float* src, int64_t ld, const Dims& g) {
+  for (int64_t j = 0; j < g.Tp; ++j) {
+    float* __restrict dst = rows + j * g.hp;
+    const float* __restrict s = src + j * ld;
+    const int64_t n = j < g.T ? g.hs : 0;
 #pragma omp simd
-      for (int64_t c = 0; c < kBc; ++c) acc[c] += qd * k[c];
-    }
-#pragma omp simd
-    for (int64_t c = 0; c < kBc; ++c) s[r * kBc + c] = acc[c];
+    for (int64_t d = 0; d < n; ++d) dst[d] = s[d];
+    for (int64_t d = n; d < g.hp; ++d) dst[d] = 0.0f;
   }
+}
+
+// xt(hp, kBr) = (rows i0 .. i0 + kBr of a (T, ld) head slice)^T * mul, zero-padded.
+void stage_block_t(float* xt, const float* src, int64_t ld, int64_t i0, const Dims& g, float mul) {
+  for (int64_t x = 0; x < g.hp * kBr; ++x) xt[x] = 0.0f;
+  const int64_t rows = i0 + kBr <= g.T ? kBr : g.T - i0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < g.hs; ++d) xt[d * kBr + r] = src[(i0 + r) * ld + d] * mul;
+}
+
+// x(kBr, hp) = rows i0 .. i0 + kBr of a (T, ld) head slice, zero-padded.
+void stage_block(float* x, const float* src, int64_t ld, int64_t i0, const Dims& g) {
+  for (int64_t r = 0; r < kBr; ++r) {
+    float* __restrict dst = x + r * g.hp;
+    const float* __restrict s = src + (i0 + r) * ld;
+    const int64_t n = i0 + r < g.T ? g.hs : 0;
+#pragma omp simd
+    for (int64_t d = 0; d < n; ++d) dst[d] = s[d];
+    for (int64_t d = n; d < g.hp; ++d) dst[d] = 0.0f;
+  }
+}
+
+// Lane r of the causal mask for key j: row i0 + r sees key j when j <= i0 + r (and the row
+// exists). Returned as the last row index visible per lane, compared with j in the loops.
+inline void row_index(float* last, int64_t i0, const Dims& g) {
+  for (int64_t r = 0; r < kBr; ++r) last[r] = i0 + r < g.T ? float(i0 + r) : -1.0f;
 }
 
 // ---- forward of one head ----
-void head_forward(float* out, float* lse, const float* qkv, int64_t T, int64_t C, int64_t hs,
-                  int64_t h, float scale, std::vector<float>& buf) {
-  const int64_t Tp = (T + kBc - 1) / kBc * kBc;
-  buf.resize(static_cast<size_t>(2 * Tp * hs + 2 * kBr * hs + kBr * kBc));
-  float* kt = buf.data();           // (hs, Tp)
-  float* v = kt + Tp * hs;          // (Tp, hs)
-  float* q = v + Tp * hs;           // (kBr, hs), pre-scaled
-  float* acc = q + kBr * hs;        // (kBr, hs)
-  float* s = acc + kBr * hs;        // (kBr, kBc)
-  stage_kv(kt, v, nullptr, qkv, T, Tp, C, hs, h);
+void head_forward(float* out, float* lse, const float* qkv, const Dims& g, int64_t h,
+                  float scale, std::vector<float>& buf) {
+  const int64_t hp = g.hp, Tp = g.Tp;
+  buf.resize(static_cast<size_t>(2 * Tp * hp + 2 * kBr * hp + kBc * kBr));
+  float* k = buf.data();       // (Tp, hp)
+  float* v = k + Tp * hp;      // (Tp, hp)
+  float* qt = v + Tp * hp;     // (hp, kBr), pre-scaled
+  float* acc = qt + kBr * hp;  // (kBr, hp)
+  float* st = acc + kBr * hp;  // (kBc, kBr)
+  stage_rows(k, qkv + g.C + h * g.hs, 3 * g.C, g);
+  stage_rows(v, qkv + 2 * g.C + h * g.hs, 3 * g.C, g);
 
-  for (int64_t i0 = 0; i0 < T; i0 += kBr) {
-    const int64_t rows = i0 + kBr <= T ? kBr : T - i0;
-    float m[kBr], l[kBr];
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* qs = qkv + (i0 + r) * 3 * C + h * hs;
-      for (int64_t d = 0; d < hs; ++d) q[r * hs + d] = qs[d] * scale;
-      for (int64_t d = 0; d < hs; ++d) acc[r * hs + d] = 0.0f;
-      m[r] = kNegInf;
-      l[r] = 0.0f;
-    }
-    const int64_t jend = i0 + rows;  // keys 0 .. jend-1 are visible to some row of the block
-    for (int64_t j0 = 0; j0 < jend; j0 += kBc) {
-      scores_tile(s, q, kt, rows, hs, Tp, j0);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
-        float* sr = s + r * kBc;
-        float mt = kNegInf;
-#pragma omp simd reduction(max : mt)
-        for (int64_t c = 0; c < kBc; ++c) {
-          const float x = j0 + c <= i ? sr[c] : kNegInf;
-          mt = x > mt ? x : mt;
-        }
-        if (mt == kNegInf) continue;  // whole tile masked for this row
-        const float mnew = mt > m[r] ? mt : m[r];
-        const float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - mnew);
-        float ls = 0.0f;
-#pragma omp simd reduction(+ : ls)
-        for (int64_t c = 0; c < kBc; ++c) {
-          const float p = j0 + c <= i ? detail::exp_approx(sr[c] - mnew) : 0.0f;
-          sr[c] = p;
-          ls += p;
-        }
-        l[r] = l[r] * alpha + ls;
-        m[r] = mnew;
-        float* ar = acc + r * hs;
+  for (int64_t i0 = 0; i0 < g.T; i0 += kBr) {
+    stage_block_t(qt, qkv + h * g.hs, 3 * g.C, i0, g, scale);
+    for (int64_t x = 0; x < kBr * hp; ++x) acc[x] = 0.0f;
+    alignas(64) float m[kBr], l[kBr], last[kBr], alpha[kBr];
+    row_index(last, i0, g);
+    for (int64_t r = 0; r < kBr; ++r) m[r] = kNegInf, l[r] = 0.0f;
+    const int64_t ilast = (i0 + kBr < g.T ? i0 + kBr : g.T) - 1;  // last real row
+    for (int64_t j0 = 0; j0 <= ilast; j0 += kBc) {
+      mk_scores(st, k + j0 * hp, qt, hp);
+      // Tile maximum per row (masked keys excluded), then the new running max.
+      alignas(64) float mt[kBr];
+      for (int64_t r = 0; r < kBr; ++r) mt[r] = kNegInf;
+      for (int64_t c = 0; c < kBc; ++c) {
+        const float j = float(j0 + c);
 #pragma omp simd
-        for (int64_t d = 0; d < hs; ++d) ar[d] *= alpha;
-        const int64_t cend = i - j0 + 1 < kBc ? i - j0 + 1 : kBc;
-        for (int64_t c = 0; c < cend; ++c) {
-          const float p = sr[c];
-          const float* vr = v + (j0 + c) * hs;
-#pragma omp simd
-          for (int64_t d = 0; d < hs; ++d) ar[d] += p * vr[d];
+        for (int64_t r = 0; r < kBr; ++r) {
+          const float x = j <= last[r] ? st[c * kBr + r] : kNegInf;
+          mt[r] = x > mt[r] ? x : mt[r];
         }
       }
+      bool rescale = false;
+#pragma omp simd reduction(|| : rescale)
+      for (int64_t r = 0; r < kBr; ++r) {
+        const float mn = mt[r] > m[r] ? mt[r] : m[r];
+        // Rows with nothing seen yet (mn = -inf) keep l = acc = 0: alpha = 0, p = 0 below.
+        alpha[r] = mn == kNegInf ? 0.0f : detail::exp_approx(m[r] - mn);
+        rescale = rescale || mt[r] > m[r];
+        m[r] = mn;
+        l[r] *= alpha[r];
+      }
+      for (int64_t c = 0; c < kBc; ++c) {
+        const float j = float(j0 + c);
+#pragma omp simd
+        for (int64_t r = 0; r < kBr; ++r) {
+          const float p = j <= last[r] ? detail::exp_approx(st[c * kBr + r] - m[r]) : 0.0f;
+          st[c * kBr + r] = p;
+          l[r] += p;
+        }
+      }
+      if (rescale)
+        for (int64_t r = 0; r < kBr; ++r) {
+          const float a = alpha[r];
+#pragma omp simd
+          for (int64_t d = 0; d < hp; ++d) acc[r * hp + d] *= a;
+        }
+      const int64_t cend = ilast - j0 + 1 < kBc ? ilast - j0 + 1 : kBc;
+      mk_acc_rows(acc, st, v + j0 * hp, cend, hp);
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = i0 + r;
+    for (int64_t i = i0; i <= ilast; ++i) {
+      const int64_t r = i - i0;
       const float inv = 1.0f / l[r];
-      float* o = out + i * C + h * hs;
-      for (int64_t d = 0; d < hs; ++d) o[d] = acc[r * hs + d] * inv;
+      float* o = out + i * g.C + h * g.hs;
+      for (int64_t d = 0; d < g.hs; ++d) o[d] = acc[r * hp + d] * inv;
       lse[i] = m[r] + std::log(l[r]);
     }
   }
@@ -131,72 +224,75 @@ void head_forward(float* out, float* lse, const float* qkv, int64_t T, int64_t C
 
 // ---- backward of one head ----
 void head_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                   const float* lse, int64_t T, int64_t C, int64_t hs, int64_t h, float scale,
+                   const float* lse, const Dims& g, int64_t h, float scale,
                    std::vector<float>& buf) {
-  const int64_t Tp = (T + kBc - 1) / kBc * kBc;
-  buf.resize(static_cast<size_t>(6 * Tp * hs + 2 * kBc));
-  float* kt = buf.data();       // (hs, Tp)
-  float* v = kt + Tp * hs;      // (Tp, hs)
-  float* vt = v + Tp * hs;      // (hs, Tp)
-  float* dq = vt + Tp * hs;     // (Tp, hs)
-  float* dk = dq + Tp * hs;     // (Tp, hs)
-  float* dv = dk + Tp * hs;     // (Tp, hs)
-  float* p = dv + Tp * hs;      // (kBc)
-  float* ds = p + kBc;          // (kBc)
-  stage_kv(kt, v, vt, qkv, T, Tp, C, hs, h);
-  for (int64_t x = 0; x < 3 * Tp * hs; ++x) dq[x] = 0.0f;  // dq, dk, dv are contiguous
+  const int64_t hp = g.hp, Tp = g.Tp;
+  buf.resize(static_cast<size_t>(5 * Tp * hp + 5 * kBr * hp + 2 * kBc * kBr));
+  float* k = buf.data();        // (Tp, hp)
+  float* v = k + Tp * hp;       // (Tp, hp)
+  float* dk = v + Tp * hp;      // (Tp, hp)
+  float* dv = dk + Tp * hp;     // (Tp, hp)
+  float* dq = dv + Tp * hp;     // (Tp, hp)
+  float* qt = dq + Tp * hp;     // (hp, kBr)
+  float* dot = qt + kBr * hp;   // (hp, kBr)
+  float* q = dot + kBr * hp;    // (kBr, hp)
+  float* dob = q + kBr * hp;    // (kBr, hp)
+  float* dqb = dob + kBr * hp;  // (kBr, hp)
+  float* pt = dqb + kBr * hp;   // (kBc, kBr): p, then reused for nothing else
+  float* dst = pt + kBc * kBr;  // (kBc, kBr): dp, then ds in place
+  stage_rows(k, qkv + g.C + h * g.hs, 3 * g.C, g);
+  stage_rows(v, qkv + 2 * g.C + h * g.hs, 3 * g.C, g);
+  for (int64_t x = 0; x < 3 * Tp * hp; ++x) dk[x] = 0.0f;  // dk, dv, dq are contiguous
 
-  for (int64_t i = 0; i < T; ++i) {
-    const float* qi = qkv + i * 3 * C + h * hs;  // (hs)
-    const float* doi = dout + i * C + h * hs;    // (hs)
-    const float* oi = out + i * C + h * hs;      // (hs)
-    float Di = 0.0f;
-#pragma omp simd reduction(+ : Di)
-    for (int64_t d = 0; d < hs; ++d) Di += doi[d] * oi[d];
-    const float li = lse[i];
-    float* dqi = dq + i * hs;
-    for (int64_t j0 = 0; j0 <= i; j0 += kBc) {
-      // p = exp(q.k scale - lse), dp = dout . v (over the tile's keys)
-      float sacc[kBc] = {}, dpacc[kBc] = {};
-      for (int64_t d = 0; d < hs; ++d) {
-        const float qd = qi[d] * scale, dd = doi[d];
-        const float* k = kt + d * Tp + j0;
-        const float* vv = vt + d * Tp + j0;
-#pragma omp simd
-        for (int64_t c = 0; c < kBc; ++c) {
-          sacc[c] += qd * k[c];
-          dpacc[c] += dd * vv[c];
-        }
+  for (int64_t i0 = 0; i0 < g.T; i0 += kBr) {
+    stage_block_t(qt, qkv + h * g.hs, 3 * g.C, i0, g, 1.0f);
+    stage_block_t(dot, dout + h * g.hs, g.C, i0, g, 1.0f);
+    stage_block(q, qkv + h * g.hs, 3 * g.C, i0, g);
+    stage_block(dob, dout + h * g.hs, g.C, i0, g);
+    for (int64_t x = 0; x < kBr * hp; ++x) dqb[x] = 0.0f;
+    alignas(64) float D[kBr], L[kBr], last[kBr];
+    row_index(last, i0, g);
+    for (int64_t r = 0; r < kBr; ++r) {
+      const int64_t i = i0 + r;
+      float di = 0.0f;
+      if (i < g.T) {
+        const float* o = out + i * g.C + h * g.hs;
+        for (int64_t d = 0; d < g.hs; ++d) di += dob[r * hp + d] * o[d];
       }
-#pragma omp simd
+      D[r] = di;
+      L[r] = i < g.T ? lse[i] : 0.0f;
+    }
+    const int64_t ilast = (i0 + kBr < g.T ? i0 + kBr : g.T) - 1;
+    for (int64_t j0 = 0; j0 <= ilast; j0 += kBc) {
+      mk_scores(pt, k + j0 * hp, qt, hp);
+      mk_scores(dst, v + j0 * hp, dot, hp);
       for (int64_t c = 0; c < kBc; ++c) {
-        const float pc = j0 + c <= i ? detail::exp_approx(sacc[c] - li) : 0.0f;
-        p[c] = pc;
-        ds[c] = pc * (dpacc[c] - Di) * scale;
-      }
-      const int64_t cend = i - j0 + 1 < kBc ? i - j0 + 1 : kBc;
-      for (int64_t c = 0; c < cend; ++c) {
-        const int64_t j = j0 + c;
-        const float pc = p[c], dsc = ds[c];
-        float* dvj = dv + j * hs;
-        float* dkj = dk + j * hs;
-        const float* kr = qkv + j * 3 * C + C + h * hs;
+        const float j = float(j0 + c);
 #pragma omp simd
-        for (int64_t d = 0; d < hs; ++d) {
-          dvj[d] += pc * doi[d];
-          dkj[d] += dsc * qi[d];
-          dqi[d] += dsc * kr[d];
+        for (int64_t r = 0; r < kBr; ++r) {
+          const float p = j <= last[r] ? detail::exp_approx(pt[c * kBr + r] * scale - L[r]) : 0.0f;
+          pt[c * kBr + r] = p;
+          dst[c * kBr + r] = p * (dst[c * kBr + r] - D[r]) * scale;
         }
       }
+      const int64_t cend = ilast - j0 + 1 < kBc ? ilast - j0 + 1 : kBc;
+      mk_acc_keys(dv + j0 * hp, pt, dob, cend, hp);
+      mk_acc_keys(dk + j0 * hp, dst, q, cend, hp);
+      mk_acc_rows(dqb, dst, k + j0 * hp, cend, hp);
     }
+    for (int64_t x = 0; x < kBr * hp; ++x) dq[i0 * hp + x] = dqb[x];
   }
-  for (int64_t j = 0; j < T; ++j) {
-    float* dst = dqkv + j * 3 * C + h * hs;
-    for (int64_t d = 0; d < hs; ++d) {
-      dst[d] = dq[j * hs + d];
-      dst[C + d] = dk[j * hs + d];
-      dst[2 * C + d] = dv[j * hs + d];
-    }
+  for (int64_t j = 0; j < g.T; ++j) {
+    float* __restrict o = dqkv + j * 3 * g.C + h * g.hs;
+    const float* __restrict a = dq + j * hp;
+    const float* __restrict b = dk + j * hp;
+    const float* __restrict c = dv + j * hp;
+#pragma omp simd
+    for (int64_t d = 0; d < g.hs; ++d) o[d] = a[d];
+#pragma omp simd
+    for (int64_t d = 0; d < g.hs; ++d) o[g.C + d] = b[d];
+#pragma omp simd
+    for (int64_t d = 0; d < g.hs; ++d) o[2 * g.C + d] = c[d];
   }
 }
 
@@ -212,15 +308,15 @@ void check_heads(int64_t C, int64_t NH) {
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                        int64_t C, int64_t NH, int threads) {
   check_heads(C, NH);
-  const int64_t hs = C / NH;
-  const float scale = 1.0f / std::sqrt(float(hs));
+  const Dims g = dims(T, C, NH);
+  const float scale = 1.0f / std::sqrt(float(g.hs));
 #pragma omp parallel num_threads(threads) if (threads > 1 && B * NH > 1)
   {
     std::vector<float> buf;
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
-      head_forward(out + b * T * C, lse + bh * T, qkv + b * T * 3 * C, T, C, hs, h, scale, buf);
+      head_forward(out + b * T * C, lse + bh * T, qkv + b * T * 3 * C, g, h, scale, buf);
     }
   }
 }
@@ -230,8 +326,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
                         int threads) {
   check_heads(C, NH);
-  const int64_t hs = C / NH;
-  const float scale = 1.0f / std::sqrt(float(hs));
+  const Dims g = dims(T, C, NH);
+  const float scale = 1.0f / std::sqrt(float(g.hs));
 #pragma omp parallel num_threads(threads) if (threads > 1 && B * NH > 1)
   {
     std::vector<float> buf;
@@ -239,7 +335,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
       head_backward(dqkv + b * T * 3 * C, dout + b * T * C, qkv + b * T * 3 * C,
-                    out + b * T * C, lse + bh * T, T, C, hs, h, scale, buf);
+                    out + b * T * C, lse + bh * T, g, h, scale, buf);
     }
   }
 }
