@@ -1,0 +1,302 @@
+// The mpi backend: ranks are processes started by mpirun (OpenMPI); point-to-point over
+// MPI_Isend/MPI_Irecv, the collective algorithms are the shared ones (algorithms.h), and
+// Algorithm::native calls the library's own nonblocking collective (MPI_Iallreduce, ...) so
+// the two can be compared in the same run.
+//
+// Deadlines: every wait polls MPI_Test (spin, then yield, then short sleeps) against the
+// deadline, because a peer that died leaves MPI_Recv waiting forever under OpenMPI. After any
+// failed operation the process is marked failed; its exit then calls MPI_Abort, which ends the
+// other processes instead of leaving them waiting until the job's end.
+//
+// Threads: all MPI calls are serialised by one mutex (the progress thread of async collectives
+// and the caller may both talk to MPI), so MPI_THREAD_SERIALIZED suffices.
+// Limits: counts must fit an int (MPI's), i.e. < 2^31 elements per message.
+#include <mpi.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "meshtrain/comm/reduce.h"
+#include "meshtrain/comm/world.h"
+
+namespace meshtrain::comm {
+
+namespace {
+
+// ---- process-wide MPI state (MPI forces this global) ----
+std::mutex g_mpi;                 // serialises every MPI call
+std::atomic<bool> g_failed{false};  // an operation failed: abort instead of finalize at exit
+
+void at_exit_hook() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (g_failed.load()) MPI_Abort(MPI_COMM_WORLD, 1);
+  MPI_Finalize();
+}
+
+void ensure_init() {
+  static const bool once = [] {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+      if (provided < MPI_THREAD_SERIALIZED)
+        throw std::runtime_error("the MPI library does not support MPI_THREAD_SERIALIZED");
+      std::atexit(at_exit_hook);
+    }
+    return true;
+  }();
+  (void)once;
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i64: return MPI_INT64_T;
+  }
+  return MPI_BYTE;
+}
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return MPI_SUM;
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+int as_int(std::size_t n) {
+  if (n > static_cast<std::size_t>(INT_MAX)) throw std::length_error("message of more than 2^31 elements");
+  return static_cast<int>(n);
+}
+
+// ---- polling ----
+// Spin ~50 us on MPI_Test, then yield, then sleep in growing steps up to 200 us.
+template <class Test>
+bool poll_until(Test&& test, Clock::time_point deadline) {
+  const auto t0 = Clock::now();
+  for (unsigned i = 0;; ++i) {
+    if (test()) return true;
+    const auto now = Clock::now();
+    if (now >= deadline) return false;
+    const auto waited = now - t0;
+    if (waited < std::chrono::microseconds(50)) continue;
+    if (waited < std::chrono::milliseconds(2)) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(waited < std::chrono::milliseconds(20) ? 20 : 200));
+  }
+}
+
+// ---- scratch pool for irecv_reduce ----
+class Pool {
+ public:
+  std::vector<char> take(std::size_t bytes) {
+    std::lock_guard g(m_);
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->size() >= bytes) {
+        std::vector<char> v = std::move(*it);
+        free_.erase(it);
+        return v;
+      }
+    return std::vector<char>(bytes);
+  }
+  void give(std::vector<char> v) {
+    std::lock_guard g(m_);
+    if (free_.size() < 16) free_.push_back(std::move(v));
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<std::vector<char>> free_;
+};
+
+// ---- MpiRequest ----
+class MpiRequest final : public Request {
+ public:
+  MpiRequest(int peer, std::shared_ptr<Pool> pool) : peer_(peer), pool_(std::move(pool)) {}
+  ~MpiRequest() override {
+    if (done_) return;
+    std::lock_guard g(g_mpi);
+    int flag = 0;
+    MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+    if (!flag) {
+      // Abandoned after a failure: cancel, and make the process abort at exit.
+      MPI_Cancel(&req_);
+      MPI_Request_free(&req_);
+      g_failed = true;
+    }
+    if (pool_ && !scratch_.empty()) pool_->give(std::move(scratch_));
+  }
+  int peer() const override { return peer_; }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    {
+      std::lock_guard g(g_mpi);
+      MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+    }
+    if (!flag) return false;
+    done_ = true;
+    if (target_) {
+      reduce_into(target_, scratch_.data(), count_, type_, op_);
+      pool_->give(std::move(scratch_));
+    }
+    return true;
+  }
+  bool wait_until(Clock::time_point deadline) override { return poll_until([&] { return test(); }, deadline); }
+
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  // irecv_reduce: the message lands in scratch_, then target_ op= scratch_.
+  void* target_ = nullptr;
+  std::vector<char> scratch_;
+  std::size_t count_ = 0;
+  DType type_ = DType::f32;
+  ReduceOp op_ = ReduceOp::sum;
+
+ private:
+  int peer_;
+  bool done_ = false;
+  std::shared_ptr<Pool> pool_;
+};
+
+// ---- MpiTransport ----
+class MpiTransport final : public Transport {
+ public:
+  explicit MpiTransport(MPI_Comm comm) : comm_(comm), pool_(std::make_shared<Pool>()) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiTransport() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && !g_failed.load()) {
+      std::lock_guard g(g_mpi);
+      MPI_Comm_free(&comm_);
+    }
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "mpi"; }
+
+  RequestPtr isend(int peer, int tag, const void* buf, std::size_t bytes) override {
+    auto r = std::make_unique<MpiRequest>(peer, nullptr);
+    std::lock_guard g(g_mpi);
+    MPI_Isend(buf, as_int(bytes), MPI_BYTE, peer, tag, comm_, &r->req_);
+    return r;
+  }
+  RequestPtr irecv(int peer, int tag, void* buf, std::size_t bytes, bool) override {
+    auto r = std::make_unique<MpiRequest>(peer, nullptr);
+    std::lock_guard g(g_mpi);
+    MPI_Irecv(buf, as_int(bytes), MPI_BYTE, peer, tag, comm_, &r->req_);
+    return r;
+  }
+  RequestPtr irecv_reduce(int peer, int tag, void* inout, std::size_t count, DType t, ReduceOp op) override {
+    auto r = std::make_unique<MpiRequest>(peer, pool_);
+    const std::size_t bytes = count * dtype_size(t);
+    r->scratch_ = pool_->take(bytes);
+    r->target_ = inout;
+    r->count_ = count;
+    r->type_ = t;
+    r->op_ = op;
+    std::lock_guard g(g_mpi);
+    MPI_Irecv(r->scratch_.data(), as_int(bytes), MPI_BYTE, peer, tag, comm_, &r->req_);
+    return r;
+  }
+
+  std::unique_ptr<Transport> split(const std::vector<int>& members, int color, std::uint64_t) override {
+    int key = 0;
+    for (std::size_t i = 0; i < members.size(); ++i)
+      if (members[i] == rank_) key = static_cast<int>(i);
+    MPI_Comm child = MPI_COMM_NULL;
+    {
+      std::lock_guard g(g_mpi);
+      MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child);
+    }
+    if (color < 0) return nullptr;
+    return std::make_unique<MpiTransport>(child);
+  }
+
+  void abort(const std::string&) override { g_failed = true; }
+
+  NativeResult native(const NativeCall& c, Clock::time_point deadline) override {
+    MPI_Request req = MPI_REQUEST_NULL;
+    const MPI_Datatype t = mpi_type(c.dtype);
+    {
+      std::lock_guard g(g_mpi);
+      switch (c.kind) {
+        case OpKind::all_reduce:
+          MPI_Iallreduce(c.in == c.out ? MPI_IN_PLACE : c.in, c.out, as_int(c.count), t, mpi_op(c.op), comm_, &req);
+          break;
+        case OpKind::reduce_scatter: {
+          ints_.assign(c.counts->begin(), c.counts->end());
+          MPI_Ireduce_scatter(c.in, c.out, ints_.data(), t, mpi_op(c.op), comm_, &req);
+          break;
+        }
+        case OpKind::all_gather: {
+          ints_.assign(c.counts->begin(), c.counts->end());
+          displs_.assign(size_, 0);
+          for (int i = 1; i < size_; ++i) displs_[i] = displs_[i - 1] + ints_[i - 1];
+          MPI_Iallgatherv(c.in, as_int(c.count), t, c.out, ints_.data(), displs_.data(), t, comm_, &req);
+          break;
+        }
+        case OpKind::broadcast:
+          MPI_Ibcast(c.out, as_int(c.count), t, c.root, comm_, &req);
+          break;
+        case OpKind::reduce:
+          MPI_Ireduce(c.in, rank_ == c.root ? c.out : nullptr, as_int(c.count), t, mpi_op(c.op), c.root, comm_, &req);
+          break;
+        case OpKind::all_to_all:
+          MPI_Ialltoall(c.in, as_int(c.count), t, c.out, as_int(c.count), t, comm_, &req);
+          break;
+        case OpKind::barrier:
+          MPI_Ibarrier(comm_, &req);
+          break;
+      }
+    }
+    const bool ok = poll_until([&] {
+      int flag = 0;
+      std::lock_guard g(g_mpi);
+      MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+      return flag != 0;
+    }, deadline);
+    if (!ok) g_failed = true;  // the request stays pending; the process must abort
+    return ok ? NativeResult::done : NativeResult::timeout;
+  }
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  std::shared_ptr<Pool> pool_;
+  std::vector<int> ints_, displs_;
+};
+
+}  // namespace
+
+// ---- entry points (world.h) ----
+bool have_mpi() { return true; }
+
+std::shared_ptr<Communicator> mpi_world(const Communicator::Config& cfg) {
+  ensure_init();
+  static std::shared_ptr<Communicator> world = [&] {
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    return std::make_shared<Communicator>(std::make_shared<MpiTransport>(dup), "world", cfg);
+  }();
+  return world;
+}
+
+void mpi_abort(int code) {
+  ensure_init();
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+}  // namespace meshtrain::comm

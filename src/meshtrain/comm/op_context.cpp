@@ -1,0 +1,72 @@
+// OpContext waits and block layouts (see op_context.h).
+#include "meshtrain/comm/op_context.h"
+
+#include <sstream>
+
+namespace meshtrain::comm {
+
+// ---- messages ----
+RequestPtr OpContext::isend(int peer, const void* buf, std::size_t bytes, int tag) {
+  stats_.bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
+  return t_.isend(peer, tag, buf, bytes);
+}
+RequestPtr OpContext::irecv(int peer, void* buf, std::size_t bytes, int tag) {
+  stats_.bytes_received.fetch_add(bytes, std::memory_order_relaxed);
+  return t_.irecv(peer, tag, buf, bytes, /*collective_mode=*/true);
+}
+RequestPtr OpContext::irecv_reduce(int peer, void* inout, std::size_t count, DType t, ReduceOp op) {
+  stats_.bytes_received.fetch_add(count * dtype_size(t), std::memory_order_relaxed);
+  return t_.irecv_reduce(peer, kTagCollective, inout, count, t, op);
+}
+
+// ---- waits ----
+void OpContext::fail(ErrorKind kind, std::vector<int> ranks, const std::string& detail) const {
+  throw CommError(kind, op_, group_, seq_, std::move(ranks), detail);
+}
+
+void OpContext::wait(RequestPtr& r) {
+  if (!r) return;
+  const int peer = r->peer();
+  bool done = false;
+  try {
+    done = r->wait_until(deadline_);
+  } catch (const PeerFailure& e) {
+    std::vector<int> missing = t_.not_arrived(seq_);
+    if (missing.empty()) missing = e.ranks;
+    fail(ErrorKind::peer_failed, std::move(missing), e.what());
+  }
+  if (!done) {
+    std::vector<int> missing = t_.not_arrived(seq_);
+    std::ostringstream why;
+    why << "deadline passed while waiting for rank " << peer;
+    if (missing.empty()) missing = {peer};
+    t_.abort(std::string(op_) + " #" + std::to_string(seq_) + " on '" + group_ + "' timed out");
+    fail(ErrorKind::timeout, std::move(missing), why.str());
+  }
+  r.reset();
+}
+
+void OpContext::wait_all(std::vector<RequestPtr>& rs) {
+  for (auto& r : rs) wait(r);
+  rs.clear();
+}
+
+// ---- layouts ----
+Layout even_layout(std::size_t count, int p) {
+  Layout l;
+  l.offset.resize(p + 1);
+  const std::size_t base = count / p, extra = count % p;
+  l.offset[0] = 0;
+  for (int i = 0; i < p; ++i) l.offset[i + 1] = l.offset[i] + base + (static_cast<std::size_t>(i) < extra ? 1 : 0);
+  return l;
+}
+
+Layout counts_layout(const std::vector<std::size_t>& counts) {
+  Layout l;
+  l.offset.resize(counts.size() + 1);
+  l.offset[0] = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) l.offset[i + 1] = l.offset[i] + counts[i];
+  return l;
+}
+
+}  // namespace meshtrain::comm

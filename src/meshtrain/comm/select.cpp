@@ -1,0 +1,113 @@
+// Cost formulas and the automatic algorithm choice (see select.h). The formulas are those in
+// the header comment of each algorithm file; the constants come from fitting
+// `meshtrain bench comm` runs on this machine class (docs/benchmarks.md).
+#include "meshtrain/comm/select.h"
+
+#include <cmath>
+#include <limits>
+
+namespace meshtrain::comm {
+
+// ---- constants ----
+CostParams cost_params(std::string_view backend) {
+  if (backend == "mpi") return {4.0e-6, 1.0 / 6.0e9, 1.0 / 8.0e9};
+  return {1.5e-6, 1.0 / 8.0e9, 1.0 / 8.0e9};
+}
+
+std::size_t default_chunk_bytes(std::string_view backend) {
+  return backend == "mpi" ? (std::size_t{1} << 20) : (std::size_t{1} << 20);
+}
+
+// ---- formulas ----
+namespace {
+double log2ceil(int p) {
+  int k = 0;
+  while ((1 << k) < p) ++k;
+  return k;
+}
+}  // namespace
+
+double predicted_seconds(OpKind op, Algorithm a, std::size_t bytes, int p, const CostParams& c) {
+  if (p <= 1) return 0.0;
+  const double n = static_cast<double>(bytes), P = p, L = log2ceil(p);
+  const double frac = (P - 1) / P;
+  int pof2 = 1;
+  while (pof2 * 2 <= p) pof2 *= 2;
+  const double P2 = pof2, frac2 = (P2 - 1) / P2;
+  const bool fixup = pof2 != p;
+  switch (op) {
+    case OpKind::all_reduce:
+      if (a == Algorithm::ring) return 2 * (P - 1) * c.alpha + 2 * frac * n * c.beta + frac * n * c.gamma;
+      if (a == Algorithm::rhd)
+        return 2 * std::log2(P2) * c.alpha + 2 * frac2 * n * c.beta + frac2 * n * c.gamma +
+               (fixup ? 2 * c.alpha + 2 * n * c.beta + n * c.gamma : 0.0);
+      if (a == Algorithm::tree) return 2 * L * (c.alpha + n * c.beta) + L * n * c.gamma;
+      break;
+    case OpKind::reduce_scatter:
+      if (a == Algorithm::ring) return (P - 1) * c.alpha + frac * n * (c.beta + c.gamma);
+      break;
+    case OpKind::all_gather:
+      if (a == Algorithm::ring) return (P - 1) * c.alpha + frac * n * c.beta;
+      break;
+    case OpKind::broadcast:
+      if (a == Algorithm::tree) return L * (c.alpha + n * c.beta);
+      break;
+    case OpKind::reduce:
+      if (a == Algorithm::tree) return L * (c.alpha + n * (c.beta + c.gamma));
+      break;
+    case OpKind::all_to_all:
+      if (a == Algorithm::direct) return (P - 1) * c.alpha + frac * n * c.beta;
+      break;
+    case OpKind::barrier:
+      return L * c.alpha;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+// ---- choice ----
+std::vector<Algorithm> algorithms_for(OpKind op) {
+  switch (op) {
+    case OpKind::all_reduce: return {Algorithm::ring, Algorithm::rhd, Algorithm::tree, Algorithm::native};
+    case OpKind::reduce_scatter: return {Algorithm::ring, Algorithm::native};
+    case OpKind::all_gather: return {Algorithm::ring, Algorithm::native};
+    case OpKind::broadcast: return {Algorithm::tree, Algorithm::native};
+    case OpKind::reduce: return {Algorithm::tree, Algorithm::native};
+    case OpKind::all_to_all: return {Algorithm::direct, Algorithm::native};
+    case OpKind::barrier: return {Algorithm::tree, Algorithm::native};
+  }
+  return {};
+}
+
+bool supports(OpKind op, Algorithm a) {
+  if (a == Algorithm::automatic) return true;
+  for (Algorithm b : algorithms_for(op))
+    if (a == b) return true;
+  return false;
+}
+
+Algorithm choose_algorithm(OpKind op, std::size_t n, int p, std::string_view backend) {
+  const CostParams c = cost_params(backend);
+  Algorithm best = algorithms_for(op).front();
+  double best_t = std::numeric_limits<double>::infinity();
+  for (Algorithm a : algorithms_for(op)) {
+    if (a == Algorithm::native) continue;
+    const double t = predicted_seconds(op, a, n, p, c);
+    if (t < best_t) best_t = t, best = a;
+  }
+  return best;
+}
+
+const char* to_string(OpKind k) {
+  switch (k) {
+    case OpKind::all_reduce: return "all_reduce";
+    case OpKind::reduce_scatter: return "reduce_scatter";
+    case OpKind::all_gather: return "all_gather";
+    case OpKind::broadcast: return "broadcast";
+    case OpKind::reduce: return "reduce";
+    case OpKind::all_to_all: return "all_to_all";
+    case OpKind::barrier: return "barrier";
+  }
+  return "?";
+}
+
+}  // namespace meshtrain::comm

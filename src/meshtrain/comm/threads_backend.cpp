@@ -1,0 +1,420 @@
+// The threads backend (see threads_backend.h): a Fabric shared by all rank threads holds one
+// mailbox per rank (queues of posted sends and receives), one doorbell per rank (where its
+// threads sleep), the status of every rank, and the arrival board of every group.
+//
+// Matching: a send is queued in the destination's mailbox unless a matching receive (same
+// group context, source, tag) is already there, and vice versa, in posting order. The data
+// moves once, from the sender's buffer into (or reduced into) the receiver's buffer:
+// - a collective receive (collective_mode) is always completed by its owner in test()/wait(),
+//   so in a ring every rank does its own share of copying and reducing;
+// - a user receive is completed by whichever side arrives second, so it progresses while the
+//   other side computes.
+// Waits spin for a few microseconds (MESHTRAIN_COMM_SPIN_US, shorter when ranks outnumber
+// cores), then sleep on the rank's doorbell, waking at least every 20 ms to check deadlines.
+#include "meshtrain/comm/threads_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+#include <tuple>
+
+#include "meshtrain/comm/reduce.h"
+
+namespace meshtrain::comm {
+
+namespace {
+
+// ---- entries: one posted send or receive ----
+enum State : int { kPosted = 0, kMatched = 1, kClaimed = 2, kDone = 3, kCancelled = 4 };
+
+struct Entry {
+  bool is_send;
+  int ctx, src, dst, tag;  // src/dst are world ranks
+  const void* sbuf = nullptr;
+  void* rbuf = nullptr;
+  std::size_t bytes = 0;
+  bool reduce = false, receiver_copies = false;
+  std::size_t count = 0;
+  DType type = DType::f32;
+  ReduceOp op = ReduceOp::sum;
+  std::atomic<int> state{kPosted};
+  Entry* partner = nullptr;  // a matched send, for a receive its owner completes
+  std::string error;
+};
+
+void move_data(Entry* r, Entry* s) {
+  if (r->bytes != s->bytes) {
+    r->error = s->error = "message size mismatch: " + std::to_string(s->bytes) + " bytes sent, receive posted for " +
+                          std::to_string(r->bytes);
+    return;
+  }
+  if (r->reduce) reduce_into(r->rbuf, s->sbuf, r->count, r->type, r->op);
+  else if (r->bytes) std::memcpy(r->rbuf, s->sbuf, r->bytes);
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+struct Mailbox {
+  std::mutex m;
+  std::deque<Entry*> sends, recvs;
+};
+struct Bell {
+  std::mutex m;
+  std::condition_variable cv;
+  std::atomic<int> sleepers{0};
+};
+struct Board {
+  explicit Board(std::vector<int> m) : members(std::move(m)), entered(new std::atomic<std::uint64_t>[members.size()]) {
+    for (std::size_t i = 0; i < members.size(); ++i) entered[i] = 0;
+  }
+  std::vector<int> members;  // world ranks
+  std::unique_ptr<std::atomic<std::uint64_t>[]> entered;
+};
+
+// ---- Fabric ----
+class Fabric {
+ public:
+  explicit Fabric(int world) : world(world), boxes(world), bells(world), status(new std::atomic<int>[world]) {
+    for (int i = 0; i < world; ++i) status[i] = 0;
+    std::vector<int> all(world);
+    for (int i = 0; i < world; ++i) all[i] = i;
+    boards[0] = std::make_shared<Board>(all);
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    spin = std::chrono::microseconds(static_cast<unsigned>(world) > cores ? 2 : 50);
+    if (const char* s = std::getenv("MESHTRAIN_COMM_SPIN_US")) spin = std::chrono::microseconds(std::atoi(s));
+  }
+
+  void ring(int r) {
+    Bell& b = bells[r];
+    if (b.sleepers.load() > 0) {
+      { std::lock_guard g(b.m); }
+      b.cv.notify_all();
+    }
+  }
+  void ring_all() {
+    for (auto& b : bells) {
+      { std::lock_guard g(b.m); }
+      b.cv.notify_all();
+    }
+  }
+  void abort(const std::string& why, std::vector<int> ranks) {
+    {
+      std::lock_guard g(am);
+      if (aborted.load()) return;
+      abort_reason = why;
+      abort_ranks = std::move(ranks);
+      aborted.store(true);
+    }
+    ring_all();
+  }
+  void finish(int r, int how) {
+    status[r].store(how);
+    ring_all();
+  }
+  [[noreturn]] void throw_aborted() {
+    std::lock_guard g(am);
+    throw PeerFailure(abort_ranks, "the job was aborted: " + abort_reason);
+  }
+
+  void post_send(Entry* s) {
+    Mailbox& box = boxes[s->dst];
+    std::unique_lock lk(box.m);
+    auto it = box.recvs.begin();
+    for (; it != box.recvs.end(); ++it)
+      if ((*it)->ctx == s->ctx && (*it)->src == s->src && (*it)->tag == s->tag) break;
+    if (it == box.recvs.end()) {
+      box.sends.push_back(s);
+      return;
+    }
+    Entry* r = *it;
+    box.recvs.erase(it);
+    const int receiver = r->dst;  // read before the owner may free r
+    s->state.store(kClaimed);
+    if (r->receiver_copies) {
+      r->partner = s;
+      r->state.store(kMatched);
+      lk.unlock();
+      ring(receiver);
+      return;
+    }
+    r->state.store(kClaimed);
+    lk.unlock();
+    move_data(r, s);
+    s->state.store(kDone);
+    r->state.store(kDone);
+    ring(receiver);
+  }
+
+  void post_recv(Entry* r) {
+    Mailbox& box = boxes[r->dst];
+    std::unique_lock lk(box.m);
+    auto it = box.sends.begin();
+    for (; it != box.sends.end(); ++it)
+      if ((*it)->ctx == r->ctx && (*it)->src == r->src && (*it)->tag == r->tag) break;
+    if (it == box.sends.end()) {
+      box.recvs.push_back(r);
+      return;
+    }
+    Entry* s = *it;
+    box.sends.erase(it);
+    const int sender = s->src;  // read before the owner may free s
+    s->state.store(kClaimed);
+    r->state.store(kClaimed);
+    lk.unlock();
+    move_data(r, s);
+    r->state.store(kDone);
+    s->state.store(kDone);
+    ring(sender);
+  }
+
+  // Removes a still-posted entry from its mailbox; false if a peer already took it.
+  bool cancel(Entry* e) {
+    Mailbox& box = boxes[e->dst];
+    std::lock_guard lk(box.m);
+    if (e->state.load() != kPosted) return false;
+    auto& q = e->is_send ? box.sends : box.recvs;
+    for (auto it = q.begin(); it != q.end(); ++it)
+      if (*it == e) {
+        q.erase(it);
+        break;
+      }
+    e->state.store(kCancelled);
+    return true;
+  }
+
+  std::pair<int, std::shared_ptr<Board>> context_for(int parent, std::uint64_t split_id, int color,
+                                                     const std::vector<int>& world_members) {
+    std::lock_guard g(cm);
+    auto key = std::make_tuple(parent, split_id, color);
+    auto it = ctx_ids.find(key);
+    if (it == ctx_ids.end()) {
+      const int id = next_ctx++;
+      it = ctx_ids.emplace(key, id).first;
+      boards[id] = std::make_shared<Board>(world_members);
+    }
+    return {it->second, boards[it->second]};
+  }
+
+  const int world;
+  std::vector<Mailbox> boxes;
+  std::vector<Bell> bells;
+  std::unique_ptr<std::atomic<int>[]> status;  // 0 running, 1 returned, 2 threw
+  std::atomic<bool> aborted{false};
+  std::mutex am;
+  std::string abort_reason;
+  std::vector<int> abort_ranks;
+  std::mutex cm;
+  std::map<std::tuple<int, std::uint64_t, int>, int> ctx_ids;
+  std::map<int, std::shared_ptr<Board>> boards;
+  int next_ctx = 1;
+  std::chrono::microseconds spin{50};
+};
+
+// ---- ThreadsRequest ----
+class ThreadsRequest final : public Request {
+ public:
+  ThreadsRequest(std::shared_ptr<Fabric> f, std::unique_ptr<Entry> e, int owner, int peer_group, int peer_world)
+      : f_(std::move(f)), e_(std::move(e)), owner_(owner), peer_(peer_group), peer_world_(peer_world) {}
+  ~ThreadsRequest() override {
+    Entry* e = e_.get();
+    if (e->state.load() == kPosted && f_->cancel(e)) return;
+    if (e->state.load() == kMatched) complete_matched();
+    while (e->state.load() == kClaimed) std::this_thread::yield();
+  }
+  int peer() const override { return peer_; }
+
+  bool test() override {
+    const int st = e_->state.load();
+    if (st == kDone) return check_error();
+    if (st == kMatched) {
+      complete_matched();
+      return check_error();
+    }
+    if (f_->aborted.load()) f_->throw_aborted();
+    if (st == kPosted) {
+      const int ps = f_->status[peer_world_].load();
+      if (ps != 0 && e_->state.load() == kPosted)
+        throw PeerFailure({peer_}, "rank " + std::to_string(peer_) + (ps == 1 ? " returned from its function" : " threw") +
+                                       " without " + (e_->is_send ? "receiving" : "sending") + " this message");
+    }
+    return false;
+  }
+
+  bool wait_until(Clock::time_point deadline) override {
+    const auto spin_end = Clock::now() + f_->spin;
+    for (unsigned i = 1;; ++i) {
+      if (test()) return true;
+      if ((i & 63) == 0 && Clock::now() >= spin_end) break;
+      cpu_relax();
+    }
+    Bell& b = f_->bells[owner_];
+    for (;;) {
+      if (test()) return true;
+      const auto now = Clock::now();
+      if (now >= deadline) return false;
+      std::unique_lock lk(b.m);
+      b.sleepers.fetch_add(1);
+      const int st = e_->state.load();
+      const bool pending = st == kClaimed || (st == kPosted && f_->status[peer_world_].load() == 0);
+      if (pending && !f_->aborted.load()) b.cv.wait_until(lk, std::min(deadline, now + std::chrono::milliseconds(20)));
+      b.sleepers.fetch_sub(1);
+    }
+  }
+
+ private:
+  void complete_matched() {
+    Entry* s = e_->partner;
+    move_data(e_.get(), s);
+    const int sender = s->src;
+    s->state.store(kDone);
+    e_->state.store(kDone);
+    f_->ring(sender);
+  }
+  bool check_error() {
+    if (!e_->error.empty()) throw PeerFailure({peer_}, e_->error);
+    return true;
+  }
+
+  std::shared_ptr<Fabric> f_;
+  std::unique_ptr<Entry> e_;
+  int owner_, peer_, peer_world_;
+};
+
+// ---- ThreadsTransport ----
+class ThreadsTransport final : public Transport {
+ public:
+  ThreadsTransport(std::shared_ptr<Fabric> f, int ctx, std::shared_ptr<Board> board, int rank)
+      : f_(std::move(f)), ctx_(ctx), board_(std::move(board)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(board_->members.size()); }
+  const char* backend() const override { return "threads"; }
+
+  RequestPtr isend(int peer, int tag, const void* buf, std::size_t bytes) override {
+    auto e = make(true, peer, tag);
+    e->sbuf = buf;
+    e->bytes = bytes;
+    Entry* raw = e.get();
+    auto req = std::make_unique<ThreadsRequest>(f_, std::move(e), me(), peer, world(peer));
+    f_->post_send(raw);
+    return req;
+  }
+  RequestPtr irecv(int peer, int tag, void* buf, std::size_t bytes, bool collective_mode) override {
+    auto e = make(false, peer, tag);
+    e->rbuf = buf;
+    e->bytes = bytes;
+    e->receiver_copies = collective_mode;
+    Entry* raw = e.get();
+    auto req = std::make_unique<ThreadsRequest>(f_, std::move(e), me(), peer, world(peer));
+    f_->post_recv(raw);
+    return req;
+  }
+  RequestPtr irecv_reduce(int peer, int tag, void* inout, std::size_t count, DType t, ReduceOp op) override {
+    auto e = make(false, peer, tag);
+    e->rbuf = inout;
+    e->bytes = count * dtype_size(t);
+    e->reduce = true;
+    e->receiver_copies = true;
+    e->count = count;
+    e->type = t;
+    e->op = op;
+    Entry* raw = e.get();
+    auto req = std::make_unique<ThreadsRequest>(f_, std::move(e), me(), peer, world(peer));
+    f_->post_recv(raw);
+    return req;
+  }
+
+  std::unique_ptr<Transport> split(const std::vector<int>& members, int color, std::uint64_t split_id) override {
+    if (color < 0) return nullptr;
+    std::vector<int> wm;
+    int new_rank = -1;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      wm.push_back(world(members[i]));
+      if (members[i] == rank_) new_rank = static_cast<int>(i);
+    }
+    auto [ctx, board] = f_->context_for(ctx_, split_id, color, wm);
+    return std::make_unique<ThreadsTransport>(f_, ctx, board, new_rank);
+  }
+
+  void note_entered(std::uint64_t seq) override { board_->entered[rank_].store(seq + 1); }
+  std::vector<int> not_arrived(std::uint64_t seq) const override {
+    std::vector<int> out;
+    for (int i = 0; i < size(); ++i)
+      if (board_->entered[i].load() < seq + 1) out.push_back(i);
+    return out;
+  }
+  void abort(const std::string& reason) override { f_->abort(reason, {}); }
+
+ private:
+  int me() const { return board_->members[rank_]; }
+  int world(int r) const { return board_->members[r]; }
+  std::unique_ptr<Entry> make(bool send, int peer, int tag) {
+    auto e = std::make_unique<Entry>();
+    e->is_send = send;
+    e->ctx = ctx_;
+    e->tag = tag;
+    e->src = send ? me() : world(peer);
+    e->dst = send ? world(peer) : me();
+    return e;
+  }
+
+  std::shared_ptr<Fabric> f_;
+  int ctx_;
+  std::shared_ptr<Board> board_;
+  int rank_;
+};
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+// ---- run_threads ----
+void run_threads(int world, const std::function<void(Communicator&)>& fn, const ThreadsOptions& opts) {
+  if (world < 1) throw std::invalid_argument("run_threads: world must be at least 1, got " + std::to_string(world));
+  auto fabric = std::make_shared<Fabric>(world);
+  std::mutex em;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  threads.reserve(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      int how = 1;
+      {
+        auto t = std::make_shared<ThreadsTransport>(fabric, 0, fabric->boards[0], r);
+        Communicator comm(t, opts.name, {opts.timeout, opts.debug});
+        try {
+          fn(comm);
+        } catch (...) {
+          auto e = std::current_exception();
+          {
+            std::lock_guard g(em);
+            if (!first) first = e;
+          }
+          how = 2;
+          fabric->finish(r, 2);
+          fabric->abort("rank " + std::to_string(r) + " failed: " + what_of(e), {r});
+        }
+      }
+      if (how == 1) fabric->finish(r, 1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace meshtrain::comm

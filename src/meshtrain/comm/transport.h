@@ -1,0 +1,99 @@
+// The backend interface: point-to-point messages among the members of one group. Every
+// collective algorithm (ring, rhd, tree, direct) is written once over this interface, as in
+// Gloo, so the threads and mpi backends run the same algorithm code.
+//
+// Contract:
+// - Messages between one (source, destination, tag) triple are matched in posting order.
+// - A Request's buffer must stay valid until the request completes or is destroyed; the
+//   destructor of a pending request cancels it (a peer never writes into a dead buffer).
+// - irecv_reduce receives `count` elements and reduces them into `inout` (inout op= message);
+//   a shared-memory backend reads the sender's buffer directly, so it costs no extra copy.
+// - Requests are completed by test()/wait_until() of the thread that owns them (and, on the
+//   threads backend, by the peer when it arrives second). Waits spin briefly, then block.
+// - A transport is used by one thread at a time per communicator (the communicator serialises
+//   its operations); distinct communicators may be used from distinct threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/types.h"
+
+namespace meshtrain::comm {
+
+// Internal tags live above the user range [0, kMaxUserTag].
+inline constexpr int kTagCollective = kMaxUserTag + 1;
+inline constexpr int kTagDebug = kMaxUserTag + 2;
+
+// ---- Request ----
+class Request {
+ public:
+  virtual ~Request() = default;
+  // True once complete. Throws PeerFailure when the peer is known to be gone.
+  virtual bool test() = 0;
+  // Blocks until complete (true) or the deadline passes (false). Throws PeerFailure.
+  virtual bool wait_until(Clock::time_point deadline) = 0;
+  virtual int peer() const = 0;
+};
+using RequestPtr = std::unique_ptr<Request>;
+
+// ---- native collectives (mpi backend) ----
+enum class OpKind : std::uint8_t {
+  all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all, barrier
+};
+const char* to_string(OpKind k);
+
+// One collective as described to a backend's own implementation (Algorithm::native).
+// in/out follow the Communicator conventions; counts is per rank for reduce_scatter and
+// all_gather (equal counts are spelled out too).
+struct NativeCall {
+  OpKind kind;
+  DType dtype;
+  ReduceOp op;
+  int root;
+  const void* in;
+  void* out;
+  std::size_t count;
+  const std::vector<std::size_t>* counts;
+};
+
+// ---- Transport ----
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;  // "threads" or "mpi"
+
+  virtual RequestPtr isend(int peer, int tag, const void* buf, std::size_t bytes) = 0;
+  // collective_mode: the receiver does the data movement in its own wait (balances the work
+  // of ring steps); otherwise whoever arrives second copies, so user messages progress
+  // without either side waiting.
+  virtual RequestPtr irecv(int peer, int tag, void* buf, std::size_t bytes, bool collective_mode) = 0;
+  virtual RequestPtr irecv_reduce(int peer, int tag, void* inout, std::size_t count, DType t, ReduceOp op) = 0;
+
+  // A transport over `members` (ranks of this group, in the new rank order); every member
+  // calls it with the same arguments. `split_id` is the same on all members of the parent.
+  virtual std::unique_ptr<Transport> split(const std::vector<int>& members, int color,
+                                           std::uint64_t split_id) = 0;
+
+  // Diagnostics: record that this rank entered collective `seq`; list the members that have
+  // not entered it yet (empty when the backend cannot tell).
+  virtual void note_entered(std::uint64_t seq) { (void)seq; }
+  virtual std::vector<int> not_arrived(std::uint64_t seq) const { (void)seq; return {}; }
+
+  // Make every member's pending and future waits fail (after a timeout or a failed rank).
+  virtual void abort(const std::string& reason) = 0;
+
+  // The backend's own collective (Algorithm::native); `unsupported` where it has none.
+  enum class NativeResult { done, timeout, unsupported };
+  virtual NativeResult native(const NativeCall& call, Clock::time_point deadline) {
+    (void)call; (void)deadline;
+    return NativeResult::unsupported;
+  }
+};
+
+}  // namespace meshtrain::comm

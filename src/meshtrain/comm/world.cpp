@@ -1,0 +1,38 @@
+// Backend choice and the run_world helper (see world.h). The MPI parts live in mpi/; without
+// MPI the stubs here report that the build lacks it.
+#include "meshtrain/comm/world.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace meshtrain::comm {
+
+const char* to_string(Backend b) { return b == Backend::mpi ? "mpi" : "threads"; }
+
+bool launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+Backend default_backend() { return launched_by_mpirun() && have_mpi() ? Backend::mpi : Backend::threads; }
+
+#ifndef MESHTRAIN_HAVE_MPI
+bool have_mpi() { return false; }
+std::shared_ptr<Communicator> mpi_world(const Communicator::Config&) {
+  throw std::runtime_error("this meshtrain was built without MPI (install libopenmpi-dev and reconfigure)");
+}
+void mpi_abort(int code) { std::exit(code); }
+#endif
+
+void run_world(Backend b, int world, const std::function<void(Communicator&)>& fn, const ThreadsOptions& opts) {
+  if (b == Backend::threads) {
+    run_threads(world, fn, opts);
+    return;
+  }
+  auto comm = mpi_world({opts.timeout, opts.debug});
+  if (world != 0 && world != comm->size())
+    throw std::invalid_argument("--world " + std::to_string(world) + " differs from the " + std::to_string(comm->size()) +
+                                " processes mpirun started");
+  fn(*comm);
+}
+
+}  // namespace meshtrain::comm
