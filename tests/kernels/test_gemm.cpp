@@ -4,8 +4,15 @@
 
 #include <omp.h>
 
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <thread>
 
 #include "kernel_test_util.h"
@@ -111,4 +118,77 @@ TEST(Gemm, ConcurrentCallersKeepTheirBudgets) {
   t1.join();
   t2.join();
   EXPECT_EQ(bad.load(), 0);
+}
+
+// ---- busy threads ----
+// CPU ticks (utime + stime) of every thread of this process, from /proc/self/task.
+namespace {
+std::map<int, long> thread_ticks() {
+  std::map<int, long> ticks;
+  DIR* dir = opendir("/proc/self/task");
+  if (!dir) return ticks;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/stat");
+    std::string line;
+    std::getline(f, line);
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    std::string field;
+    long ut = 0, st = 0;
+    for (int k = 3; k <= 15 && rest >> field; ++k) {
+      if (k == 14) ut = std::stol(field);
+      if (k == 15) st = std::stol(field);
+    }
+    ticks[std::atoi(e->d_name)] = ut + st;
+  }
+  closedir(dir);
+  return ticks;
+}
+
+// Runs `callers` std::threads, each doing `reps` 384^3 products with budget `budget`, and
+// returns how many threads of the process did a real share of the work: those whose CPU
+// time grew by at least a quarter of the busiest one's (robust to other load on the
+// machine). Callers wait for a final sample before exiting, since OpenMP pool threads of a
+// caller end with it.
+int busy_threads(int callers, int budget, int reps) {
+  const int64_t n = 384;
+  auto A = randn(n * n, 1), B = randn(n * n, 2);
+  const auto before = thread_ticks();
+  std::atomic<int> finished{0};
+  std::atomic<bool> sampled{false};
+  std::vector<std::thread> ts;
+  for (int c = 0; c < callers; ++c)
+    ts.emplace_back([&] {
+      std::vector<float> C(n * n);
+      for (int r = 0; r < reps; ++r)
+        gemm(Trans::N, Trans::N, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n,
+             {budget});
+      ++finished;
+      while (!sampled) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+  while (finished < callers) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto after = thread_ticks();
+  sampled = true;
+  for (auto& t : ts) t.join();
+  long most = 0;
+  std::vector<long> grew;
+  for (auto [tid, t] : after) {
+    const auto it = before.find(tid);
+    grew.push_back(t - (it == before.end() ? 0 : it->second));
+    most = std::max(most, grew.back());
+  }
+  return static_cast<int>(std::count_if(grew.begin(), grew.end(),
+                                         [&](long g) { return g * 4 >= most && g > 0; }));
+}
+}  // namespace
+
+// Two ranks with one thread each: exactly two threads work (no library pool of its own
+// size); one rank with two threads: two threads work; one rank with one thread: one.
+TEST(Gemm, ThreadBudgetDecidesBusyThreads) {
+  if (thread_ticks().empty()) GTEST_SKIP() << "no /proc/self/task";
+  EXPECT_EQ(busy_threads(1, 1, 60), 1);
+  EXPECT_EQ(busy_threads(1, 2, 60), 2);
+  EXPECT_EQ(busy_threads(2, 1, 60), 2);
 }
