@@ -31,8 +31,8 @@ void OpContext::wait(RequestPtr& r) {
   try {
     done = r->wait_until(deadline_);
   } catch (const PeerFailure& e) {
-    std::vector<int> missing = t_.not_arrived(seq_);
-    if (missing.empty()) missing = e.ranks;
+    // Name the ranks known to have failed; else those that never entered this operation.
+    std::vector<int> missing = e.ranks.empty() ? t_.not_arrived(seq_) : e.ranks;
     fail(ErrorKind::peer_failed, std::move(missing), e.what());
   }
   if (!done) {

@@ -406,8 +406,19 @@ void run_threads(int world, const std::function<void(Communicator&)>& fn, const 
             if (!first) first = e;
           }
           how = 2;
+          // Abort first, so waiters see the reason rather than only "rank r threw". A CommError
+          // passes on the ranks it blames; a mismatch needs no abort (every rank got the verdict).
+          std::vector<int> blamed{r};
+          bool abort = true;
+          try {
+            std::rethrow_exception(e);
+          } catch (const CommError& ce) {
+            blamed = ce.ranks();
+            abort = ce.kind() != ErrorKind::mismatch;
+          } catch (...) {
+          }
+          if (abort) fabric->abort("rank " + std::to_string(r) + " failed: " + what_of(e), blamed);
           fabric->finish(r, 2);
-          fabric->abort("rank " + std::to_string(r) + " failed: " + what_of(e), {r});
         }
       }
       if (how == 1) fabric->finish(r, 1);
