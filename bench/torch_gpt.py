@@ -12,6 +12,11 @@ Threads: --intra-threads calls torch.set_num_threads (ATen's OpenMP pool); --bla
 OPENBLAS_NUM_THREADS, which OpenBLAS reads only when it is loaded, so the script re-executes itself
 with the variable set (passing OPENBLAS_NUM_THREADS in the environment does the same).
 
+OpenBLAS kernels: Debian 12's OpenBLAS 0.3.21 does not know recent Xeons (e.g. model 207, Emerald
+Rapids) and falls back to its SSE3 "Prescott" kernels, about 8x slower than its AVX-512 ones. Unless
+told otherwise (--blas-core), the script then sets OPENBLAS_CORETYPE=SkylakeX (AVX2 only: Haswell)
+the same way, so the reference runs at the speed this BLAS can reach on the machine.
+
 Needs Debian's python3-torch (torch 1.13; `apt-get install -y python3-torch python3-numpy`), which
 is not part of the project's set-up. Exit status 2 when torch is missing or the options are bad.
 
@@ -45,6 +50,10 @@ def parse_args(argv):
     p.add_argument("--data", default=None, help="text file (byte tokens); random tokens if absent")
     p.add_argument("--intra-threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--blas-threads", type=int, default=None, help="OPENBLAS_NUM_THREADS")
+    p.add_argument("--blas-core", default="auto",
+                   help="OPENBLAS_CORETYPE: 'auto' (default) sets it only when OpenBLAS falls back to "
+                        "its generic SSE kernels on a CPU it does not know (AVX-512: SkylakeX, AVX2: "
+                        "Haswell); 'none' leaves OpenBLAS's own choice; or a core name")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--json", action="store_true", help="print one JSON line at the end")
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
@@ -71,9 +80,15 @@ def reexec_if_needed(args):
     Probes for torch without importing it, so OpenBLAS is loaded only once, with its final setting.
     """
     import importlib.util
+    want = {}
+    if args.blas_threads is not None:
+        want["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
+    core = blas_core_wanted(args.blas_core)
+    if core:
+        want["OPENBLAS_CORETYPE"] = core
     env = None
-    if args.blas_threads is not None and os.environ.get("OPENBLAS_NUM_THREADS") != str(args.blas_threads):
-        env = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.blas_threads))
+    if any(os.environ.get(k) != v for k, v in want.items()):
+        env = dict(os.environ, **want)
     exe = sys.executable
     if importlib.util.find_spec("torch") is None:
         if (os.path.exists(SYSTEM_PYTHON) and os.path.realpath(exe) != os.path.realpath(SYSTEM_PYTHON)
@@ -88,6 +103,50 @@ def reexec_if_needed(args):
     if env is not None:
         sys.stdout.flush()
         os.execve(exe, [exe, os.path.abspath(__file__)] + sys.argv[1:], env)
+
+
+# OpenBLAS's generic x86-64 fallbacks (SSE only): what its DYNAMIC_ARCH build picks for a CPU model
+# newer than the library, e.g. Debian 12's 0.3.21 on Emerald Rapids, at a fraction of the speed.
+GENERIC_CORES = {"Prescott", "Core2", "Nehalem", "Katmai", "Coppermine", "Northwood", "Banias", "Atom"}
+
+
+def openblas_corename():
+    """The kernel set the process's OpenBLAS uses (loads libopenblas if needed), or None."""
+    import ctypes
+    import ctypes.util
+    for name in ("libopenblas.so.0", ctypes.util.find_library("openblas")):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            return lib.openblas_get_corename().decode()
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def blas_core_wanted(mode):
+    """The OPENBLAS_CORETYPE to run with, or None to leave the environment as it is."""
+    if mode == "none":
+        return None
+    if mode != "auto":
+        return mode
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        return None  # the caller chose
+    core = openblas_corename()  # this probe process only; the run itself re-executes
+    if core not in GENERIC_CORES:
+        return None
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= set(flags):
+        return "SkylakeX"
+    if {"avx2", "fma"} <= set(flags):
+        return "Haswell"
+    return None
 
 
 def cpu_busy_seconds():
@@ -246,7 +305,8 @@ def main(argv):
     blas = os.environ.get("OPENBLAS_NUM_THREADS", "unset")
     if not args.quiet:
         print(f"torch {torch.__version__}: {args.model} ({n_params / 1e6:.2f}M params) B={B} T={T} "
-              f"intra-op threads {intra}, OPENBLAS_NUM_THREADS={blas}, "
+              f"intra-op threads {intra}, OPENBLAS_NUM_THREADS={blas}, OpenBLAS core "
+              f"{openblas_corename()}, "
               f"attention {'sdpa' if hasattr(F, 'scaled_dot_product_attention') else 'manual'}",
               flush=True)
     losses, times = [], []
@@ -281,6 +341,7 @@ def main(argv):
         # cores this process kept busy, and cores other processes used, during the timed steps
         "cpu_cores": {"own": round(own, 2), "others": None if others is None else round(others, 2)},
         "blas_lib": loaded_blas(),
+        "blas_core": openblas_corename(),
     }
     if not args.quiet:
         print(f"{args.model}: median {med * 1e3:.1f} ms/step (mean {mean * 1e3:.1f}), "

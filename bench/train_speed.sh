@@ -60,7 +60,7 @@ fi
 declare -A BATCH=([gpt-tiny]=12 [gpt-small]=8 [gpt2-124m]=4)
 declare -A SEQ=([gpt-tiny]=64 [gpt-small]=256 [gpt2-124m]=64)
 declare -A STEPS=([gpt-tiny]=40 [gpt-small]=15 [gpt2-124m]=10)
-declare -A QSTEPS=([gpt-tiny]=15 [gpt-small]=5 [gpt2-124m]=4)
+declare -A QSTEPS=([gpt-tiny]=20 [gpt-small]=8 [gpt2-124m]=5)
 declare -A TARGET=([gpt-tiny]=2.0 [gpt-small]=1.4 [gpt2-124m]=1.5)
 declare -A BEST_THREADS=([gpt-tiny]=1,1 [gpt-small]=1,2 [gpt2-124m]=1,2)
 
@@ -70,7 +70,8 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 echo "== training speed: $(date -u '+%Y-%m-%d %H:%M UTC'), $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p'), $(nproc) cores"
-echo "   data $DATA, warm-up $WARMUP steps, $REPS rep(s) alternating meshtrain/PyTorch; load:$(uptime | sed 's/.*load average://')"
+if [ "$SWEEP" = 1 ]; then what="PyTorch thread sweep"; else what="alternating meshtrain/PyTorch"; fi
+echo "   data $DATA, warm-up $WARMUP steps, $REPS rep(s), $what; load:$(uptime | sed 's/.*load average://')"
 load1=$(cut -d' ' -f1 /proc/loadavg)
 if awk -v l="$load1" 'BEGIN { exit !(l > 0.5) }'; then
   echo "   warning: the machine is busy (1-min load $load1): figures will be low and noisy"
@@ -162,7 +163,7 @@ run_torch() {  # model intra blas steps
     fi
     return "$rc"
   fi
-  read -r TPS MED L0 L1 OTHERS <<< "$("$PY" -c 'import json,sys; r=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(r["tokens_per_s"], r["step_ms"]["median"], r["loss"]["first"], r["loss"]["last"], r.get("cpu_cores", {}).get("others"))' <<< "$out")"
+  read -r TPS MED L0 L1 OTHERS OWN CORE <<< "$("$PY" -c 'import json,sys; r=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(r["tokens_per_s"], r["step_ms"]["median"], r["loss"]["first"], r["loss"]["last"], r.get("cpu_cores", {}).get("others"), r.get("cpu_cores", {}).get("own"), r.get("blas_core"))' <<< "$out")"
 }
 
 mean() { [ $# -gt 0 ] && printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.0f", s / NR }'; }
@@ -181,7 +182,7 @@ if [ "$SWEEP" = 1 ]; then
         c=${COMBOS[$(((k + r) % ${#COMBOS[@]}))]}
         wait_quiet
         if run_torch "$m" "${c%,*}" "${c#*,}" "$S"; then
-          echo "   intra-op ${c%,*} OpenBLAS ${c#*,}: $TPS tokens/s (median $MED ms/step; other processes used $BUSY cores before, $OTHERS during)"
+          echo "   intra-op ${c%,*} OpenBLAS ${c#*,}: $TPS tokens/s (median $MED ms/step; cores: own $OWN, others $OTHERS during, $BUSY before; OpenBLAS $CORE)"
           SW[$m,$c]="${SW[$m,$c]:-} $TPS"
         elif [ $? = 2 ]; then exit 2; fi
       done
@@ -231,7 +232,7 @@ for m in "${MODELS[@]}"; do
     fi
     wait_quiet
     if run_torch "$m" "$intra" "$blas" "$S"; then
-      echo "   rep $r PyTorch:   $TPS tokens/s (median $MED ms/step; loss $L0 -> $L1; others used $BUSY cores before, $OTHERS during)"
+      echo "   rep $r PyTorch:   $TPS tokens/s (median $MED ms/step; loss $L0 -> $L1; cores: own $OWN, others $OTHERS during, $BUSY before; OpenBLAS $CORE)"
       pt_vals+=("$TPS")
     else
       rc=$?
