@@ -121,8 +121,8 @@ void print_step(const StepRecord& r, int64_t steps) {
 model::GPTConfig resolve_options(TrainOptions& o) {
   model::GPTConfig cfg =
       o.config_file.empty() ? model::gpt_config(o.model) : model::gpt_config_from_file(o.config_file);
-  if (o.batch == 0) o.batch = cfg.batch;
-  if (o.seq == 0) o.seq = cfg.seq;
+  if (o.batch < 0) o.batch = cfg.batch;
+  if (o.seq < 0) o.seq = cfg.seq;
   if (o.batch < 1) throw bad("--batch must be at least 1 (got " + std::to_string(o.batch) + ")");
   if (o.seq < 1 || o.seq > cfg.block_size)
     throw bad("--seq must be between 1 and the model's " + std::to_string(cfg.block_size) +

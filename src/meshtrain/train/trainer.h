@@ -34,8 +34,8 @@ struct TrainOptions {
   std::string backend = "threads";
   // run
   int64_t steps = 500;
-  int64_t batch = 0;  // global batch B (0: the model's default)
-  int64_t seq = 0;    // T (0: the model's default)
+  int64_t batch = -1;  // global batch B (-1: the model's default)
+  int64_t seq = -1;    // T (-1: the model's default)
   uint64_t seed = 1337;
   AdamWConfig adam;
   int threads = 0;  // kernel threads per rank (0: cores / ranks)
