@@ -31,50 +31,53 @@ bool has_bin_extension(const std::string& path) {
   return std::filesystem::path(path).extension() == ".bin";
 }
 
-std::string read_all(const std::string& path) {
+// An opened, non-empty data file; tokens are read straight into their final vector so a
+// .bin file costs its size once (a text file twice: bytes, then uint16 tokens).
+struct InFile {
+  std::ifstream in;
+  int64_t size = 0;
+};
+
+InFile open_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     fail(path, "does not exist; check the --data path (a text file or a uint16 .bin token file)");
   if (std::filesystem::is_directory(path, ec))
     fail(path, "is a directory; pass a text file or a uint16 .bin token file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot be opened for reading (" + std::string(std::strerror(errno)) +
-                          "); check its permissions");
-  std::string bytes;
-  in.seekg(0, std::ios::end);
-  auto size = static_cast<int64_t>(in.tellg());
-  in.seekg(0, std::ios::beg);
-  bytes.resize(static_cast<size_t>(std::max<int64_t>(size, 0)));
-  if (size > 0 && !in.read(bytes.data(), size)) fail(path, "could not be read completely");
-  if (bytes.empty()) fail(path, "is empty; it must hold at least a few tokens");
-  return bytes;
+  InFile f{std::ifstream(path, std::ios::binary), 0};
+  if (!f.in) fail(path, "cannot be opened for reading (" + std::string(std::strerror(errno)) +
+                            "); check its permissions");
+  f.in.seekg(0, std::ios::end);
+  f.size = static_cast<int64_t>(f.in.tellg());
+  if (f.size <= 0) fail(path, "is empty; it must hold at least a few tokens");
+  return f;
 }
 
-// Copies `count` uint16 tokens from raw bytes.
-std::vector<uint16_t> u16_tokens(const char* p, int64_t count) {
-  std::vector<uint16_t> out(static_cast<size_t>(count));
-  if (count > 0) std::memcpy(out.data(), p, static_cast<size_t>(count) * 2);
-  return out;
+void read_at(InFile& f, const std::string& path, int64_t offset, void* dst, int64_t n) {
+  f.in.seekg(offset, std::ios::beg);
+  if (n > 0 && !f.in.read(static_cast<char*>(dst), n)) fail(path, "could not be read completely");
 }
 
-std::vector<uint16_t> parse_llmc(const std::string& path, const std::string& bytes) {
-  if (static_cast<int64_t>(bytes.size()) < kLlmcHeaderBytes)
-    fail(path, "starts with the llm.c magic 20240520 but is only " +
-                   std::to_string(bytes.size()) + " bytes, shorter than its 1024-byte header; "
-                   "the file is truncated, regenerate it");
+std::vector<uint16_t> read_llmc(InFile& f, const std::string& path) {
+  if (f.size < kLlmcHeaderBytes)
+    fail(path, "starts with the llm.c magic 20240520 but is only " + std::to_string(f.size) +
+                   " bytes, shorter than its 1024-byte header; the file is truncated, "
+                   "regenerate it");
   int32_t header[kLlmcHeaderInts];
-  std::memcpy(header, bytes.data(), kLlmcHeaderBytes);
+  read_at(f, path, 0, header, kLlmcHeaderBytes);
   if (header[1] != 1)
     fail(path, "has llm.c header version " + std::to_string(header[1]) +
                    ", only version 1 (uint16 tokens) is supported; re-export it with uint16 tokens");
   const int64_t count = header[2];
-  const int64_t payload = static_cast<int64_t>(bytes.size()) - kLlmcHeaderBytes;
+  const int64_t payload = f.size - kLlmcHeaderBytes;
   if (count < 0 || count * 2 != payload)
     fail(path, "has a malformed llm.c header: it records " + std::to_string(count) +
                    " tokens (" + std::to_string(count * 2) + " bytes) but " +
                    std::to_string(payload) +
                    " bytes follow the header; the file is truncated or corrupt, regenerate it");
-  return u16_tokens(bytes.data() + kLlmcHeaderBytes, count);
+  std::vector<uint16_t> tokens(static_cast<size_t>(count));
+  read_at(f, path, kLlmcHeaderBytes, tokens.data(), count * 2);
+  return tokens;
 }
 
 }  // namespace
@@ -119,26 +122,27 @@ TokenDataset TokenDataset::open(const std::string& path, double val_fraction,
   if (min_window < 1)
     throw std::invalid_argument("min_window must be at least 1, got " +
                                 std::to_string(min_window));
-  const std::string bytes = read_all(path);
+  InFile f = open_file(path);
   Format format = Format::text;
   std::vector<uint16_t> tokens;
+  int32_t first = 0;
+  if (f.size >= 4) read_at(f, path, 0, &first, 4);
   if (!has_bin_extension(path)) {
+    std::string bytes(static_cast<size_t>(f.size), '\0');
+    read_at(f, path, 0, bytes.data(), f.size);
     tokens.assign(reinterpret_cast<const unsigned char*>(bytes.data()),
                   reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
+  } else if (first == kLlmcMagic) {
+    format = Format::llmc_bin;
+    tokens = read_llmc(f, path);
   } else {
-    int32_t first = 0;
-    if (bytes.size() >= 4) std::memcpy(&first, bytes.data(), 4);
-    if (first == kLlmcMagic) {
-      format = Format::llmc_bin;
-      tokens = parse_llmc(path, bytes);
-    } else {
-      format = Format::nanogpt_bin;
-      if (bytes.size() % 2 != 0)
-        fail(path, "has an odd size (" + std::to_string(bytes.size()) +
-                       " bytes) for a raw uint16 token file; it is truncated or not a token "
-                       "file (text files must not end in .bin)");
-      tokens = u16_tokens(bytes.data(), static_cast<int64_t>(bytes.size() / 2));
-    }
+    format = Format::nanogpt_bin;
+    if (f.size % 2 != 0)
+      fail(path, "has an odd size (" + std::to_string(f.size) +
+                     " bytes) for a raw uint16 token file; it is truncated or not a token "
+                     "file (text files must not end in .bin)");
+    tokens.resize(static_cast<size_t>(f.size / 2));
+    read_at(f, path, 0, tokens.data(), f.size);
   }
   TokenDataset ds = from_tokens(std::move(tokens), val_fraction, path);
   ds.format_ = format;
