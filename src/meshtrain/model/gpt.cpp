@@ -107,13 +107,18 @@ Tensor GPT::trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_
   kernels::embedding_forward(x.data(), tokens, wte.value.data(), wpe.value.data(), B, T, C, 0, V,
                              ctx.threads);
   if (ctx.training) ctx.ints(this).assign(tokens, tokens + B * T);
-  for (auto& block : h) x = block->forward(ctx, x);
+  for (auto& block : h) {
+    ctx.pre_forward(block.get());
+    x = block->forward(ctx, x);
+    ctx.post_forward(block.get());
+  }
   return ln_f.forward(ctx, x);
 }
 
 float GPT::forward(Context& ctx, const int32_t* tokens, const int32_t* targets, int64_t B,
                    int64_t T) {
   const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, N = B * T;
+  ctx.pre_forward(this);
   Tensor hN = trunk_forward(ctx, tokens, B, T);  // (B, T, C)
   Tensor logits = Tensor::empty({N, V});
   kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, V, C, 1.f, hN.data(), C,
@@ -131,11 +136,13 @@ float GPT::forward(Context& ctx, const int32_t* tokens, const int32_t* targets, 
     t.assign(targets, targets + N);
     t.push_back(static_cast<int32_t>(valid));
   }
+  ctx.post_forward(this);
   return valid ? static_cast<float>(sum / static_cast<double>(valid)) : 0.f;
 }
 
 void GPT::backward(Context& ctx, float grad_scale) {
   const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
+  ctx.pre_backward(this);
   auto& s = ctx.saved(&head_);
   Tensor hN = s[0], logits = s[1], lse = s[2];
   std::vector<int32_t> targets = std::move(ctx.ints(&head_));
@@ -159,11 +166,18 @@ void GPT::backward(Context& ctx, float grad_scale) {
   logits = Tensor();  // free (N, V) before the trunk's backward
 
   Tensor dx = ln_f.backward(ctx, dh);
-  for (auto it = h.rbegin(); it != h.rend(); ++it) dx = (*it)->backward(ctx, dx);
+  for (auto it = h.rbegin(); it != h.rend(); ++it) {
+    ctx.pre_backward(it->get());
+    dx = (*it)->backward(ctx, dx);
+    ctx.post_backward(it->get());
+  }
   std::vector<int32_t> tokens = std::move(ctx.ints(this));
   ctx.release(this);
   kernels::embedding_backward(wte.grad.data(), wpe.grad.data(), dx.data(), tokens.data(), B, T,
                               C, 0, V, ctx.threads);
+  ctx.grad_ready(&wpe);
+  ctx.grad_ready(&wte);
+  ctx.post_backward(this);
 }
 
 Tensor GPT::logits(Context& ctx, const int32_t* tokens, int64_t B, int64_t T) {

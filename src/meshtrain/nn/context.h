@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -18,12 +19,41 @@
 namespace meshtrain::nn {
 
 
+struct Param;
+class Module;
+
+// Callbacks a parallel strategy hangs on the forward and backward passes (all optional):
+// data parallelism starts a bucket's all-reduce when its last gradient is ready; ZeRO-3
+// gathers a unit's parameters before its forward/backward and frees them after. Models call
+// the unit hooks around each transformer block and around the model itself (the root unit).
+struct Hooks {
+  std::function<void(Param*)> grad_ready;  // p's gradient is final for this backward
+  std::function<void(const Module*)> pre_forward, post_forward, pre_backward, post_backward;
+};
+
 class Context {
  public:
   explicit Context(int threads = 1, bool training = true) : threads(threads), training(training) {}
 
   int threads;    // kernel thread budget of the rank that owns this context
   bool training;  // false: forward only, nothing is saved
+  Hooks* hooks = nullptr;  // not owned; null: no callbacks
+
+  void grad_ready(Param* p) {
+    if (hooks && hooks->grad_ready) hooks->grad_ready(p);
+  }
+  void pre_forward(const Module* m) {
+    if (hooks && hooks->pre_forward) hooks->pre_forward(m);
+  }
+  void post_forward(const Module* m) {
+    if (hooks && hooks->post_forward) hooks->post_forward(m);
+  }
+  void pre_backward(const Module* m) {
+    if (hooks && hooks->pre_backward) hooks->pre_backward(m);
+  }
+  void post_backward(const Module* m) {
+    if (hooks && hooks->post_backward) hooks->post_backward(m);
+  }
 
   // Saves tensors for module m's backward (shares their storage; no copy).
   void save(const void* m, std::vector<Tensor> tensors);

@@ -29,6 +29,8 @@ void LayerNorm::backward_into(Context& ctx, const Tensor& dy, Tensor& dx) {
                               x.data(), weight.value.data(), mean.data(), rstd.data(), N, C,
                               ctx.threads);
   ctx.release(this);
+  ctx.grad_ready(&weight);
+  ctx.grad_ready(&bias);
 }
 
 Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {

@@ -37,6 +37,8 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   Tensor dx = Tensor::empty(x.shape());
   kernels::linear_backward(dx.data(), weight.grad.data(), has_bias ? bias.grad.data() : nullptr,
                            dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.threads);
+  ctx.grad_ready(&weight);
+  if (has_bias) ctx.grad_ready(&bias);
   return dx;
 }
 
