@@ -1,8 +1,14 @@
 # Chooses the BLAS behind kernels/gemm (see docs/benchmarks.md for the measurement that picked
 # the default). Provides the interface target `meshtrain_blas` and the definition
 # MESHTRAIN_BLAS_<NAME> so kernels/gemm.cpp knows which library it calls.
-set(MESHTRAIN_BLAS "openblas" CACHE STRING "BLAS library behind GEMM: openblas, blis or dnnl")
-set_property(CACHE MESHTRAIN_BLAS PROPERTY STRINGS openblas blis dnnl)
+# Default: oneDNN. On the Sapphire-Rapids-class machines here it ran the GPT products at
+# 2.5-8x the rate of Debian's OpenBLAS 0.3.21 and BLIS 0.9, whose run-time CPU detection does
+# not recognise this CPU and falls back to old kernels (OpenBLAS reports "Prescott", i.e.
+# SSE3; OPENBLAS_CORETYPE=SkylakeX or BLIS_ARCH_TYPE=skx bring them back to oneDNN's level,
+# but we do not want speed to hang on an environment variable). oneDNN picks its ISA from
+# CPUID and is also the library with AMX bf16 kernels for the planned bf16 path.
+set(MESHTRAIN_BLAS "dnnl" CACHE STRING "BLAS library behind GEMM: dnnl, openblas or blis")
+set_property(CACHE MESHTRAIN_BLAS PROPERTY STRINGS dnnl openblas blis)
 add_library(meshtrain_blas INTERFACE)
 
 if(MESHTRAIN_BLAS STREQUAL "openblas")
