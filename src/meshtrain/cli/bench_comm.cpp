@@ -1,8 +1,268 @@
-// `meshtrain bench comm`: placeholder until the communication layer lands.
+// `meshtrain bench comm`: bandwidth and latency of one collective over a range of sizes, with
+// the nccl-tests conventions: algbw = size / time; busbw = algbw x 2(p-1)/p for all_reduce,
+// x (p-1)/p for reduce_scatter, all_gather and all_to_all, x 1 for broadcast and sendrecv;
+// size is the whole buffer (all_reduce, broadcast), the whole input of reduce_scatter, the
+// whole output of all_gather, one rank's buffer for all_to_all, one message for sendrecv.
+// Every result is checked against a serial reference after the timed loop. As a peer figure it
+// prints the single-thread memcpy bandwidth of the same run (threads) or the MPI library's own
+// collective (mpi, `native`), with the ratio.
+//
+// Time per size: all ranks barrier, run --iters back to back, and the slowest rank's mean is
+// reported. Float32 only.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
 #include "meshtrain/cli/commands.h"
+#include "meshtrain/comm/select.h"
+#include "meshtrain/comm/world.h"
 
 namespace meshtrain::cli {
-void add_bench_comm_command(CLI::App& bench) {
-  bench.add_subcommand("comm", "Collective bandwidth and latency (not built yet)");
+
+namespace {
+namespace mc = meshtrain::comm;
+using Clock = std::chrono::steady_clock;
+
+struct BenchArgs {
+  std::string backend, op = "all_reduce", sizes = "4K:256M", algo = "auto";
+  int world = 0, iters = 20, warmup = 3;
+  std::size_t chunk = 0;
+  double timeout_s = 60;
+};
+
+// ---- size parsing ----
+std::size_t parse_size(const std::string& s) {
+  if (s.empty()) throw UsageError("--sizes: empty size");
+  std::size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (...) {
+    throw UsageError("--sizes: '" + s + "' is not a size like 4K, 64M or 1G");
+  }
+  std::string unit = s.substr(pos);
+  double mul = 1;
+  if (unit == "K" || unit == "k" || unit == "KiB") mul = 1024;
+  else if (unit == "M" || unit == "MiB") mul = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB") mul = 1024.0 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B") throw UsageError("--sizes: unknown unit in '" + s + "' (use K, M or G)");
+  if (v <= 0) throw UsageError("--sizes: sizes must be positive, got '" + s + "'");
+  return static_cast<std::size_t>(v * mul);
 }
+
+std::vector<std::size_t> parse_sizes(const std::string& spec) {
+  std::vector<std::size_t> out;
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos) {
+    std::size_t start = 0;
+    while (start <= spec.size()) {
+      auto comma = spec.find(',', start);
+      if (comma == std::string::npos) comma = spec.size();
+      out.push_back(parse_size(spec.substr(start, comma - start)));
+      start = comma + 1;
+    }
+    return out;
+  }
+  const std::size_t lo = parse_size(spec.substr(0, colon)), hi = parse_size(spec.substr(colon + 1));
+  if (lo > hi) throw UsageError("--sizes: the range " + spec + " runs backwards");
+  for (std::size_t s = lo; s <= hi; s *= 2) out.push_back(s);
+  return out;
+}
+
+std::string human(std::size_t b) {
+  char buf[32];
+  if (b >= (1u << 30) && b % (1u << 30) == 0) std::snprintf(buf, sizeof buf, "%zuG", b >> 30);
+  else if (b >= (1u << 20) && b % (1u << 20) == 0) std::snprintf(buf, sizeof buf, "%zuM", b >> 20);
+  else if (b >= 1024 && b % 1024 == 0) std::snprintf(buf, sizeof buf, "%zuK", b >> 10);
+  else std::snprintf(buf, sizeof buf, "%zu", b);
+  return buf;
+}
+
+// ---- one operation ----
+struct OpRun {
+  std::string op;
+  mc::Algorithm algo;
+  std::size_t chunk;
+  std::size_t count;  // elements: see the header comment for what the size covers
+  std::vector<float> in, out;
+  double bus_factor;
+
+  void setup(int p, std::size_t bytes) {
+    std::size_t n = std::max<std::size_t>(1, bytes / sizeof(float));
+    if (op == "reduce_scatter" || op == "all_gather" || op == "all_to_all") n = std::max<std::size_t>(1, n / p) * p;
+    count = n;
+    if (op == "all_reduce") bus_factor = 2.0 * (p - 1) / p;
+    else if (op == "broadcast" || op == "sendrecv") bus_factor = 1.0;
+    else bus_factor = double(p - 1) / p;
+    if (op == "reduce_scatter") in.assign(n, 0.0f), out.assign(n / p, 0.0f);
+    else if (op == "all_gather") in.assign(n / p, 0.0f), out.assign(n, 0.0f);
+    else if (op == "all_to_all" || op == "sendrecv") in.assign(n, 0.0f), out.assign(n, 0.0f);
+    else in.clear(), out.assign(n, 0.0f);
+  }
+  void run(mc::Communicator& c) {
+    const int p = c.size(), r = c.rank();
+    if (op == "all_reduce") c.all_reduce(out, {.algorithm = algo, .chunk_bytes = chunk});
+    else if (op == "reduce_scatter") c.reduce_scatter(in, out, {.algorithm = algo, .chunk_bytes = chunk});
+    else if (op == "all_gather") c.all_gather(in, out, {.algorithm = algo, .chunk_bytes = chunk});
+    else if (op == "broadcast") c.broadcast(out, {.algorithm = algo, .chunk_bytes = chunk});
+    else if (op == "all_to_all") c.all_to_all(in, out, {.algorithm = algo});
+    else {  // sendrecv: to the next rank, from the previous one
+      mc::Work s = c.isend(in, (r + 1) % p);
+      c.recv(out, (r + p - 1) % p);
+      s.wait();
+    }
+  }
+  // Fills inputs from (rank, index), runs once, and compares with the serial reference.
+  bool check(mc::Communicator& c) {
+    const int p = c.size(), r = c.rank();
+    auto v = [](int rank, std::size_t i) { return static_cast<float>(static_cast<long>((rank + 1) * 7 + i % 13) % 17); };
+    auto& src = (op == "all_reduce" || op == "broadcast") ? out : in;
+    const std::size_t blk = op == "all_gather" ? in.size() : 0;
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = v(r, i + r * blk);
+    run(c);
+    bool ok = true;
+    for (std::size_t i = 0; i < out.size() && ok; ++i) {
+      float want = 0;
+      if (op == "all_reduce") {
+        for (int q = 0; q < p; ++q) want += v(q, i);
+      } else if (op == "reduce_scatter") {
+        for (int q = 0; q < p; ++q) want += v(q, r * out.size() + i);
+      } else if (op == "all_gather") {
+        want = v(static_cast<int>(i / blk), i);
+      } else if (op == "broadcast") {
+        want = v(0, i);
+      } else if (op == "all_to_all") {
+        const std::size_t b = out.size() / p;
+        want = v(static_cast<int>(i / b), r * b + i % b);
+      } else {
+        want = v((r + p - 1) % p, i);
+      }
+      ok = out[i] == want;
+    }
+    std::vector<std::int64_t> bad{ok ? 0 : 1};
+    c.all_reduce(bad);
+    std::fill(in.begin(), in.end(), 0.0f);
+    std::fill(out.begin(), out.end(), 0.0f);
+    return bad[0] == 0;
+  }
+  // The slowest rank's mean seconds per operation.
+  double time(mc::Communicator& c, int warmup, int iters) {
+    for (int i = 0; i < warmup; ++i) run(c);
+    c.barrier();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) run(c);
+    std::vector<double> t{std::chrono::duration<double>(Clock::now() - t0).count() / iters};
+    c.all_reduce(t, {.op = mc::ReduceOp::max});
+    return t[0];
+  }
+};
+
+double memcpy_seconds(std::size_t bytes, int iters) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  std::memcpy(b.data(), a.data(), bytes);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      std::memcpy(b.data(), a.data(), bytes);
+      asm volatile("" : : "r"(b.data()) : "memory");
+    }
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / iters);
+  }
+  return best;
+}
+
+// ---- the command ----
+void run_bench(const BenchArgs& a) {
+  const mc::Backend backend = a.backend.empty() ? mc::default_backend() : (a.backend == "mpi" ? mc::Backend::mpi : mc::Backend::threads);
+  if (backend == mc::Backend::mpi && !mc::have_mpi()) throw UsageError("--backend mpi: this meshtrain was built without MPI");
+  if (backend == mc::Backend::mpi && !mc::launched_by_mpirun())
+    throw UsageError("--backend mpi needs the ranks started by mpirun, e.g. mpirun -np 2 meshtrain bench comm --backend mpi");
+  const int world = backend == mc::Backend::threads ? (a.world ? a.world : 2) : a.world;
+  if (backend == mc::Backend::threads && world < 1) throw UsageError("--world must be at least 1");
+  if (a.iters < 1) throw UsageError("--iters must be at least 1");
+  const auto algo = mc::parse_algorithm(a.algo);
+  if (!algo) throw UsageError("--algo: unknown algorithm '" + a.algo + "'");
+  const std::vector<std::size_t> sizes = parse_sizes(a.sizes);
+  static const std::pair<const char*, mc::OpKind> kinds[] = {
+      {"all_reduce", mc::OpKind::all_reduce}, {"reduce_scatter", mc::OpKind::reduce_scatter},
+      {"all_gather", mc::OpKind::all_gather}, {"broadcast", mc::OpKind::broadcast}, {"all_to_all", mc::OpKind::all_to_all}};
+  bool known_op = a.op == "sendrecv";
+  for (auto& [name, kind] : kinds)
+    if (a.op == name) {
+      known_op = true;
+      if (!mc::supports(kind, *algo)) throw UsageError("--algo " + a.algo + " does not implement " + a.op);
+    }
+  if (!known_op) throw UsageError("--op: unknown operation '" + a.op + "'");
+  if (a.op == "sendrecv" && *algo != mc::Algorithm::automatic) throw UsageError("--op sendrecv takes no --algo");
+  if (*algo == mc::Algorithm::native && backend != mc::Backend::mpi) throw UsageError("--algo native needs --backend mpi");
+
+  mc::ThreadsOptions topts{.timeout = mc::Timeout(static_cast<long>(a.timeout_s * 1000))};
+  bool all_ok = true;
+  mc::run_world(backend, backend == mc::Backend::threads ? world : 0, [&](mc::Communicator& c) {
+    const int p = c.size();
+    const bool lead = c.rank() == 0;
+    const bool mpi = backend == mc::Backend::mpi;
+    const bool peer_native = mpi && a.op != "sendrecv";
+    if (lead) {
+      std::printf("# meshtrain bench comm: op=%s backend=%s world=%d algo=%s iters=%d dtype=float32\n", a.op.c_str(),
+                  mc::to_string(backend), p, a.algo.c_str(), a.iters);
+      std::printf("# busbw = algbw x %s; time is the slowest rank's mean\n",
+                  a.op == "all_reduce" ? "2(p-1)/p" : (a.op == "broadcast" || a.op == "sendrecv") ? "1" : "(p-1)/p");
+      std::printf("%10s %11s %7s %11s %11s %11s %6s %12s %7s\n", "size", "count", "algo", "time(us)", "algbw(GB/s)",
+                  "busbw(GB/s)", "check", mpi ? "native(GB/s)" : "memcpy(GB/s)", "ratio");
+    }
+    for (std::size_t bytes : sizes) {
+      OpRun run{a.op, *algo, a.chunk, 0, {}, {}, 1.0};
+      run.setup(p, bytes);
+      const std::size_t sz = run.count * sizeof(float);
+      const bool ok = run.check(c);
+      const double t = run.time(c, a.warmup, a.iters);
+      const double algbw = sz / t / 1e9, busbw = algbw * run.bus_factor;
+      double peer = 0;
+      if (peer_native) {
+        OpRun nat{a.op, mc::Algorithm::native, 0, 0, {}, {}, 1.0};
+        nat.setup(p, bytes);
+        peer = sz / nat.time(c, a.warmup, a.iters) / 1e9 * nat.bus_factor;
+      } else if (!mpi) {
+        if (lead) peer = sz / memcpy_seconds(sz, std::max(3, a.iters)) / 1e9;
+        c.barrier();
+      }
+      all_ok = all_ok && ok;
+      std::string used = a.op == "sendrecv" ? "p2p" : mc::to_string(*algo);
+      for (auto& [name, kind] : kinds)
+        if (a.op == name && *algo == mc::Algorithm::automatic)
+          used = std::string("auto:") + mc::to_string(mc::choose_algorithm(kind, sz, p, c.backend()));
+      if (lead)
+        std::printf("%10s %11zu %7s %11.2f %11.3f %11.3f %6s %12.3f %7.2f\n", human(sz).c_str(), run.count,
+                    used.c_str(), t * 1e6, algbw, busbw, ok ? "ok" : "WRONG", peer, peer > 0 ? busbw / peer : 0.0);
+      std::fflush(stdout);
+    }
+  }, topts);
+  if (!all_ok) throw std::runtime_error("bench comm: some results were wrong (see the check column)");
+}
+}  // namespace
+
+void add_bench_comm_command(CLI::App& bench) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* cmd = bench.add_subcommand("comm", "Collective bandwidth and latency (nccl-tests conventions)");
+  cmd->add_option("--backend", args->backend, "threads or mpi (default: mpi under mpirun, else threads)")
+      ->check(CLI::IsMember({"threads", "mpi"}));
+  cmd->add_option("--op", args->op, "all_reduce, reduce_scatter, all_gather, broadcast, all_to_all or sendrecv")
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "sendrecv"}));
+  cmd->add_option("--world", args->world, "ranks (threads backend; default 2; under mpirun: the mpirun size)");
+  cmd->add_option("--sizes", args->sizes, "bytes: a range LO:HI doubling (4K:256M), or a list (4K,64M)");
+  cmd->add_option("--algo", args->algo, "auto, ring, rhd, tree, direct or native (mpi)")
+      ->check(CLI::IsMember({"auto", "ring", "rhd", "tree", "direct", "native"}));
+  cmd->add_option("--iters", args->iters, "timed iterations per size");
+  cmd->add_option("--warmup", args->warmup, "untimed iterations per size");
+  cmd->add_option("--chunk", args->chunk, "pipelining segment in bytes (0: the backend default)");
+  cmd->add_option("--timeout", args->timeout_s, "per-operation deadline in seconds");
+  cmd->callback([args] { run_bench(*args); });
+}
+
 }  // namespace meshtrain::cli

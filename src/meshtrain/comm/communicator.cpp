@@ -214,7 +214,13 @@ void Communicator::run_call(const Call& c, std::uint64_t seq) {
     if (c.kind == OpKind::all_reduce && c.op == ReduceOp::avg) nc.op = ReduceOp::sum;
     if (c.kind == OpKind::reduce_scatter && c.op == ReduceOp::avg) nc.op = ReduceOp::sum;
     if (c.kind == OpKind::reduce && c.op == ReduceOp::avg) nc.op = ReduceOp::sum;
-    switch (t_->native(nc, deadline)) {
+    Transport::NativeResult res;
+    try {
+      res = t_->native(nc, deadline);
+    } catch (const PeerFailure& e) {
+      ctx.fail(ErrorKind::peer_failed, e.ranks, e.what());
+    }
+    switch (res) {
       case Transport::NativeResult::done: break;
       case Transport::NativeResult::timeout:
         t_->abort("native collective timed out");

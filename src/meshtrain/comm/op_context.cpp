@@ -28,6 +28,11 @@ void OpContext::wait(RequestPtr& r) {
   if (!r) return;
   const int peer = r->peer();
   bool done = false;
+  t_.waiting(op_, group_, seq_, peer);
+  struct Clear {
+    Transport& t;
+    ~Clear() { t.waiting(nullptr, {}, 0, -1); }
+  } clear{t_};
   try {
     done = r->wait_until(deadline_);
   } catch (const PeerFailure& e) {
@@ -40,8 +45,9 @@ void OpContext::wait(RequestPtr& r) {
     std::ostringstream why;
     why << "deadline passed while waiting for rank " << peer;
     if (missing.empty()) missing = {peer};
-    t_.abort(std::string(op_) + " #" + std::to_string(seq_) + " on '" + group_ + "' timed out");
-    fail(ErrorKind::timeout, std::move(missing), why.str());
+    CommError e(ErrorKind::timeout, op_, group_, seq_, std::move(missing), why.str());
+    t_.abort(std::string("rank ") + std::to_string(t_.rank()) + " of '" + group_ + "': " + e.what());
+    throw e;
   }
   r.reset();
 }

@@ -85,6 +85,13 @@ class Transport {
   virtual void note_entered(std::uint64_t seq) { (void)seq; }
   virtual std::vector<int> not_arrived(std::uint64_t seq) const { (void)seq; return {}; }
 
+  // Diagnostics: the operation about to block (the mpi backend prints it if the launcher
+  // terminates the process while it waits, e.g. because a peer process died). op == nullptr:
+  // the wait is over.
+  virtual void waiting(const char* op, const std::string& group, std::uint64_t seq, int peer) {
+    (void)op; (void)group; (void)seq; (void)peer;
+  }
+
   // Make every member's pending and future waits fail (after a timeout or a failed rank).
   virtual void abort(const std::string& reason) = 0;
 

@@ -21,6 +21,7 @@ std::shared_ptr<Communicator> mpi_world(const Communicator::Config&) {
   throw std::runtime_error("this meshtrain was built without MPI (install libopenmpi-dev and reconfigure)");
 }
 void mpi_abort(int code) { std::exit(code); }
+void mpi_report_failure(const std::string&) {}
 #endif
 
 void run_world(Backend b, int world, const std::function<void(Communicator&)>& fn, const ThreadsOptions& opts) {
@@ -32,7 +33,12 @@ void run_world(Backend b, int world, const std::function<void(Communicator&)>& f
   if (world != 0 && world != comm->size())
     throw std::invalid_argument("--world " + std::to_string(world) + " differs from the " + std::to_string(comm->size()) +
                                 " processes mpirun started");
-  fn(*comm);
+  try {
+    fn(*comm);
+  } catch (const std::exception& e) {
+    mpi_report_failure("rank " + std::to_string(comm->rank()) + " failed: " + e.what());
+    throw;
+  }
 }
 
 }  // namespace meshtrain::comm

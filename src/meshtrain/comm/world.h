@@ -29,6 +29,10 @@ bool have_mpi();
 // MPI is finalised at exit; if any operation failed, MPI_Abort is called instead so the other
 // processes of the job end too rather than wait.
 std::shared_ptr<Communicator> mpi_world(const Communicator::Config& cfg = {});
+// Marks this process failed and tells the other processes why (their pending waits end now
+// with a CommError carrying `reason`); at exit the job is then aborted instead of finalised.
+// run_world calls it when fn throws under mpi.
+void mpi_report_failure(const std::string& reason);
 // Ends the whole MPI job now (after a rank reported an error it cannot recover from).
 [[noreturn]] void mpi_abort(int code);
 

@@ -11,10 +11,18 @@
 // Threads: all MPI calls are serialised by one mutex (the progress thread of async collectives
 // and the caller may both talk to MPI), so MPI_THREAD_SERIALIZED suffices.
 // Limits: counts must fit an int (MPI's), i.e. < 2^31 elements per message.
+// The C API only: the deprecated C++ bindings would need libmpi_cxx.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <csignal>
+#include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -32,13 +40,75 @@ namespace {
 // ---- process-wide MPI state (MPI forces this global) ----
 std::mutex g_mpi;                 // serialises every MPI call
 std::atomic<bool> g_failed{false};  // an operation failed: abort instead of finalize at exit
+MPI_Comm g_notice = MPI_COMM_NULL;  // world dup carrying abort notices (tag kNoticeTag)
+constexpr int kNoticeTag = 1;
+constexpr int kNoticeBytes = 512;
+int g_world_rank = 0, g_world_size = 1;
+
+// What this process is blocked on, for the SIGTERM handler (double-buffered: the handler reads
+// the slot last published).
+char g_activity[2][384];
+std::atomic<int> g_activity_slot{-1};
+
+void on_sigterm(int sig) {
+  const int slot = g_activity_slot.load();
+  char head[96];
+  const int n = std::snprintf(head, sizeof head, "meshtrain: world rank %d terminated by the launcher", g_world_rank);
+  if (n > 0) (void)!write(2, head, static_cast<std::size_t>(n));
+  if (slot >= 0) {
+    const char* a = g_activity[slot];
+    (void)!write(2, " while waiting in ", 18);
+    (void)!write(2, a, std::strlen(a));
+    (void)!write(2, " (a peer process probably died)", 31);
+  }
+  (void)!write(2, "\n", 1);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
 
 void at_exit_hook() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  if (g_failed.load()) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (g_failed.load()) {
+    // Give the peers a moment to report the notice they got, then end the job.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   MPI_Finalize();
+}
+
+// Tells every other process that this one failed (fire and forget), so their waits end now
+// with this reason instead of at their deadline.
+void send_notice(const std::string& reason) {
+  static std::atomic<bool> sent{false};
+  if (sent.exchange(true) || g_notice == MPI_COMM_NULL) return;
+  static char text[kNoticeBytes];
+  std::snprintf(text, sizeof text, "%s", reason.c_str());
+  std::lock_guard g(g_mpi);
+  for (int r = 0; r < g_world_size; ++r) {
+    if (r == g_world_rank) continue;
+    MPI_Request req;
+    MPI_Isend(text, kNoticeBytes, MPI_CHAR, r, kNoticeTag, g_notice, &req);
+    MPI_Request_free(&req);
+  }
+}
+
+// Throws PeerFailure if another process sent a notice. Called from every poll loop.
+void check_notice() {
+  int flag = 0;
+  MPI_Status st;
+  char text[kNoticeBytes];
+  {
+    std::lock_guard g(g_mpi);
+    MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, g_notice, &flag, &st);
+    if (!flag) return;
+    MPI_Recv(text, kNoticeBytes, MPI_CHAR, st.MPI_SOURCE, kNoticeTag, g_notice, MPI_STATUS_IGNORE);
+  }
+  text[kNoticeBytes - 1] = 0;
+  g_failed = true;
+  throw PeerFailure({st.MPI_SOURCE}, std::string("process of world rank ") + std::to_string(st.MPI_SOURCE) +
+                                         " failed: " + text);
 }
 
 void ensure_init() {
@@ -52,6 +122,10 @@ void ensure_init() {
         throw std::runtime_error("the MPI library does not support MPI_THREAD_SERIALIZED");
       std::atexit(at_exit_hook);
     }
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_world_size);
+    MPI_Comm_dup(MPI_COMM_WORLD, &g_notice);
+    std::signal(SIGTERM, on_sigterm);
     return true;
   }();
   (void)once;
@@ -86,6 +160,7 @@ bool poll_until(Test&& test, Clock::time_point deadline) {
   const auto t0 = Clock::now();
   for (unsigned i = 0;; ++i) {
     if (test()) return true;
+    if ((i & 255) == 255) check_notice();
     const auto now = Clock::now();
     if (now >= deadline) return false;
     const auto waited = now - t0;
@@ -224,7 +299,21 @@ class MpiTransport final : public Transport {
     return std::make_unique<MpiTransport>(child);
   }
 
-  void abort(const std::string&) override { g_failed = true; }
+  void waiting(const char* op, const std::string& group, std::uint64_t seq, int peer) override {
+    if (!op) {
+      g_activity_slot.store(-1);
+      return;
+    }
+    const int slot = g_activity_slot.load() == 0 ? 1 : 0;
+    std::snprintf(g_activity[slot], sizeof g_activity[slot], "%s #%llu on group '%s' for rank %d (not heard from)", op,
+                  static_cast<unsigned long long>(seq), group.c_str(), peer);
+    g_activity_slot.store(slot);
+  }
+
+  void abort(const std::string& reason) override {
+    g_failed = true;
+    send_notice(reason);
+  }
 
   NativeResult native(const NativeCall& c, Clock::time_point deadline) override {
     MPI_Request req = MPI_REQUEST_NULL;
@@ -291,6 +380,12 @@ std::shared_ptr<Communicator> mpi_world(const Communicator::Config& cfg) {
     return std::make_shared<Communicator>(std::make_shared<MpiTransport>(dup), "world", cfg);
   }();
   return world;
+}
+
+void mpi_report_failure(const std::string& reason) {
+  ensure_init();
+  g_failed = true;
+  send_notice(reason);
 }
 
 void mpi_abort(int code) {

@@ -1,0 +1,73 @@
+// The mpirun-launched side of the comm tests (registered by tests/comm/extra.cmake). One
+// process per rank; the mode is the first argument:
+//   checks      every operation x algorithm (native included) x count against the serial
+//               reference of checks.h, on the world and on split sub-groups; exit 0 when all pass.
+//   exit        the last rank exits (without MPI_Finalize) before all_reduce #1; the others must
+//               report a CommError naming all_reduce, 'world', #1 within deadline + 5 s.
+//   throw       rank 1 throws before all_reduce #1; the others must report a CommError promptly.
+//   never       the last rank sleeps past the deadline; the others must report a timeout naming it.
+// Each rank prints one line "RESULT rank=<r> <what>" that the ctest regex checks.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "../checks.h"
+#include "meshtrain/comm/world.h"
+
+namespace mc = meshtrain::comm;
+using namespace std::chrono_literals;
+
+namespace {
+int run_checks() {
+  auto w = mc::mpi_world({.timeout = 60s});
+  mc::testing::check_everything(*w);
+  auto g = w->split(w->rank() % 2, w->rank(), "parity");
+  mc::testing::check_all_reduce<float>(*g, 1031, mc::Algorithm::native, mc::ReduceOp::sum, 0, 0);
+  mc::testing::check_all_reduce<float>(*g, 4099, mc::Algorithm::ring, mc::ReduceOp::max, 256, 0);
+  mc::testing::check_all_gather<float>(*g, 13, mc::Algorithm::ring, true, false);
+  w->barrier();
+  std::printf("RESULT rank=%d checks passed (world %d)\n", w->rank(), w->size());
+  return 0;
+}
+
+int run_fault(const std::string& mode) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto w = mc::mpi_world({.timeout = 2000ms});
+  const int last = w->size() - 1;
+  std::vector<float> x(1000, 1.0f);
+  try {
+    mc::run_world(mc::Backend::mpi, 0, [&](mc::Communicator& c) {
+      c.all_reduce(x);  // #0
+      if (mode == "exit" && c.rank() == last) {
+        std::fflush(stdout);
+        _exit(3);  // dies without a word
+      }
+      if (mode == "throw" && c.rank() == 1) throw std::runtime_error("boom in rank 1");
+      if (mode == "never" && c.rank() == last) std::this_thread::sleep_for(6s);
+      c.all_reduce(x);  // #1
+    });
+  } catch (const std::exception& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("RESULT rank=%d failed after %.2f s: %s\n", w->rank(), s, e.what());
+    std::fflush(stdout);
+    return 1;  // the exit hook aborts the job
+  }
+  std::printf("RESULT rank=%d finished without error\n", w->rank());
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "checks";
+  try {
+    if (mode == "checks") return run_checks();
+    return run_fault(mode);
+  } catch (const std::exception& e) {
+    std::printf("RESULT rank=? error: %s\n", e.what());
+    std::fflush(stdout);
+    return 1;
+  }
+}
