@@ -18,7 +18,7 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   const float bc2 = static_cast<float>(1.0 / (1.0 - std::pow(double(p.beta2), t)));
   const float b1 = p.beta1, b2 = p.beta2, lr = p.lr, eps = p.eps, wd = p.weight_decay;
   const float gs = p.grad_scale;
-#pragma omp parallel for simd num_threads(threads) if (threads > 1 && n > kParallelMin)
+#pragma omp parallel for simd num_threads(threads) if (parallel : threads > 1 && n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     float g = grad[i] * gs;
     float mi = b1 * m[i] + (1.0f - b1) * g;
@@ -34,7 +34,7 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 double sum_squares(const float* x, int64_t n, int threads) {
   double s = 0.0;
 #pragma omp parallel for simd num_threads(threads) reduction(+ : s) \
-    if (threads > 1 && n > kParallelMin)
+    if (parallel : threads > 1 && n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
   return s;
 }

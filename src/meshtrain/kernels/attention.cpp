@@ -310,7 +310,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
   check_heads(C, NH);
   const Dims g = dims(T, C, NH);
   const float scale = 1.0f / std::sqrt(float(g.hs));
-#pragma omp parallel num_threads(threads) if (threads > 1 && B * NH > 1)
+#pragma omp parallel num_threads(threads) if (parallel : threads > 1 && B * NH > 1)
   {
     std::vector<float> buf;
 #pragma omp for schedule(static)
@@ -328,7 +328,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   check_heads(C, NH);
   const Dims g = dims(T, C, NH);
   const float scale = 1.0f / std::sqrt(float(g.hs));
-#pragma omp parallel num_threads(threads) if (threads > 1 && B * NH > 1)
+#pragma omp parallel num_threads(threads) if (parallel : threads > 1 && B * NH > 1)
   {
     std::vector<float> buf;
 #pragma omp for schedule(static)

@@ -50,7 +50,7 @@ float row_logsumexp(const float* x, int64_t V, float s) {
 // ---- forward ----
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
                           int64_t N, int64_t V, int threads) {
-#pragma omp parallel for num_threads(threads) if (threads > 1 && N * V > kParallelMin)
+#pragma omp parallel for num_threads(threads) if (parallel : threads > 1 && N * V > kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = logits + i * V;  // (V)
     const float l = row_logsumexp(x, V, 1.0f);
@@ -63,7 +63,7 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
 // ---- backward ----
 void crossentropy_backward_inplace(float* logits, const float* lse, const int32_t* targets,
                                    const float* dloss, int64_t N, int64_t V, int threads) {
-#pragma omp parallel for num_threads(threads) if (threads > 1 && N * V > kParallelMin)
+#pragma omp parallel for num_threads(threads) if (parallel : threads > 1 && N * V > kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     float* x = logits + i * V;  // (V): logits in, dlogits out
     const int32_t t = targets[i];
@@ -83,7 +83,7 @@ void crossentropy_backward_inplace(float* logits, const float* lse, const int32_
 void softmax_forward(float* probs, const float* logits, int64_t N, int64_t V, float temperature,
                      int threads) {
   const float s = 1.0f / temperature;
-#pragma omp parallel for num_threads(threads) if (threads > 1 && N * V > kParallelMin)
+#pragma omp parallel for num_threads(threads) if (parallel : threads > 1 && N * V > kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = logits + i * V;
     float* p = probs + i * V;

@@ -18,7 +18,7 @@ constexpr int64_t kParallelMin = 1 << 15;  // elements
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t B, int64_t T, int64_t C, int64_t vocab_start, int64_t vocab_size,
                        int threads) {
-#pragma omp parallel for num_threads(threads) if (threads > 1 && B * T * C > kParallelMin)
+#pragma omp parallel for num_threads(threads) if (parallel : threads > 1 && B * T * C > kParallelMin)
   for (int64_t bt = 0; bt < B * T; ++bt) {
     const int64_t t = bt % T;
     const int64_t row = int64_t(tokens[bt]) - vocab_start;
@@ -47,7 +47,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
                         int64_t B, int64_t T, int64_t C, int64_t vocab_start, int64_t vocab_size,
                         int threads) {
   const bool par = threads > 1 && B * T * C > kParallelMin;
-#pragma omp parallel num_threads(threads) if (par)
+#pragma omp parallel num_threads(threads) if (parallel : par)
   {
     const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
     // Column range of this thread, in multiples of 16 floats (one cache line).

@@ -13,7 +13,7 @@ constexpr int64_t kParallelMin = 1 << 15;
 
 // ---- forward ----
 void gelu_forward(float* out, const float* inp, int64_t n, int threads) {
-#pragma omp parallel for simd num_threads(threads) if (threads > 1 && n > kParallelMin)
+#pragma omp parallel for simd num_threads(threads) if (parallel : threads > 1 && n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     float x = inp[i];
     float t = detail::tanh_approx(kS * (x + kA * x * x * x));
@@ -24,7 +24,7 @@ void gelu_forward(float* out, const float* inp, int64_t n, int threads) {
 // ---- backward ----
 // d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) kS (1 + 3 kA x^2),  t = tanh(kS (x + kA x^3))
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, int threads) {
-#pragma omp parallel for simd num_threads(threads) if (threads > 1 && n > kParallelMin)
+#pragma omp parallel for simd num_threads(threads) if (parallel : threads > 1 && n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     float x = inp[i];
     float t = detail::tanh_approx(kS * (x + kA * x * x * x));

@@ -20,7 +20,7 @@ constexpr int64_t kParallelMin = 1 << 14;  // elements
 // ---- forward ----
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int64_t N, int64_t C, int threads) {
-#pragma omp parallel for num_threads(threads) if (threads > 1 && N * C > kParallelMin)
+#pragma omp parallel for num_threads(threads) if (parallel : threads > 1 && N * C > kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;  // (C)
     float s = 0.0f;
@@ -50,7 +50,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   // Per-thread partials of dweight, dbias: (nt, 2, C). Thread 0 of a serial run writes
   // straight into its partial and the reduction below adds it once.
   std::vector<float> part(static_cast<size_t>(nt) * 2 * C, 0.0f);
-#pragma omp parallel num_threads(nt) if (par)
+#pragma omp parallel num_threads(nt) if (parallel : par)
   {
     const int tid = omp_get_thread_num();
     float* pw = part.data() + static_cast<size_t>(tid) * 2 * C;  // (C)

@@ -12,7 +12,7 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
   // out(N, OC) = inp(N, C) @ weight(C, OC) (+ bias broadcast first, then beta = 1)
   float beta = 0.0f;
   if (bias) {
-#pragma omp parallel for num_threads(threads) if (threads > 1 && N * OC > 32768)
+#pragma omp parallel for num_threads(threads) if (parallel : threads > 1 && N * OC > 32768)
     for (int64_t i = 0; i < N; ++i) {
       float* o = out + i * OC;
 #pragma omp simd
@@ -35,7 +35,7 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (dbias) {
     const int64_t blk = 64;
     const int64_t nblk = (OC + blk - 1) / blk;
-#pragma omp parallel for num_threads(threads) if (threads > 1 && N * OC > 32768)
+#pragma omp parallel for num_threads(threads) if (parallel : threads > 1 && N * OC > 32768)
     for (int64_t b = 0; b < nblk; ++b) {
       const int64_t j0 = b * blk, j1 = j0 + blk < OC ? j0 + blk : OC;
       float acc[64] = {};
