@@ -147,12 +147,13 @@ std::map<int, long> thread_ticks() {
   return ticks;
 }
 
-// Runs `callers` std::threads, each doing `reps` 384^3 products with budget `budget`, and
+// Runs `callers` std::threads, each doing 384^3 products with budget `budget` for `ms`
+// milliseconds (long enough for many 10 ms scheduler ticks), and
 // returns how many threads of the process did a real share of the work: those whose CPU
 // time grew by at least a quarter of the busiest one's (robust to other load on the
 // machine). Callers wait for a final sample before exiting, since OpenMP pool threads of a
 // caller end with it.
-int busy_threads(int callers, int budget, int reps) {
+int busy_threads(int callers, int budget, int ms) {
   const int64_t n = 384;
   auto A = randn(n * n, 1), B = randn(n * n, 2);
   const auto before = thread_ticks();
@@ -162,7 +163,8 @@ int busy_threads(int callers, int budget, int reps) {
   for (int c = 0; c < callers; ++c)
     ts.emplace_back([&] {
       std::vector<float> C(n * n);
-      for (int r = 0; r < reps; ++r)
+      const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+      while (std::chrono::steady_clock::now() < end)
         gemm(Trans::N, Trans::N, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n,
              {budget});
       ++finished;
@@ -188,7 +190,7 @@ int busy_threads(int callers, int budget, int reps) {
 // size); one rank with two threads: two threads work; one rank with one thread: one.
 TEST(Gemm, ThreadBudgetDecidesBusyThreads) {
   if (thread_ticks().empty()) GTEST_SKIP() << "no /proc/self/task";
-  EXPECT_EQ(busy_threads(1, 1, 60), 1);
-  EXPECT_EQ(busy_threads(1, 2, 60), 2);
-  EXPECT_EQ(busy_threads(2, 1, 60), 2);
+  EXPECT_EQ(busy_threads(1, 1, 600), 1);
+  EXPECT_EQ(busy_threads(1, 2, 600), 2);
+  EXPECT_EQ(busy_threads(2, 1, 600), 2);
 }
