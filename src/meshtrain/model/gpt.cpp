@@ -94,8 +94,23 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed)
     h.push_back(std::make_unique<Block>("h." + std::to_string(i), cfg, seed));
 }
 
-Tensor GPT::trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_t T) {
-  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
+GPT::GPT(const GPTConfig& cfg, uint64_t seed, nn::ShardSpec wte_shard,
+         std::vector<std::unique_ptr<Block>> blocks)
+    : wte("wte.weight", {cfg.vocab_size, cfg.n_embd}, wte_shard),
+      wpe("wpe.weight", {cfg.block_size, cfg.n_embd}),
+      h(std::move(blocks)),
+      ln_f("ln_f", cfg.n_embd),
+      cfg_(cfg) {
+  cfg_.validate();
+  if (static_cast<int64_t>(h.size()) != cfg.n_layer)
+    throw std::invalid_argument("GPT: " + std::to_string(h.size()) + " blocks given for " +
+                                std::to_string(cfg.n_layer) + " layers");
+  nn::init_normal(wte, seed, 0.02f);
+  nn::init_normal(wpe, seed, 0.02f);
+}
+
+void GPT::check_inputs(const int32_t* tokens, int64_t B, int64_t T) const {
+  const int64_t V = cfg_.vocab_size;
   if (T > cfg_.block_size)
     throw std::invalid_argument("sequence length " + std::to_string(T) + " exceeds the model's " +
                                 std::to_string(cfg_.block_size) + " positions");
@@ -103,6 +118,11 @@ Tensor GPT::trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_
     if (tokens[i] < 0 || tokens[i] >= V)
       throw std::invalid_argument("token id " + std::to_string(tokens[i]) +
                                   " outside the vocabulary of " + std::to_string(V));
+}
+
+Tensor GPT::trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_t T) {
+  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
+  check_inputs(tokens, B, T);
   Tensor x = Tensor::empty({B, T, C});
   kernels::embedding_forward(x.data(), tokens, wte.value.data(), wpe.value.data(), B, T, C, 0, V,
                              ctx.threads);

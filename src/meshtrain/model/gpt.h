@@ -58,13 +58,15 @@ class GPT : public nn::Module {
   GPT(const GPTConfig& cfg, uint64_t seed);
 
   // Mean cross-entropy over the (B, T) targets; saves activations in ctx when training.
-  float forward(Context& ctx, const int32_t* tokens, const int32_t* targets, int64_t B,
-                int64_t T);
+  // forward, backward and logits are virtual so a parallel model (parallel/tensor_parallel.h)
+  // keeps this interface; the single-rank path pays one indirect call per micro-batch.
+  virtual float forward(Context& ctx, const int32_t* tokens, const int32_t* targets, int64_t B,
+                        int64_t T);
   // Backward of `grad_scale * mean loss` (grad_scale = this micro-batch's share of the global
   // batch). Parameter gradients accumulate.
-  void backward(Context& ctx, float grad_scale = 1.0f);
+  virtual void backward(Context& ctx, float grad_scale = 1.0f);
   // Logits (B, T, V) for sampling; saves nothing.
-  Tensor logits(Context& ctx, const int32_t* tokens, int64_t B, int64_t T);
+  virtual Tensor logits(Context& ctx, const int32_t* tokens, int64_t B, int64_t T);
 
   void collect_params(std::vector<Param*>& out) override;
   const GPTConfig& config() const { return cfg_; }
@@ -73,6 +75,16 @@ class GPT : public nn::Module {
   Param wpe;  // (block_size, C)
   std::vector<std::unique_ptr<Block>> h;
   nn::LayerNorm ln_f;
+
+ protected:
+  // For parallel builders: the token table laid out by `wte_shard` (split over the vocabulary
+  // for tensor parallelism) and blocks built by the caller from parallel layers. Names and
+  // initialisation are those of the public constructor, so every shard holds the values the
+  // full tensor holds there.
+  GPT(const GPTConfig& cfg, uint64_t seed, nn::ShardSpec wte_shard,
+      std::vector<std::unique_ptr<Block>> blocks);
+  // Checks T against the positions and every token against the vocabulary.
+  void check_inputs(const int32_t* tokens, int64_t B, int64_t T) const;
 
  private:
   Tensor trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_t T);  // (B,T,C)
