@@ -184,6 +184,9 @@ void run_bench(const BenchArgs& a) {
     throw UsageError("--backend mpi needs the ranks started by mpirun, e.g. mpirun -np 2 meshtrain bench comm --backend mpi");
   const int world = backend == mc::Backend::threads ? (a.world ? a.world : 2) : a.world;
   if (backend == mc::Backend::threads && world < 1) throw UsageError("--world must be at least 1");
+  if (backend == mc::Backend::mpi && a.world && a.world != mc::mpi_world()->size())
+    throw UsageError("--world " + std::to_string(a.world) + " differs from the " + std::to_string(mc::mpi_world()->size()) +
+                     " processes mpirun started (leave --world out under mpirun)");
   if (a.iters < 1) throw UsageError("--iters must be at least 1");
   const auto algo = mc::parse_algorithm(a.algo);
   if (!algo) throw UsageError("--algo: unknown algorithm '" + a.algo + "'");

@@ -185,7 +185,7 @@ class Pool {
   }
   void give(std::vector<char> v) {
     std::lock_guard g(m_);
-    if (free_.size() < 16) free_.push_back(std::move(v));
+    if (free_.size() < 64) free_.push_back(std::move(v));
   }
 
  private:
