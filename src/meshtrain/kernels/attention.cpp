@@ -37,12 +37,12 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // ---- micro-kernels ----
 // Each keeps a block of 16 vectors of accumulators in registers.
 
-// st(kBc, kBr) = keys(kBc, hp) @ xt(hp, kBr)
+// st(kBc, kBr) = keys(kBc, hp) @ xt(hp, ldx)[:, 0:kBr]
 inline void mk_scores(float* __restrict st, const float* __restrict keys,
-                      const float* __restrict xt, int64_t hp) {
+                      const float* __restrict xt, int64_t ldx, int64_t hp) {
   float acc[kBc][kBr] = {};
   for (int64_t d = 0; d < hp; ++d) {
-    const float* x = xt + d * kBr;
+    const float* x = xt + d * ldx;
 #pragma GCC unroll 16
     for (int64_t c = 0; c < kBc; ++c) {
       const float kc = keys[c * hp + d];
@@ -104,13 +104,16 @@ inline void mk_acc_keys(float* __restrict dst, const float* __restrict pt,
 
 // ---- staging ----
 struct Dims {
-  int64_t T, C, hs, hp, Tp;  // hp: hs padded to kV; Tp: T padded to kBr and kBc
+  int64_t T, C, hs, hp, Tp, ldt;  // hp: hs padded to kV; Tp: T padded to kBr and kBc;
+                                 // ldt: row length of transposed (hp, Tp) buffers
 };
 
 Dims dims(int64_t T, int64_t C, int64_t NH) {
   const int64_t hs = C / NH;
   const int64_t tile = kBc > kBr ? kBc : kBr;
-  return {T, C, hs, (hs + kV - 1) / kV * kV, (T + tile - 1) / tile * tile};
+  const int64_t Tp = (T + tile - 1) / tile * tile;
+  // A power-of-two row length would map a column's hp lines onto a few L1 sets; pad it.
+  return {T, C, hs, (hs + kV - 1) / kV * kV, Tp, Tp + kV};
 }
 
 // rows(Tp, hp) = rows of a (T, ld) head slice, zero-padded.
@@ -125,24 +128,11 @@ void stage_rows(float* rows, const float* src, int64_t ld, const Dims& g) {
   }
 }
 
-// xt(hp, kBr) = (rows i0 .. i0 + kBr of a (T, ld) head slice)^T * mul, zero-padded.
-void stage_block_t(float* xt, const float* src, int64_t ld, int64_t i0, const Dims& g, float mul) {
-  for (int64_t x = 0; x < g.hp * kBr; ++x) xt[x] = 0.0f;
-  const int64_t rows = i0 + kBr <= g.T ? kBr : g.T - i0;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t d = 0; d < g.hs; ++d) xt[d * kBr + r] = src[(i0 + r) * ld + d] * mul;
-}
-
-// x(kBr, hp) = rows i0 .. i0 + kBr of a (T, ld) head slice, zero-padded.
-void stage_block(float* x, const float* src, int64_t ld, int64_t i0, const Dims& g) {
-  for (int64_t r = 0; r < kBr; ++r) {
-    float* __restrict dst = x + r * g.hp;
-    const float* __restrict s = src + (i0 + r) * ld;
-    const int64_t n = i0 + r < g.T ? g.hs : 0;
-#pragma omp simd
-    for (int64_t d = 0; d < n; ++d) dst[d] = s[d];
-    for (int64_t d = n; d < g.hp; ++d) dst[d] = 0.0f;
-  }
+// cols(hp, ldt) = (rows of a (T, ld) head slice)^T * mul, zero-padded.
+void stage_cols(float* cols, const float* src, int64_t ld, const Dims& g, float mul) {
+  for (int64_t x = 0; x < g.hp * g.ldt; ++x) cols[x] = 0.0f;
+  for (int64_t j = 0; j < g.T; ++j)
+    for (int64_t d = 0; d < g.hs; ++d) cols[d * g.ldt + j] = src[j * ld + d] * mul;
 }
 
 // Lane r of the causal mask for key j: row i0 + r sees key j when j <= i0 + r (and the row
@@ -155,24 +145,24 @@ inline void row_index(float* last, int64_t i0, const Dims& g) {
 void head_forward(float* out, float* lse, const float* qkv, const Dims& g, int64_t h,
                   float scale, std::vector<float>& buf) {
   const int64_t hp = g.hp, Tp = g.Tp;
-  buf.resize(static_cast<size_t>(2 * Tp * hp + 2 * kBr * hp + kBc * kBr));
+  buf.resize(static_cast<size_t>(2 * Tp * hp + g.ldt * hp + kBr * hp + kBc * kBr));
   float* k = buf.data();       // (Tp, hp)
   float* v = k + Tp * hp;      // (Tp, hp)
-  float* qt = v + Tp * hp;     // (hp, kBr), pre-scaled
-  float* acc = qt + kBr * hp;  // (kBr, hp)
+  float* qt = v + Tp * hp;     // (hp, ldt), pre-scaled
+  float* acc = qt + g.ldt * hp;  // (kBr, hp)
   float* st = acc + kBr * hp;  // (kBc, kBr)
   stage_rows(k, qkv + g.C + h * g.hs, 3 * g.C, g);
   stage_rows(v, qkv + 2 * g.C + h * g.hs, 3 * g.C, g);
+  stage_cols(qt, qkv + h * g.hs, 3 * g.C, g, scale);
 
   for (int64_t i0 = 0; i0 < g.T; i0 += kBr) {
-    stage_block_t(qt, qkv + h * g.hs, 3 * g.C, i0, g, scale);
     for (int64_t x = 0; x < kBr * hp; ++x) acc[x] = 0.0f;
     alignas(64) float m[kBr], l[kBr], last[kBr], alpha[kBr];
     row_index(last, i0, g);
     for (int64_t r = 0; r < kBr; ++r) m[r] = kNegInf, l[r] = 0.0f;
     const int64_t ilast = (i0 + kBr < g.T ? i0 + kBr : g.T) - 1;  // last real row
     for (int64_t j0 = 0; j0 <= ilast; j0 += kBc) {
-      mk_scores(st, k + j0 * hp, qt, hp);
+      mk_scores(st, k + j0 * hp, qt + i0, g.ldt, hp);
       // Tile maximum per row (masked keys excluded), then the new running max.
       alignas(64) float mt[kBr];
       for (int64_t r = 0; r < kBr; ++r) mt[r] = kNegInf;
@@ -227,28 +217,30 @@ void head_backward(float* dqkv, const float* dout, const float* qkv, const float
                    const float* lse, const Dims& g, int64_t h, float scale,
                    std::vector<float>& buf) {
   const int64_t hp = g.hp, Tp = g.Tp;
-  buf.resize(static_cast<size_t>(5 * Tp * hp + 5 * kBr * hp + 2 * kBc * kBr));
+  buf.resize(static_cast<size_t>(7 * Tp * hp + 2 * g.ldt * hp + kBr * hp + 2 * kBc * kBr));
   float* k = buf.data();        // (Tp, hp)
   float* v = k + Tp * hp;       // (Tp, hp)
-  float* dk = v + Tp * hp;      // (Tp, hp)
+  float* q = v + Tp * hp;       // (Tp, hp)
+  float* dor = q + Tp * hp;     // (Tp, hp): dout rows
+  float* qt = dor + Tp * hp;    // (hp, ldt)
+  float* dot = qt + g.ldt * hp;  // (hp, ldt)
+  float* dk = dot + g.ldt * hp;  // (Tp, hp)
   float* dv = dk + Tp * hp;     // (Tp, hp)
   float* dq = dv + Tp * hp;     // (Tp, hp)
-  float* qt = dq + Tp * hp;     // (hp, kBr)
-  float* dot = qt + kBr * hp;   // (hp, kBr)
-  float* q = dot + kBr * hp;    // (kBr, hp)
-  float* dob = q + kBr * hp;    // (kBr, hp)
-  float* dqb = dob + kBr * hp;  // (kBr, hp)
-  float* pt = dqb + kBr * hp;   // (kBc, kBr): p, then reused for nothing else
+  float* dqb = dq + Tp * hp;    // (kBr, hp)
+  float* pt = dqb + kBr * hp;   // (kBc, kBr): p
   float* dst = pt + kBc * kBr;  // (kBc, kBr): dp, then ds in place
   stage_rows(k, qkv + g.C + h * g.hs, 3 * g.C, g);
   stage_rows(v, qkv + 2 * g.C + h * g.hs, 3 * g.C, g);
+  stage_rows(q, qkv + h * g.hs, 3 * g.C, g);
+  stage_rows(dor, dout + h * g.hs, g.C, g);
+  stage_cols(qt, qkv + h * g.hs, 3 * g.C, g, 1.0f);
+  stage_cols(dot, dout + h * g.hs, g.C, g, 1.0f);
   for (int64_t x = 0; x < 3 * Tp * hp; ++x) dk[x] = 0.0f;  // dk, dv, dq are contiguous
 
   for (int64_t i0 = 0; i0 < g.T; i0 += kBr) {
-    stage_block_t(qt, qkv + h * g.hs, 3 * g.C, i0, g, 1.0f);
-    stage_block_t(dot, dout + h * g.hs, g.C, i0, g, 1.0f);
-    stage_block(q, qkv + h * g.hs, 3 * g.C, i0, g);
-    stage_block(dob, dout + h * g.hs, g.C, i0, g);
+    const float* qb = q + i0 * hp;     // (kBr, hp)
+    const float* dob = dor + i0 * hp;  // (kBr, hp)
     for (int64_t x = 0; x < kBr * hp; ++x) dqb[x] = 0.0f;
     alignas(64) float D[kBr], L[kBr], last[kBr];
     row_index(last, i0, g);
@@ -264,8 +256,8 @@ void head_backward(float* dqkv, const float* dout, const float* qkv, const float
     }
     const int64_t ilast = (i0 + kBr < g.T ? i0 + kBr : g.T) - 1;
     for (int64_t j0 = 0; j0 <= ilast; j0 += kBc) {
-      mk_scores(pt, k + j0 * hp, qt, hp);
-      mk_scores(dst, v + j0 * hp, dot, hp);
+      mk_scores(pt, k + j0 * hp, qt + i0, g.ldt, hp);
+      mk_scores(dst, v + j0 * hp, dot + i0, g.ldt, hp);
       for (int64_t c = 0; c < kBc; ++c) {
         const float j = float(j0 + c);
 #pragma omp simd
@@ -277,7 +269,7 @@ void head_backward(float* dqkv, const float* dout, const float* qkv, const float
       }
       const int64_t cend = ilast - j0 + 1 < kBc ? ilast - j0 + 1 : kBc;
       mk_acc_keys(dv + j0 * hp, pt, dob, cend, hp);
-      mk_acc_keys(dk + j0 * hp, dst, q, cend, hp);
+      mk_acc_keys(dk + j0 * hp, dst, qb, cend, hp);
       mk_acc_rows(dqb, dst, k + j0 * hp, cend, hp);
     }
     for (int64_t x = 0; x < kBr * hp; ++x) dq[i0 * hp + x] = dqb[x];
