@@ -13,6 +13,7 @@ namespace meshtrain::cli {
 void add_train_command(CLI::App& app) {
   auto opt = std::make_shared<train::TrainOptions>();
   auto order = std::make_shared<std::string>("random");
+  auto bucket_mb = std::make_shared<double>(0.0);
   CLI::App* c = app.add_subcommand("train", "Train a GPT on a text or token file");
   c->add_option("--model", opt->model, "Named model: gpt-tiny, gpt-small, gpt2-124m")->capture_default_str();
   c->add_option("--config", opt->config_file, "Model config JSON file (instead of --model)");
@@ -25,6 +26,7 @@ void add_train_command(CLI::App& app) {
   c->add_option("--microbatches", opt->microbatches, "Micro-batches per step (gradient accumulation)")->capture_default_str();
   c->add_option("--schedule", opt->schedule, "Pipeline schedule: gpipe, 1f1b, interleaved, zb")->capture_default_str();
   c->add_option("--zero", opt->zero, "ZeRO stage 0..3")->capture_default_str();
+  c->add_option("--bucket-mb", *bucket_mb, "Data-parallel gradient bucket size in MiB (default 4)");
   c->add_option("--backend", opt->backend, "Communication backend: threads or mpi")->capture_default_str();
   c->add_option("--steps", opt->steps, "Optimizer steps")->capture_default_str();
   c->add_option("--batch", opt->batch, "Global batch size B (default: the model's)");
@@ -48,9 +50,11 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--save-initial", opt->save_initial, "Also save the initial weights as step 0");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([opt, order] {
+  c->callback([opt, order, bucket_mb] {
     train::TrainOptions o = *opt;
     try {
+      if (*bucket_mb < 0) throw std::invalid_argument("--bucket-mb must be positive");
+      o.bucket_bytes = static_cast<int64_t>(*bucket_mb * 1024 * 1024);
       o.data_order = train::parse_data_order(*order);
       train::configure_allocator();
       train::train(o);

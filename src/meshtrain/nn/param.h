@@ -46,6 +46,10 @@ struct Param {
   Param() = default;
   Param(std::string name, Shape global_shape, ShardSpec shard = {}, bool decay = true);
   int64_t numel() const { return value.numel(); }
+  // The local part's shape and size from the spec (valid even while ZeRO-3 has released the
+  // value).
+  Shape local_shape() const { return shard.local_shape(global_shape); }
+  int64_t local_numel() const { return shape_numel(local_shape()); }
   void zero_grad() { grad.zero(); }
 };
 

@@ -66,6 +66,18 @@ Tensor Tensor::clone() const {
   return t;
 }
 
+Tensor Tensor::view(const Tensor& base, int64_t offset, Shape shape) {
+  Tensor t;
+  t.numel_ = shape_numel(shape);
+  if (offset < 0 || offset + t.numel_ > base.numel_)
+    throw std::invalid_argument("view of " + shape_str(shape) + " at " + std::to_string(offset) +
+                                " outside a tensor of " + std::to_string(base.numel_) + " elements");
+  t.shape_ = std::move(shape);
+  t.capacity_ = t.numel_;
+  t.data_ = std::shared_ptr<float[]>(base.data_, base.data_.get() + offset);
+  return t;
+}
+
 void Tensor::copy_from(const Tensor& other) {
   if (other.numel_ != numel_)
     throw std::invalid_argument("copy_from: " + shape_str(other.shape_) + " into " +

@@ -2,7 +2,8 @@
 // kernels and BLAS see aligned rows) and shared: copying a Tensor shares its storage (as a
 // PyTorch tensor does), so saving an activation for backward costs a reference count, not a
 // copy. `clone()` makes a deep copy.
-// Limits: no strides or views (kernels take raw pointers plus sizes, llm.c style); bf16 storage
+// Limits: no strides (kernels take raw pointers plus sizes, llm.c style); views are contiguous
+// ranges of another tensor's storage; bf16 storage
 // comes later behind the same class. Concurrency: one rank owns a tensor; no locking.
 #pragma once
 
@@ -37,6 +38,10 @@ class Tensor {
   Tensor(Tensor&&) noexcept = default;
   Tensor& operator=(Tensor&&) noexcept = default;
   Tensor clone() const;
+  // A tensor of `shape` over `base`'s storage from element `offset` on; it shares ownership,
+  // so the storage lives while any view does (data-parallel buckets keep each parameter's
+  // gradient as a view into one flat buffer).
+  static Tensor view(const Tensor& base, int64_t offset, Shape shape);
   // Copies other's values into this tensor's storage (shapes must have equal element counts).
   void copy_from(const Tensor& other);
 

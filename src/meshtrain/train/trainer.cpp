@@ -1,14 +1,19 @@
 #include "meshtrain/train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
+#include "meshtrain/comm/world.h"
 #include "meshtrain/model/gpt.h"
+#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/mesh.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/metrics.h"
 
@@ -33,78 +38,176 @@ void check_layout(const TrainOptions& o) {
   if (o.zero < 0 || o.zero > 3) throw bad("--zero must be 0, 1, 2 or 3");
   if (o.backend != "threads" && o.backend != "mpi")
     throw bad("--backend must be threads or mpi, not '" + o.backend + "'");
-  // The parallel drivers land with their issues; until then say so instead of pretending.
-  if (o.dp > 1) throw bad("data parallelism (--dp > 1) is not available in this build yet; run with --dp 1");
+  if (o.backend == "mpi" && !comm::have_mpi())
+    throw bad("this build has no mpi backend (OpenMPI was not found when it was configured); use --backend threads");
+  if (o.backend == "mpi" && !comm::launched_by_mpirun())
+    throw bad("--backend mpi needs the program to be started by mpirun (mpirun -np N meshtrain train ...)");
+  // The drivers of these land with their issues; until then say so instead of pretending.
   if (o.tp > 1) throw bad("tensor parallelism (--tp > 1) is not available in this build yet; run with --tp 1");
   if (o.pp > 1) throw bad("pipeline parallelism (--pp > 1) is not available in this build yet; run with --pp 1");
-  if (o.zero > 0) throw bad("ZeRO (--zero > 0) needs data parallelism, which is not available in this build yet; run with --zero 0");
-  if (o.backend == "mpi") throw bad("the mpi backend is not wired into training yet; run with --backend threads");
+  if (o.batch % o.dp != 0)
+    throw bad("--batch " + std::to_string(o.batch) + " is not divisible by --dp " +
+              std::to_string(o.dp) + "; every data-parallel rank takes an equal slice of the batch");
+  if ((o.batch / o.dp) % o.microbatches != 0)
+    throw bad("each data-parallel rank's " + std::to_string(o.batch / o.dp) +
+              " rows are not divisible by --microbatches " + std::to_string(o.microbatches));
+  if (o.bucket_bytes < 0) throw bad("--bucket-mb must be positive");
 }
 
-// ---- evaluation ----
+// ---- one rank ----
 
-float evaluate(model::GPT& gpt, const TokenDataset& data, const TrainOptions& o, int threads) {
-  const int64_t B = o.batch, T = o.seq;
-  std::vector<int32_t> tok(B * T), tgt(B * T);
-  double sum = 0;
-  for (int64_t j = 0; j < o.eval_batches; ++j) {
-    data.batch(Split::val, DataOrder::random, o.seed, j, B, T, 0, B, tok.data(), tgt.data());
-    nn::Context ctx(threads, /*training=*/false);
-    sum += gpt.forward(ctx, tok.data(), tgt.data(), B, T);
+struct Shared {
+  const TrainOptions& o;
+  const model::GPTConfig& cfg;
+  const TokenDataset& data;
+  TrainResult& res;
+};
+
+class RankTrainer {
+ public:
+  RankTrainer(comm::Communicator& world, Shared& sh)
+      : sh_(sh), o_(sh.o), mesh_(world, {o_.dp, o_.tp, o_.pp}), lead_(world.rank() == 0) {
+    gpt_ = std::make_unique<model::GPT>(sh.cfg, o_.seed);
+    std::vector<nn::Param*> params = gpt_->params();
+    if (o_.dp > 1 || o_.zero > 0) {
+      parallel::DataParallelOptions dpo;
+      dpo.zero = o_.zero;
+      if (o_.bucket_bytes > 0) dpo.bucket_bytes = o_.bucket_bytes;
+      ddp_ = std::make_unique<parallel::DataParallel>(units(), mesh_.dp_ptr(), dpo);
+      params = ddp_->optimizer_params();
+    }
+    adam_ = std::make_unique<AdamW>(params, o_.adam, o_.threads);
   }
-  return static_cast<float>(sum / static_cast<double>(o.eval_batches));
+
+  void run();
+
+ private:
+  std::vector<parallel::Unit> units() {
+    std::vector<parallel::Unit> u;
+    std::vector<nn::Param*> root;
+    for (nn::Param* p : gpt_->params())
+      if (p->name.rfind("h.", 0) != 0) root.push_back(p);
+    u.push_back({gpt_.get(), root});
+    for (auto& b : gpt_->h) u.push_back({b.get(), b->params()});
+    return u;
+  }
+  std::vector<nn::Param*> model_params() { return ddp_ ? ddp_->params() : gpt_->params(); }
+  nn::Hooks* hooks() { return ddp_ ? ddp_->hooks() : nullptr; }
+  double dp_mean(double v) {
+    if (o_.dp == 1) return v;
+    std::array<double, 1> a{v};
+    mesh_.dp_group().all_reduce(a, {.op = comm::ReduceOp::avg});
+    return a[0];
+  }
+  float evaluate();
+  void save(int64_t step);
+  int64_t restore();
+  StateBytes state_bytes();
+  void print_header();
+
+  Shared& sh_;
+  const TrainOptions& o_;
+  parallel::DeviceMesh mesh_;
+  bool lead_;
+  std::unique_ptr<model::GPT> gpt_;
+  std::unique_ptr<parallel::DataParallel> ddp_;
+  std::unique_ptr<AdamW> adam_;
+};
+
+// ---- evaluation: every dp rank takes its rows of each validation batch ----
+
+float RankTrainer::evaluate() {
+  const int64_t B = o_.batch, T = o_.seq, rows = B / o_.dp, r0 = mesh_.coord().dp * rows;
+  std::vector<int32_t> tok(rows * T), tgt(rows * T);
+  double sum = 0;
+  for (int64_t j = 0; j < o_.eval_batches; ++j) {
+    sh_.data.batch(Split::val, DataOrder::random, o_.seed, j, B, T, r0, r0 + rows, tok.data(), tgt.data());
+    nn::Context ctx(o_.threads, /*training=*/false);
+    ctx.hooks = hooks();
+    sum += gpt_->forward(ctx, tok.data(), tgt.data(), rows, T);
+  }
+  return static_cast<float>(dp_mean(sum / static_cast<double>(o_.eval_batches)));
 }
 
-// ---- checkpoints ----
+// ---- checkpoints: full logical tensors, gathered over dp, written by rank 0 ----
 
 nlohmann::json run_config(const model::GPTConfig& cfg, const TrainOptions& o) {
-  return {{"model", cfg.to_json()},
-          {"batch", o.batch},
-          {"seq", o.seq},
-          {"seed", o.seed},
-          {"data_order", to_string(o.data_order)},
-          {"steps", o.steps}};
+  return {{"model", cfg.to_json()}, {"batch", o.batch},  {"seq", o.seq},
+          {"seed", o.seed},         {"data_order", to_string(o.data_order)},
+          {"steps", o.steps},       {"layout", {{"dp", o.dp}, {"tp", o.tp}, {"pp", o.pp}, {"zero", o.zero}}}};
 }
 
-void save(const std::string& dir, int64_t step, model::GPT& gpt, const AdamW& adam,
-          const model::GPTConfig& cfg, const TrainOptions& o, int keep) {
+void RankTrainer::save(int64_t step) {
+  std::vector<nn::Param*> params = model_params();
+  std::vector<Tensor> values;
+  auto copy_values = [&] {
+    for (nn::Param* p : params) values.push_back(p->value.clone());
+  };
+  if (ddp_) ddp_->with_full_params(copy_values);
+  else copy_values();
+  std::vector<Tensor> m = adam_->exp_avg(), v = adam_->exp_avg_sq();
+  if (ddp_) m = ddp_->gather_segments(m), v = ddp_->gather_segments(v);
+  if (!lead_) return;
   CheckpointRefs refs;
   refs.step = step;
-  refs.config = run_config(cfg, o);
-  refs.state = {{"updates", adam.updates()}, {"data_position", step}};
-  for (nn::Param* p : gpt.params()) refs.model.emplace_back(p->name, &p->value);
-  auto opt_state = adam.state_tensors();
-  for (auto& [n, t] : opt_state) refs.optimizer.emplace_back(n, &t);
-  save_checkpoint(dir, refs, keep);
+  refs.config = run_config(sh_.cfg, o_);
+  refs.state = {{"updates", adam_->updates()}, {"data_position", step}};
+  for (size_t i = 0; i < params.size(); ++i) {
+    refs.model.emplace_back(params[i]->name, &values[i]);
+    refs.optimizer.emplace_back("exp_avg." + params[i]->name, &m[i]);
+    refs.optimizer.emplace_back("exp_avg_sq." + params[i]->name, &v[i]);
+  }
+  save_checkpoint(o_.checkpoint_dir, refs, o_.keep_checkpoints);
 }
 
-int64_t restore(const std::string& dir, model::GPT& gpt, AdamW& adam, const model::GPTConfig& cfg,
-                const TrainOptions& o) {
+int64_t RankTrainer::restore() {
+  const std::string& dir = o_.checkpoint_dir;
   CheckpointData ck = load_checkpoint(dir);
-  nlohmann::json want = run_config(cfg, o);
+  nlohmann::json want = run_config(sh_.cfg, o_);
   for (const char* key : {"model", "batch", "seq", "seed", "data_order"})
     if (ck.config.value(key, nlohmann::json()) != want[key])
       throw bad("cannot resume from " + dir + ": it was saved with " + key + " = " +
                 ck.config.value(key, nlohmann::json()).dump() + ", this run has " +
                 want[key].dump() + "; use the same value or another --checkpoint-dir");
-  std::map<std::string, Tensor*> by_name;
-  for (nn::Param* p : gpt.params()) by_name[p->name] = &p->value;
-  size_t found = 0;
-  for (auto& [name, t] : ck.model) {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) continue;
-    if (it->second->shape() != t.shape())
-      throw bad("checkpoint tensor " + name + " has shape " + shape_str(t.shape()) +
-                ", the model expects " + shape_str(it->second->shape()));
-    it->second->copy_from(t);
-    ++found;
+  std::map<std::string, const Tensor*> model, opt;
+  for (auto& [n, t] : ck.model) model[n] = &t;
+  for (auto& [n, t] : ck.optimizer) opt[n] = &t;
+  auto find = [&](std::map<std::string, const Tensor*>& in, const std::string& name, const Shape& shape) {
+    auto it = in.find(name);
+    if (it == in.end()) throw bad("checkpoint in " + dir + " lacks tensor " + name);
+    if (it->second->shape() != shape)
+      throw bad("checkpoint tensor " + name + " has shape " + shape_str(it->second->shape()) +
+                ", the model expects " + shape_str(shape));
+    return *it->second;
+  };
+  std::vector<nn::Param*> params = model_params();
+  std::vector<Tensor> values, m, v;
+  for (nn::Param* p : params) {
+    values.push_back(find(model, p->name, p->global_shape));
+    m.push_back(find(opt, "exp_avg." + p->name, p->global_shape));
+    v.push_back(find(opt, "exp_avg_sq." + p->name, p->global_shape));
   }
-  if (found != by_name.size())
-    throw bad("checkpoint in " + dir + " lacks " + std::to_string(by_name.size() - found) +
-              " of the model's tensors");
-  adam.load_state_tensors(ck.optimizer);
-  adam.set_updates(ck.state.value("updates", ck.step));
+  if (ddp_) {
+    ddp_->load_full_params(values);
+    m = ddp_->slice_segments(m), v = ddp_->slice_segments(v);
+  } else {
+    for (size_t i = 0; i < params.size(); ++i) params[i]->value.copy_from(values[i]);
+  }
+  adam_->load_moments(m, v);
+  adam_->set_updates(ck.state.value("updates", ck.step));
   return ck.step;
+}
+
+StateBytes RankTrainer::state_bytes() {
+  StateBytes s;
+  if (ddp_) {
+    auto mem = ddp_->memory();
+    s.params = mem.param_bytes, s.grads = mem.grad_bytes;
+  } else {
+    for (nn::Param* p : gpt_->params()) s.params += p->value.bytes(), s.grads += p->grad.bytes();
+  }
+  s.optimizer = adam_->state_bytes();
+  return s;
 }
 
 // ---- progress output ----
@@ -114,6 +217,126 @@ void print_step(const StepRecord& r, int64_t steps) {
               static_cast<long long>(r.step + 1), static_cast<long long>(steps), r.loss, r.lr,
               r.grad_norm, r.step_ms, r.tokens_per_s, 100.0 * r.mfu);
   std::fflush(stdout);
+}
+
+void RankTrainer::print_header() {
+  const auto& cfg = sh_.cfg;
+  std::printf("model %s: %lld parameters | batch %lld x %lld | %s | %d thread(s) per rank | data %s (%lld train tokens)\n",
+              cfg.name.c_str(), static_cast<long long>(cfg.num_params()),
+              static_cast<long long>(o_.batch), static_cast<long long>(o_.seq),
+              parallel::MeshShape{o_.dp, o_.tp, o_.pp}.str().c_str(), o_.threads, o_.data.c_str(),
+              static_cast<long long>(sh_.data.num_tokens(Split::train)));
+  if (o_.dp > 1 || o_.zero > 0) {
+    // ZeRO's per-rank state against the analytic formula (float32 Adam: 4 + 4 + 8 bytes per
+    // parameter, each term divided by dp from its stage on).
+    StateBytes s = sh_.res.state_bytes;
+    const double n = static_cast<double>(cfg.num_params()), d = o_.dp, MiB = 1024.0 * 1024.0;
+    double ap = 4 * n / (o_.zero >= 3 ? d : 1), ag = 4 * n / (o_.zero >= 2 ? d : 1),
+           ao = 8 * n / (o_.zero >= 1 ? d : 1);
+    std::printf("state per rank (zero %d, dp %d): params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB"
+                " | analytic %.2f, %.2f, %.2f MiB\n",
+                o_.zero, o_.dp, s.params / MiB, s.grads / MiB, s.optimizer / MiB, ap / MiB, ag / MiB, ao / MiB);
+  }
+  std::fflush(stdout);
+}
+
+// ---- the loop ----
+
+void RankTrainer::run() {
+  TrainResult& res = sh_.res;
+  const int64_t B = o_.batch, T = o_.seq, M = o_.microbatches;
+  const int64_t rows = B / o_.dp / M;  // rows of one micro-batch on this rank
+  const int64_t rank_row0 = mesh_.coord().dp * (B / o_.dp);
+  const bool talk = lead_ && !o_.quiet;
+
+  int64_t start = 0;
+  if (o_.resume) {
+    if (latest_checkpoint(o_.checkpoint_dir)) {
+      start = restore();
+      if (talk) std::printf("resumed from %s at step %lld\n", o_.checkpoint_dir.c_str(), static_cast<long long>(start));
+    } else if (talk) {
+      std::printf("no checkpoint in %s yet; starting from step 0\n", o_.checkpoint_dir.c_str());
+    }
+  }
+  if (o_.save_initial && start == 0) save(0);
+  if (lead_) res.start_step = start, res.state_bytes = state_bytes();
+
+  const double flops_per_step = sh_.cfg.flops_per_token(T) * static_cast<double>(B * T);
+  const double peak_gflops = measured_gemm_gflops(o_.threads) * mesh_.world().size();
+  if (talk) print_header();
+  std::unique_ptr<MetricsWriter> metrics;
+  if (lead_) metrics = std::make_unique<MetricsWriter>(o_.metrics, /*append=*/start > 0);
+  std::vector<int32_t> tok(rows * T), tgt(rows * T);
+  auto reduce_sq = [this](double local) { return ddp_ ? ddp_->reduce_grad_sq(local) : local; };
+  auto t_start = Clock::now();
+
+  for (int64_t step = start; step < o_.steps; ++step) {
+    auto t0 = Clock::now();
+    comm::CommStats c0 = mesh_.dp_group().stats();
+    if (ddp_) ddp_->begin_step();
+    else gpt_->zero_grad();
+    double loss = 0;
+    for (int64_t mb = 0; mb < M; ++mb) {
+      const int64_t r0 = rank_row0 + mb * rows;
+      sh_.data.batch(Split::train, o_.data_order, o_.seed, step, B, T, r0, r0 + rows, tok.data(), tgt.data());
+      nn::Context ctx(o_.threads);
+      ctx.hooks = hooks();
+      if (ddp_) ddp_->set_sync(mb == M - 1);
+      loss += gpt_->forward(ctx, tok.data(), tgt.data(), rows, T) / static_cast<double>(M);
+      gpt_->backward(ctx, 1.0f / static_cast<float>(M));
+    }
+    if (ddp_) ddp_->finish_grad_sync();
+    StepRecord r;
+    r.step = step;
+    r.grad_norm = adam_->step(step, reduce_sq);
+    if (ddp_) ddp_->finish_optimizer_step();
+    r.loss = static_cast<float>(dp_mean(loss));
+    r.lr = lr_at(o_.adam, step);
+    r.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    r.tokens_per_s = static_cast<double>(B * T) / (r.step_ms / 1e3);
+    r.mfu = flops_per_step / (r.step_ms / 1e3) / (peak_gflops * 1e9);
+    r.peak_rss_mb = peak_rss_mb();
+    comm::CommStats c1 = mesh_.dp_group().stats();
+    r.comm_bytes_sent = c1.bytes_sent - c0.bytes_sent;
+    r.comm_bytes_received = c1.bytes_received - c0.bytes_received;
+    r.comm_wait_ms = (c1.wait_seconds - c0.wait_seconds) * 1e3;
+    const bool last = step + 1 == o_.steps;
+    if (o_.eval_every > 0 && ((step + 1) % o_.eval_every == 0 || last)) r.val_loss = evaluate();
+    if (o_.checkpoint_every > 0 && ((step + 1) % o_.checkpoint_every == 0 || last)) save(step + 1);
+    if (!lead_) continue;
+
+    nlohmann::json line = {{"step", step + 1},
+                           {"loss", r.loss},
+                           {"lr", r.lr},
+                           {"grad_norm", r.grad_norm},
+                           {"tokens_per_s", r.tokens_per_s},
+                           {"step_ms", r.step_ms},
+                           {"mfu", r.mfu},
+                           {"peak_rss_mb", r.peak_rss_mb}};
+    if (o_.dp > 1) {
+      line["comm_bytes_sent"] = r.comm_bytes_sent;
+      line["comm_bytes_received"] = r.comm_bytes_received;
+      line["comm_wait_ms"] = r.comm_wait_ms;
+    }
+    if (r.val_loss) line["val_loss"] = *r.val_loss;
+    metrics->write(line);
+    if (talk && o_.log_every > 0 && ((step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps);
+    if (talk && r.val_loss)
+      std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step + 1), *r.val_loss);
+    res.steps.push_back(r);
+  }
+  float final_val = (!res.steps.empty() && res.steps.back().val_loss) ? *res.steps.back().val_loss : 0.f;
+  bool have_val = lead_ ? (!res.steps.empty() && res.steps.back().val_loss) : false;
+  // Every rank must agree whether to evaluate (a collective under dp).
+  if (o_.eval_every <= 0 || start >= o_.steps) final_val = evaluate(), have_val = true;
+  if (!lead_) return;
+  res.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  if (have_val) res.final_val_loss = final_val;
+  if (talk) {
+    std::printf("done: %lld steps in %.1f s | final validation loss %.4f | peak RSS %.0f MiB\n",
+                static_cast<long long>(res.steps.size()), res.wall_s, final_val, peak_rss_mb());
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace
@@ -129,10 +352,8 @@ model::GPTConfig resolve_options(TrainOptions& o) {
               " positions (got " + std::to_string(o.seq) + ")");
   if (o.steps < 1) throw bad("--steps must be at least 1");
   if (o.data.empty()) throw bad("--data is required: a text file or a uint16 token file (.bin)");
+  if (comm::launched_by_mpirun()) o.backend = "mpi";
   check_layout(o);
-  if (o.batch % o.microbatches != 0)
-    throw bad("--batch " + std::to_string(o.batch) + " is not divisible by --microbatches " +
-              std::to_string(o.microbatches));
   if (!(o.adam.lr > 0)) throw bad("--lr must be positive");
   if (o.eval_batches < 1) throw bad("--eval-batches must be at least 1");
   if (o.checkpoint_every < 0) throw bad("--checkpoint-every must be 0 (never) or positive");
@@ -140,7 +361,8 @@ model::GPTConfig resolve_options(TrainOptions& o) {
     throw bad("--checkpoint-every, --resume and --save-initial need --checkpoint-dir DIR");
   if (o.threads == 0) {
     int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    o.threads = std::max(1, cores / (o.dp * o.tp * o.pp));
+    int local_ranks = o.backend == "mpi" ? 1 : o.dp * o.tp * o.pp;
+    o.threads = std::max(1, cores / local_ranks);
   }
   if (o.adam.decay_steps == 0) o.adam.decay_steps = o.steps;
   return cfg;
@@ -149,87 +371,24 @@ model::GPTConfig resolve_options(TrainOptions& o) {
 TrainResult train(TrainOptions o) {
   TrainResult res;
   res.config = resolve_options(o);
-  const model::GPTConfig& cfg = res.config;
-  const int64_t B = o.batch, T = o.seq, M = o.microbatches, rows = B / M;
-  TokenDataset data = TokenDataset::open(o.data, o.val_fraction, T);
-  if (data.vocab_size() > cfg.vocab_size)
+  TokenDataset data = TokenDataset::open(o.data, o.val_fraction, o.seq);
+  if (data.vocab_size() > res.config.vocab_size)
     throw bad("the data file " + o.data + " has token ids up to " +
               std::to_string(data.vocab_size() - 1) + " but the model's vocabulary is " +
-              std::to_string(cfg.vocab_size) + "; use a model with a larger vocab_size");
-
-  model::GPT gpt(cfg, o.seed);
-  AdamW adam(gpt.params(), o.adam, o.threads);
-  if (o.resume) {
-    if (latest_checkpoint(o.checkpoint_dir)) {
-      res.start_step = restore(o.checkpoint_dir, gpt, adam, cfg, o);
-      if (!o.quiet) std::printf("resumed from %s at step %lld\n", o.checkpoint_dir.c_str(),
-                                static_cast<long long>(res.start_step));
-    } else if (!o.quiet) {
-      std::printf("no checkpoint in %s yet; starting from step 0\n", o.checkpoint_dir.c_str());
-    }
-  }
-  if (o.save_initial && res.start_step == 0) save(o.checkpoint_dir, 0, gpt, adam, cfg, o, 0);
-
-  const double flops_per_step = cfg.flops_per_token(T) * static_cast<double>(B * T);
-  const double peak_gflops = measured_gemm_gflops(o.threads);
-  if (!o.quiet)
-    std::printf("model %s: %lld parameters | batch %lld x %lld | %d thread(s) | data %s (%lld train tokens)\n",
-                cfg.name.c_str(), static_cast<long long>(cfg.num_params()),
-                static_cast<long long>(B), static_cast<long long>(T), o.threads, o.data.c_str(),
-                static_cast<long long>(data.num_tokens(Split::train)));
-  MetricsWriter metrics(o.metrics, /*append=*/res.start_step > 0);
-  std::vector<int32_t> tok(rows * T), tgt(rows * T);
-  auto t_start = Clock::now();
-
-  for (int64_t step = res.start_step; step < o.steps; ++step) {
-    auto t0 = Clock::now();
-    gpt.zero_grad();
-    double loss = 0;
-    for (int64_t mb = 0; mb < M; ++mb) {
-      data.batch(Split::train, o.data_order, o.seed, step, B, T, mb * rows, (mb + 1) * rows,
-                 tok.data(), tgt.data());
-      nn::Context ctx(o.threads);
-      loss += gpt.forward(ctx, tok.data(), tgt.data(), rows, T) / static_cast<double>(M);
-      gpt.backward(ctx, 1.0f / static_cast<float>(M));
-    }
-    StepRecord r;
-    r.step = step;
-    r.loss = static_cast<float>(loss);
-    r.lr = lr_at(o.adam, step);
-    r.grad_norm = adam.step(step);
-    r.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    r.tokens_per_s = static_cast<double>(B * T) / (r.step_ms / 1e3);
-    r.mfu = flops_per_step / (r.step_ms / 1e3) / (peak_gflops * 1e9);
-    r.peak_rss_mb = peak_rss_mb();
-    bool last = step + 1 == o.steps;
-    if (o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || last))
-      r.val_loss = evaluate(gpt, data, o, o.threads);
-
-    nlohmann::json line = {{"step", step + 1},        {"loss", r.loss},
-                           {"lr", r.lr},              {"grad_norm", r.grad_norm},
-                           {"tokens_per_s", r.tokens_per_s}, {"step_ms", r.step_ms},
-                           {"mfu", r.mfu},            {"peak_rss_mb", r.peak_rss_mb}};
-    if (r.val_loss) line["val_loss"] = *r.val_loss;
-    metrics.write(line);
-    if (!o.quiet && o.log_every > 0 && ((step + 1) % o.log_every == 0 || last)) print_step(r, o.steps);
-    if (!o.quiet && r.val_loss)
-      std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step + 1), *r.val_loss);
-    res.steps.push_back(r);
-    if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last))
-      save(o.checkpoint_dir, step + 1, gpt, adam, cfg, o, o.keep_checkpoints);
-  }
-  res.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
-  if (!res.steps.empty() && res.steps.back().val_loss) {
-    res.final_val_loss = res.steps.back().val_loss;
-  } else {
-    res.final_val_loss = evaluate(gpt, data, o, o.threads);
-  }
-  if (!o.quiet) {
-    std::printf("done: %lld steps in %.1f s | final validation loss %.4f | peak RSS %.0f MiB\n",
-                static_cast<long long>(res.steps.size()), res.wall_s, *res.final_val_loss,
-                peak_rss_mb());
-    std::fflush(stdout);
-  }
+              std::to_string(res.config.vocab_size) + "; use a model with a larger vocab_size");
+  if (o.resume && !o.checkpoint_dir.empty() && latest_checkpoint(o.checkpoint_dir))
+    load_checkpoint(o.checkpoint_dir);  // refuse a corrupt checkpoint before any rank starts
+  if (o.backend == "mpi" && comm::mpi_world()->size() != o.dp * o.tp * o.pp)
+    throw bad("mpirun started " + std::to_string(comm::mpi_world()->size()) +
+              " processes but the layout " + parallel::MeshShape{o.dp, o.tp, o.pp}.str() +
+              " needs " + std::to_string(o.dp * o.tp * o.pp) + "; make dp * tp * pp equal -np");
+  Shared sh{o, res.config, data, res};
+  const int world = o.dp * o.tp * o.pp;
+  comm::Backend backend = o.backend == "mpi" ? comm::Backend::mpi : comm::Backend::threads;
+  comm::run_world(backend, backend == comm::Backend::mpi ? 0 : world, [&](comm::Communicator& w) {
+    RankTrainer rank(w, sh);
+    rank.run();
+  });
   return res;
 }
 

@@ -4,8 +4,12 @@
 // deterministic for a fixed thread budget, so a resumed run recomputes exactly what the
 // uninterrupted one did).
 //
-// Limits: this file drives one rank; the parallel layouts (--dp/--tp/--pp) are validated here
-// and run by the parallel/ and pipeline/ drivers as they land.
+// Every rank runs the same loop (ranks are threads of this process, or MPI processes): it
+// builds its part of the model, draws its rows of the global batch, and lets the data-parallel
+// engine (parallel/data_parallel.h) synchronise gradients and shard optimizer state. Rank 0
+// prints, writes metrics and saves checkpoints (of full logical tensors, so any layout resumes
+// any other).
+// Limits: tensor and pipeline parallelism are validated here and run as their drivers land.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +35,7 @@ struct TrainOptions {
   int microbatches = 1;
   std::string schedule = "1f1b";
   int zero = 0;
+  int64_t bucket_bytes = 0;  // data-parallel gradient bucket size (0: the default)
   std::string backend = "threads";
   // run
   int64_t steps = 500;
@@ -62,7 +67,18 @@ struct StepRecord {
   double tokens_per_s = 0;
   double mfu = 0;
   double peak_rss_mb = 0;
+  // rank 0's communication in this step (data-parallel group)
+  uint64_t comm_bytes_sent = 0;
+  uint64_t comm_bytes_received = 0;
+  double comm_wait_ms = 0;  // time blocked on communication not hidden behind compute
   std::optional<float> val_loss;
+};
+
+// Per-rank persistent bytes of training state (rank 0's), for the ZeRO memory report.
+struct StateBytes {
+  int64_t params = 0;
+  int64_t grads = 0;
+  int64_t optimizer = 0;
 };
 
 struct TrainResult {
@@ -71,6 +87,7 @@ struct TrainResult {
   std::optional<float> final_val_loss;
   int64_t start_step = 0;
   double wall_s = 0;
+  StateBytes state_bytes;
 };
 
 // Resolves defaults (batch, seq, threads, decay_steps) and checks the options; throws

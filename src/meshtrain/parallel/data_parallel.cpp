@@ -1,0 +1,360 @@
+#include "meshtrain/parallel/data_parallel.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <span>
+#include <stdexcept>
+
+namespace meshtrain::parallel {
+
+// ---- buckets ----
+
+struct DataParallel::Bucket {
+  std::vector<nn::Param*> params;
+  std::vector<int64_t> offsets;  // of each parameter in the flat buffers
+  int64_t numel = 0;
+  std::vector<std::size_t> counts;  // slice length of every dp rank
+  int64_t slice_off = 0, slice_n = 0;
+  Tensor values;       // (numel) full values; stage 3: only while gathered
+  Tensor grads;        // (numel) full gradients; stage 2/3: only during backward
+  Tensor value_shard;  // (slice_n) stage 3: the persistent values
+  Tensor grad_shard;   // (slice_n) stage 2/3: the persistent gradients
+  int ready = 0;
+  comm::Work grad_work;
+  comm::Work gather_work;
+  bool gathered = false;
+
+  void view_values() {
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i]->value = Tensor::view(values, offsets[i], params[i]->local_shape());
+  }
+  void view_grads() {
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i]->grad = Tensor::view(grads, offsets[i], params[i]->local_shape());
+  }
+};
+
+namespace {
+
+std::span<float> span_of(Tensor& t) { return {t.data(), static_cast<size_t>(t.numel())}; }
+std::span<float> span_of(Tensor& t, int64_t off, int64_t n) {
+  return {t.data() + off, static_cast<size_t>(n)};
+}
+
+}  // namespace
+
+DataParallel::DataParallel(std::vector<Unit> units, std::shared_ptr<comm::Communicator> dp,
+                           const DataParallelOptions& opt)
+    : dp_(std::move(dp)), opt_(opt) {
+  if (opt_.zero < 0 || opt_.zero > 3) throw std::invalid_argument("--zero must be 0, 1, 2 or 3");
+  if (opt_.bucket_bytes < 1) throw std::invalid_argument("the bucket size must be positive");
+  for (auto& u : units)
+    for (nn::Param* p : u.params) params_.push_back(p);
+
+  // Group parameters: stage 3 by unit, otherwise in reverse order by size.
+  std::vector<std::vector<nn::Param*>> groups;
+  if (opt_.zero == 3) {
+    for (size_t i = 0; i < units.size(); ++i) {
+      unit_of_[units[i].module] = groups.size();
+      groups.push_back(units[i].params);
+    }
+  } else {
+    std::vector<nn::Param*> cur;
+    int64_t bytes = 0;
+    for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
+      cur.push_back(*it);
+      bytes += (*it)->value.bytes();
+      if (bytes >= opt_.bucket_bytes) groups.push_back(std::move(cur)), cur.clear(), bytes = 0;
+    }
+    if (!cur.empty()) groups.push_back(std::move(cur));
+  }
+
+  const int P = dp_->size(), r = dp_->rank();
+  for (auto& g : groups) {
+    auto b = std::make_unique<Bucket>();
+    b->params = g;
+    for (nn::Param* p : g) {
+      b->offsets.push_back(b->numel);
+      b->numel += p->value.numel();
+      bucket_of_[p] = b.get();
+    }
+    int64_t off = 0;
+    for (int q = 0; q < P; ++q) {
+      int64_t n = b->numel / P + (q < b->numel % P ? 1 : 0);
+      b->counts.push_back(static_cast<size_t>(n));
+      if (q == r) b->slice_off = off, b->slice_n = n;
+      off += n;
+    }
+    // Move the values into the flat buffer (identical on every rank by construction).
+    b->values = Tensor::empty({b->numel});
+    for (size_t i = 0; i < g.size(); ++i)
+      std::memcpy(b->values.data() + b->offsets[i], g[i]->value.data(), g[i]->value.bytes());
+    b->view_values();
+    b->grads = Tensor({b->numel});
+    b->view_grads();
+    if (opt_.zero >= 2) b->grad_shard = Tensor({b->slice_n});
+    if (opt_.zero == 3) {
+      b->value_shard = Tensor::empty({b->slice_n});
+      std::memcpy(b->value_shard.data(), b->values.data() + b->slice_off, b->slice_n * sizeof(float));
+      b->gathered = true;
+    }
+    buckets_.push_back(std::move(b));
+  }
+  if (opt_.zero == 3)
+    for (size_t u = 0; u < buckets_.size(); ++u) release_unit(u);
+
+  // Segment parameters: this rank's slice of each parameter, for the sharded optimizer.
+  if (opt_.zero >= 1) {
+    for (auto& b : buckets_) {
+      const int64_t lo = b->slice_off, hi = b->slice_off + b->slice_n;
+      for (size_t i = 0; i < b->params.size(); ++i) {
+        nn::Param* p = b->params[i];
+        const int64_t s = std::max(lo, b->offsets[i]);
+        const int64_t e = std::min(hi, b->offsets[i] + p->local_numel());
+        if (s >= e) continue;
+        auto seg = std::make_unique<nn::Param>();
+        seg->name = p->name + "@" + std::to_string(s - b->offsets[i]);
+        seg->global_shape = {e - s};
+        seg->decay = p->decay;
+        seg->value = opt_.zero == 3 ? Tensor::view(b->value_shard, s - lo, {e - s})
+                                    : Tensor::view(b->values, s, {e - s});
+        seg->grad = opt_.zero >= 2 ? Tensor::view(b->grad_shard, s - lo, {e - s})
+                                   : Tensor::view(b->grads, s, {e - s});
+        segments_.push_back(std::move(seg));
+      }
+    }
+  }
+
+  hooks_.grad_ready = [this](nn::Param* p) { grad_ready(p); };
+  if (opt_.zero == 3) {
+    hooks_.pre_forward = [this](const nn::Module* m) { on_pre(m, false); };
+    hooks_.post_forward = [this](const nn::Module* m) { on_post(m, false); };
+    hooks_.pre_backward = [this](const nn::Module* m) { on_pre(m, true); };
+    hooks_.post_backward = [this](const nn::Module* m) { on_post(m, true); };
+  }
+}
+
+DataParallel::~DataParallel() {
+  // Buffers of pending operations must outlive them.
+  for (auto& b : buckets_) {
+    try {
+      b->grad_work.wait();
+      b->gather_work.wait();
+    } catch (...) {
+    }
+  }
+}
+
+// ---- gradient synchronisation ----
+
+void DataParallel::begin_step() {
+  for (auto& b : buckets_) {
+    if (b->grads.numel() != b->numel) {
+      b->grads = Tensor({b->numel});
+      b->view_grads();
+    } else {
+      b->grads.zero();
+    }
+    b->ready = 0;
+  }
+}
+
+void DataParallel::grad_ready(nn::Param* p) {
+  if (!sync_) return;
+  auto it = bucket_of_.find(p);
+  if (it == bucket_of_.end()) return;
+  Bucket& b = *it->second;
+  if (++b.ready == static_cast<int>(b.params.size())) launch(b);
+}
+
+void DataParallel::launch(Bucket& b) {
+  if (opt_.zero <= 1) {
+    b.grad_work = dp_->all_reduce_async(span_of(b.grads), {.op = comm::ReduceOp::avg});
+  } else {
+    b.grad_work = dp_->reduce_scatter_async(span_of(b.grads), span_of(b.grad_shard), b.counts,
+                                            {.op = comm::ReduceOp::avg});
+  }
+}
+
+void DataParallel::finish_grad_sync() {
+  for (auto& b : buckets_) {
+    if (b->ready != static_cast<int>(b->params.size()))
+      throw std::logic_error("bucket gradient never became ready: a parameter's backward did not "
+                             "run (" + b->params.front()->name + ")");
+    b->grad_work.wait();
+    b->grad_work = {};
+    b->ready = 0;
+    if (opt_.zero >= 2) {
+      for (nn::Param* p : b->params) p->grad = Tensor();
+      b->grads = Tensor();
+    }
+  }
+}
+
+std::vector<nn::Param*> DataParallel::optimizer_params() {
+  if (opt_.zero == 0) return params_;
+  std::vector<nn::Param*> out;
+  for (auto& s : segments_) out.push_back(s.get());
+  return out;
+}
+
+double DataParallel::reduce_grad_sq(double local) {
+  if (opt_.zero == 0) return local;
+  std::array<double, 1> v{local};
+  dp_->all_reduce(v);
+  return v[0];
+}
+
+void DataParallel::finish_optimizer_step() {
+  if (opt_.zero == 0 || opt_.zero == 3) return;
+  std::vector<comm::Work> works;
+  std::vector<Tensor> inputs;
+  for (auto& b : buckets_) {
+    inputs.push_back(Tensor::empty({b->slice_n}));
+    std::memcpy(inputs.back().data(), b->values.data() + b->slice_off, b->slice_n * sizeof(float));
+    works.push_back(dp_->all_gather_async(span_of(inputs.back()), span_of(b->values), b->counts));
+  }
+  for (auto& w : works) w.wait();
+}
+
+// ---- ZeRO-3 units ----
+
+void DataParallel::gather_unit(size_t u, bool wait) {
+  Bucket& b = *buckets_[u];
+  if (!b.gathered) {
+    b.values = Tensor::empty({b.numel});
+    b.view_values();
+    b.gather_work = dp_->all_gather_async(span_of(b.value_shard), span_of(b.values), b.counts);
+    b.gathered = true;
+  }
+  if (wait) {
+    b.gather_work.wait();
+    b.gather_work = {};
+  }
+}
+
+void DataParallel::release_unit(size_t u) {
+  Bucket& b = *buckets_[u];
+  b.gather_work.wait();
+  b.gather_work = {};
+  for (nn::Param* p : b.params) p->value = Tensor();
+  b.values = Tensor();
+  b.gathered = false;
+}
+
+void DataParallel::on_pre(const nn::Module* m, bool backward) {
+  auto it = unit_of_.find(m);
+  if (it == unit_of_.end()) return;
+  const size_t u = it->second, n = buckets_.size();
+  gather_unit(u, true);
+  // Prefetch the next unit in execution order: forward root, 1, 2, ...; backward root, n-1, ...
+  size_t next = n;
+  if (!backward) next = u + 1;
+  else next = u == 0 ? n - 1 : u - 1;
+  if (next >= 1 && next < n) gather_unit(next, false);
+}
+
+void DataParallel::on_post(const nn::Module* m, bool backward) {
+  auto it = unit_of_.find(m);
+  if (it == unit_of_.end()) return;
+  release_unit(it->second);
+}
+
+// ---- checkpoints and evaluation ----
+
+void DataParallel::with_full_params(const std::function<void()>& fn) {
+  if (opt_.zero < 3) return fn();
+  for (size_t u = 0; u < buckets_.size(); ++u) gather_unit(u, true);
+  try {
+    fn();
+  } catch (...) {
+    for (size_t u = 0; u < buckets_.size(); ++u) release_unit(u);
+    throw;
+  }
+  for (size_t u = 0; u < buckets_.size(); ++u) release_unit(u);
+}
+
+std::vector<Tensor> DataParallel::gather_segments(const std::vector<Tensor>& segs) {
+  if (opt_.zero == 0) return segs;
+  std::vector<Tensor> full;
+  size_t k = 0;
+  for (auto& b : buckets_) {
+    Tensor slice = Tensor::empty({b->slice_n}), whole = Tensor::empty({b->numel});
+    int64_t pos = 0;
+    // This rank's segments of the bucket are consecutive in segments_, in slice order.
+    while (pos < b->slice_n) {
+      const Tensor& s = segs.at(k++);
+      std::memcpy(slice.data() + pos, s.data(), s.bytes());
+      pos += s.numel();
+    }
+    dp_->all_gather(span_of(slice), span_of(whole), b->counts);
+    for (size_t i = 0; i < b->params.size(); ++i) {
+      Tensor t = Tensor::empty(b->params[i]->local_shape());
+      std::memcpy(t.data(), whole.data() + b->offsets[i], t.bytes());
+      full.push_back(std::move(t));
+    }
+  }
+  // `full` is in bucket order; return it in params_ order.
+  std::map<const nn::Param*, Tensor> by_param;
+  size_t i = 0;
+  for (auto& b : buckets_)
+    for (nn::Param* p : b->params) by_param[p] = full[i++];
+  std::vector<Tensor> out;
+  for (nn::Param* p : params_) out.push_back(by_param[p]);
+  return out;
+}
+
+std::vector<Tensor> DataParallel::slice_segments(const std::vector<Tensor>& full) {
+  if (opt_.zero == 0) return full;
+  std::map<const nn::Param*, const Tensor*> by_param;
+  for (size_t i = 0; i < params_.size(); ++i) by_param[params_[i]] = &full.at(i);
+  std::vector<Tensor> out;
+  for (auto& b : buckets_) {
+    const int64_t lo = b->slice_off, hi = b->slice_off + b->slice_n;
+    for (size_t i = 0; i < b->params.size(); ++i) {
+      const int64_t s = std::max(lo, b->offsets[i]);
+      const int64_t e = std::min(hi, b->offsets[i] + b->params[i]->local_numel());
+      if (s >= e) continue;
+      Tensor t = Tensor::empty({e - s});
+      std::memcpy(t.data(), by_param[b->params[i]]->data() + (s - b->offsets[i]), t.bytes());
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+void DataParallel::load_full_params(const std::vector<Tensor>& full) {
+  std::map<const nn::Param*, const Tensor*> by_param;
+  for (size_t i = 0; i < params_.size(); ++i) by_param[params_[i]] = &full.at(i);
+  for (auto& b : buckets_) {
+    for (size_t i = 0; i < b->params.size(); ++i) {
+      const Tensor& src = *by_param[b->params[i]];
+      if (src.numel() != b->params[i]->local_numel())
+        throw std::invalid_argument("load_full_params: " + b->params[i]->name + " has " +
+                                    std::to_string(src.numel()) + " elements, expected " +
+                                    std::to_string(b->params[i]->local_numel()));
+      if (opt_.zero < 3) {
+        std::memcpy(b->values.data() + b->offsets[i], src.data(), src.bytes());
+        continue;
+      }
+      // Stage 3: the part of this parameter inside this rank's slice.
+      const int64_t lo = b->slice_off, hi = b->slice_off + b->slice_n;
+      const int64_t s = std::max(lo, b->offsets[i]), e = std::min(hi, b->offsets[i] + src.numel());
+      if (s < e)
+        std::memcpy(b->value_shard.data() + (s - lo), src.data() + (s - b->offsets[i]),
+                    (e - s) * sizeof(float));
+    }
+  }
+}
+
+DataParallel::Memory DataParallel::memory() const {
+  Memory m;
+  for (auto& b : buckets_) {
+    m.param_bytes += (opt_.zero == 3 ? b->slice_n : b->numel) * static_cast<int64_t>(sizeof(float));
+    m.grad_bytes += (opt_.zero >= 2 ? b->slice_n : b->numel) * static_cast<int64_t>(sizeof(float));
+  }
+  return m;
+}
+
+}  // namespace meshtrain::parallel

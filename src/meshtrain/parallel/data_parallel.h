@@ -1,0 +1,121 @@
+// DataParallel: gradient synchronisation over the dp axis, and ZeRO stages 1-3.
+//
+// Parameters are grouped into buckets. Each bucket owns two flat buffers (values, gradients)
+// and every parameter's value and grad become views into them, so communication works on a
+// bucket without copies (PyTorch DDP's "gradient as bucket view").
+//   - Stages 0-2: buckets are filled in reverse parameter order (the order backward produces
+//     gradients) up to `bucket_bytes`. Stage 3: one bucket per unit (the model's root
+//     parameters, then one per transformer block), because a unit is what is gathered.
+//   - A bucket's communication starts (async Work) from the grad_ready hook as soon as its last
+//     gradient is final, so it overlaps the rest of backward; with gradient accumulation only
+//     the last micro-batch communicates (set_sync).
+//   - Stage 0: all-reduce (avg) each gradient bucket; every rank updates everything.
+//   - Stage 1: all-reduce, but each rank updates only its slice of every bucket (optimizer
+//     state / dp); the updated values are all-gathered after the step.
+//   - Stage 2: reduce-scatter (avg) instead: each rank keeps only its gradient slice; the full
+//     gradient buffer is freed after the step (gradients / dp).
+//   - Stage 3: the values are sharded too: a unit's values are all-gathered just before its
+//     forward and again before its backward, and freed after; the next unit's gather is
+//     started (prefetched) while the current one computes (parameters / dp).
+// Bucket slices: a bucket of n elements gives rank r the elements [off_r, off_r + n_r) with
+// n_r = n / dp + (r < n % dp) — uneven slices, so any n and any dp work.
+//
+// The optimizer (train/) updates optimizer_params(): the parameters themselves at stage 0, or
+// per-rank "segment" parameters (views of this rank's slices, carrying the original's weight
+// decay flag) at stages 1-3. reduce_grad_sq() makes the clipping norm global.
+//
+// Concurrency: all calls from the rank's own thread; the dp communicator runs the bucket
+// operations in issue order on its progress thread. Every rank issues the same operations in
+// the same order (the hooks fire in program order, identical on every rank).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "meshtrain/comm/communicator.h"
+#include "meshtrain/nn/module.h"
+
+namespace meshtrain::parallel {
+
+// Default bucket size: see docs/benchmarks.md, "Data parallelism".
+inline constexpr int64_t kDefaultBucketBytes = 4 << 20;
+
+struct DataParallelOptions {
+  int zero = 0;                           // ZeRO stage 0..3
+  int64_t bucket_bytes = kDefaultBucketBytes;  // stages 0-2
+};
+
+// A unit of ZeRO-3: the module whose hooks gather it, and its parameters.
+struct Unit {
+  const nn::Module* module;
+  std::vector<nn::Param*> params;
+};
+
+class DataParallel {
+ public:
+  // `units` in forward order (root first, then the blocks); together they hold every
+  // parameter once. Collective-free construction (the values are identical on every rank
+  // already: layout-invariant initialisation).
+  DataParallel(std::vector<Unit> units, std::shared_ptr<comm::Communicator> dp,
+               const DataParallelOptions& opt);
+  ~DataParallel();
+
+  nn::Hooks* hooks() { return &hooks_; }
+  // Zeroes the gradients (reallocating freed stage-2/3 buffers) before a step's first micro-batch.
+  void begin_step();
+  // Whether the gradients of the coming backward are final for this step (last micro-batch).
+  void set_sync(bool on) { sync_ = on; }
+  // Waits for every bucket's gradient communication; stage 2/3 then free the full gradients.
+  void finish_grad_sync();
+  // What the optimizer updates (see the header comment).
+  std::vector<nn::Param*> optimizer_params();
+  // The global sum of squares of the gradients from this rank's local one.
+  double reduce_grad_sq(double local);
+  // After the optimizer: stage 1/2 all-gather the updated values.
+  void finish_optimizer_step();
+
+  // ---- gathering for checkpoints and evaluation (collective) ----
+  // Full values of every parameter into its own storage for the duration of the call.
+  void with_full_params(const std::function<void()>& fn);
+  // Full tensors (per original parameter, in `params` order) from per-segment tensors (one per
+  // optimizer_params() entry, e.g. the optimizer's exp_avg); stage 0 returns them as is.
+  std::vector<Tensor> gather_segments(const std::vector<Tensor>& segments);
+  // The inverse: this rank's segment tensors from full per-parameter tensors.
+  std::vector<Tensor> slice_segments(const std::vector<Tensor>& full);
+  // Sets every parameter from full values (in params() order): stage 3 keeps only its slices.
+  void load_full_params(const std::vector<Tensor>& full);
+  // The original parameters, in the order gather_segments returns.
+  const std::vector<nn::Param*>& params() const { return params_; }
+
+  // ---- accounting ----
+  struct Memory {
+    int64_t param_bytes = 0;  // persistent values held by this rank (full or slice)
+    int64_t grad_bytes = 0;   // persistent gradients (full or slice)
+  };
+  Memory memory() const;
+  int zero() const { return opt_.zero; }
+  comm::Communicator& group() { return *dp_; }
+
+ private:
+  struct Bucket;
+  void grad_ready(nn::Param* p);
+  void launch(Bucket& b);
+  void gather_unit(size_t u, bool wait);
+  void release_unit(size_t u);
+  void on_pre(const nn::Module* m, bool backward);
+  void on_post(const nn::Module* m, bool backward);
+
+  std::shared_ptr<comm::Communicator> dp_;
+  DataParallelOptions opt_;
+  std::vector<nn::Param*> params_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::map<const nn::Param*, Bucket*> bucket_of_;
+  std::map<const nn::Module*, size_t> unit_of_;  // stage 3: module -> bucket index
+  std::vector<std::unique_ptr<nn::Param>> segments_;
+  nn::Hooks hooks_;
+  bool sync_ = true;
+};
+
+}  // namespace meshtrain::parallel
