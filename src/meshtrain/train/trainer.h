@@ -37,6 +37,10 @@ struct TrainOptions {
   int zero = 0;
   int64_t bucket_bytes = 0;  // data-parallel gradient bucket size (0: the default)
   std::string backend = "threads";
+  // parameter-server mode (train/ps_trainer.h): world = dp workers + ps_servers servers
+  int ps_servers = 0;
+  int64_t staleness = 0;  // -1: unbounded (asynchronous)
+  double slow_worker_factor = 1.0;  // test flag: worker 0 sleeps so its step takes this many times longer
   // run
   int64_t steps = 500;
   int64_t batch = -1;  // global batch B (-1: the model's default)
