@@ -16,6 +16,7 @@
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/metrics.h"
+#include "meshtrain/train/ps_trainer.h"
 
 namespace meshtrain::train {
 
@@ -36,6 +37,12 @@ void check_layout(const TrainOptions& o) {
                    [&](const char* s) { return o.schedule == s; }) == std::end(schedules))
     throw bad("--schedule must be gpipe, 1f1b, interleaved or zb, not '" + o.schedule + "'");
   if (o.zero < 0 || o.zero > 3) throw bad("--zero must be 0, 1, 2 or 3");
+  if (o.ps_servers < 0) throw bad("--ps-servers must be 0 (no parameter server) or a positive number of server ranks");
+  if (o.staleness < -1)
+    throw bad("--staleness must be 0 (synchronous), a positive bound, or inf (unbounded, asynchronous; also -1)");
+  if (!(o.slow_worker_factor >= 1)) throw bad("--slow-worker must be at least 1 (the factor worker 0's step is slowed by)");
+  if (o.ps_servers > 0 && o.zero > 0)
+    throw bad("ZeRO and the parameter server are two ways to shard; choose one (drop --zero or --ps-servers)");
   if (o.backend != "threads" && o.backend != "mpi")
     throw bad("--backend must be threads or mpi, not '" + o.backend + "'");
   if (o.backend == "mpi" && !comm::have_mpi())
@@ -361,7 +368,7 @@ model::GPTConfig resolve_options(TrainOptions& o) {
     throw bad("--checkpoint-every, --resume and --save-initial need --checkpoint-dir DIR");
   if (o.threads == 0) {
     int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    int local_ranks = o.backend == "mpi" ? 1 : o.dp * o.tp * o.pp;
+    int local_ranks = o.backend == "mpi" ? 1 : o.dp * o.tp * o.pp + o.ps_servers;
     o.threads = std::max(1, cores / local_ranks);
   }
   if (o.adam.decay_steps == 0) o.adam.decay_steps = o.steps;
@@ -376,6 +383,7 @@ TrainResult train(TrainOptions o) {
     throw bad("the data file " + o.data + " has token ids up to " +
               std::to_string(data.vocab_size() - 1) + " but the model's vocabulary is " +
               std::to_string(res.config.vocab_size) + "; use a model with a larger vocab_size");
+  if (o.ps_servers > 0) return train_parameter_server(o, res.config, data);  // train/ps_trainer.h
   if (o.resume && !o.checkpoint_dir.empty() && latest_checkpoint(o.checkpoint_dir))
     load_checkpoint(o.checkpoint_dir);  // refuse a corrupt checkpoint before any rank starts
   if (o.backend == "mpi" && comm::mpi_world()->size() != o.dp * o.tp * o.pp)

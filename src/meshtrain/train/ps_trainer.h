@@ -1,0 +1,43 @@
+// The training loop of parameter-server mode (`meshtrain train --ps-servers S`): ranks
+// 0..dp-1 are workers (each a full model replica computing gradients on its rows of the global
+// batch), ranks dp..dp+S-1 are servers (each owning a contiguous shard of the flattened
+// parameters and its AdamW moments). The protocol, the rounds and the staleness rule live in
+// parallel/param_server.h; docs/param_server.md explains the modes.
+//
+// The run spends a sample budget of `steps` global batches (steps * dp pushes of B/dp rows);
+// a faster worker may take more of it than a slower one when the staleness bound allows.
+// Worker 0 prints progress, writes one metrics line per optimizer round (server 0's update),
+// and computes the validation loss at the end with the final parameters.
+// Limits: no checkpoints, no tensor or pipeline parallelism inside a worker, validation only
+// at the end.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "meshtrain/model/config.h"
+#include "meshtrain/train/data.h"
+#include "meshtrain/train/trainer.h"
+
+namespace meshtrain::train {
+
+// What a run did, beyond TrainResult (filled on threads; under mpi only the parts this
+// process saw).
+struct PSRunLog {
+  struct Read {
+    int worker = 0;
+    int64_t clock = 0;  // the step the worker was about to compute
+    int64_t ahead = 0;  // clock minus the pushes of the slowest other active worker
+  };
+  std::vector<Read> reads;             // every granted read of server 0, in order
+  std::vector<int64_t> pushes;         // per worker
+  int64_t samples = 0;                 // rows of gradient the servers applied
+  double wall_s = 0;                   // worker 0: first pull to the last round applied
+};
+
+// Runs parameter-server training (o.ps_servers > 0); `o` resolved by resolve_options. Bad
+// input throws std::invalid_argument before any work.
+TrainResult train_parameter_server(const TrainOptions& o, const model::GPTConfig& cfg,
+                                   const TokenDataset& data, PSRunLog* log = nullptr);
+
+}  // namespace meshtrain::train
