@@ -2,6 +2,7 @@
 // Bad input (unknown model, missing data file, impossible layout, corrupt checkpoint) exits 2
 // with the sentence the trainer raised; failures while training exit 1.
 #include <stdexcept>
+#include <string>
 
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/train/checkpoint.h"
@@ -14,6 +15,7 @@ void add_train_command(CLI::App& app) {
   auto opt = std::make_shared<train::TrainOptions>();
   auto order = std::make_shared<std::string>("random");
   auto bucket_mb = std::make_shared<double>(0.0);
+  auto staleness = std::make_shared<std::string>("0");
   CLI::App* c = app.add_subcommand("train", "Train a GPT on a text or token file");
   c->add_option("--model", opt->model, "Named model: gpt-tiny, gpt-small, gpt2-124m")->capture_default_str();
   c->add_option("--config", opt->config_file, "Model config JSON file (instead of --model)");
@@ -27,6 +29,9 @@ void add_train_command(CLI::App& app) {
   c->add_option("--schedule", opt->schedule, "Pipeline schedule: gpipe, 1f1b, interleaved, zb")->capture_default_str();
   c->add_option("--zero", opt->zero, "ZeRO stage 0..3")->capture_default_str();
   c->add_option("--bucket-mb", *bucket_mb, "Data-parallel gradient bucket size in MiB (default 4)");
+  c->add_option("--ps-servers", opt->ps_servers, "Parameter-server ranks (0: none); the world is --dp workers plus these")->capture_default_str();
+  c->add_option("--staleness", *staleness, "Parameter server: steps a worker may run ahead of the slowest (0: synchronous; inf or -1: asynchronous)")->capture_default_str();
+  c->add_option("--slow-worker", opt->slow_worker_factor, "Test flag: worker 0 sleeps so its step takes this many times longer")->capture_default_str();
   c->add_option("--backend", opt->backend, "Communication backend: threads or mpi")->capture_default_str();
   c->add_option("--steps", opt->steps, "Optimizer steps")->capture_default_str();
   c->add_option("--batch", opt->batch, "Global batch size B (default: the model's)");
@@ -50,12 +55,24 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--save-initial", opt->save_initial, "Also save the initial weights as step 0");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([opt, order, bucket_mb] {
+  c->callback([opt, order, bucket_mb, staleness] {
     train::TrainOptions o = *opt;
     try {
       if (*bucket_mb < 0) throw std::invalid_argument("--bucket-mb must be positive");
       o.bucket_bytes = static_cast<int64_t>(*bucket_mb * 1024 * 1024);
       o.data_order = train::parse_data_order(*order);
+      if (*staleness == "inf" || *staleness == "unbounded") {
+        o.staleness = -1;
+      } else {
+        size_t used = 0;
+        try {
+          o.staleness = std::stoll(*staleness, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != staleness->size())
+          throw std::invalid_argument("--staleness must be a number of steps (0: synchronous) or inf (unbounded), not '" + *staleness + "'");
+      }
       train::configure_allocator();
       train::train(o);
     } catch (const std::invalid_argument& e) {
