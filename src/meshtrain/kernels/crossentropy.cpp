@@ -36,7 +36,10 @@ float row_logsumexp(const float* x, int64_t V, float s) {
     float bs = 0.0f;
 #pragma omp simd reduction(+ : bs)
     for (int64_t j = 0; j < n; ++j) bs += detail::exp_approx(xb[j] * s - bm);
-    if (bm > M) {
+    if (j0 == 0) {
+      M = bm;
+      S = bs;
+    } else if (bm > M) {
       S = S * std::exp(M - bm) + bs;
       M = bm;
     } else {
