@@ -219,3 +219,23 @@ TEST(TPTrain, GptSmallStepsReproduceSingleRankLoss) {
                 {"tp2 sp", {1, 2, true}},
                 {"dp2 tp2 sp", {2, 2, true}}});
 }
+
+// Sampling logits (gathered over the vocabulary) and an evaluation pass (saves nothing).
+TEST(TPGPT, LogitsAndEvaluationMatchSingleRank) {
+  model::GPTConfig cfg = model::gpt_config("gpt-tiny");
+  const int64_t B = 2, T = 16;
+  auto tok = ramp(B * T, 37, 1, cfg.vocab_size), tgt = ramp(B * T, 11, 5, cfg.vocab_size);
+  model::GPT ref(cfg, kSeed);
+  nn::Context rctx(1, false);
+  Tensor logits_ref = ref.logits(rctx, tok.data(), B, T);
+  const float loss_ref = ref.forward(rctx, tok.data(), tgt.data(), B, T);
+  for (bool sp : {false, true})
+    comm::run_threads(4, [&](comm::Communicator& world) {
+      parallel::DeviceMesh mesh(world, {1, 4, 1});
+      auto gpt = parallel::build_gpt(cfg, kSeed, mesh.tp_ptr(), {.sequence_parallel = sp});
+      nn::Context ctx(1, false);
+      EXPECT_TRUE(close(gpt->logits(ctx, tok.data(), B, T), logits_ref, 1e-5f, "logits"));
+      EXPECT_NEAR(gpt->forward(ctx, tok.data(), tgt.data(), B, T), loss_ref, 1e-5f * loss_ref);
+      EXPECT_EQ(ctx.saved_bytes(), 0);
+    });
+}
