@@ -115,9 +115,11 @@ TEST(Attention, KernelMatchesReference) {
   struct Case {
     int64_t B, T, C, NH;
   };
-  // T around the 32-key tile and the 4-row query block; hs = 3, 8, 20, 32, 64.
-  const Case cases[] = {{1, 1, 8, 1},   {2, 3, 6, 2},    {1, 31, 40, 2}, {2, 33, 24, 3},
-                        {1, 64, 64, 2}, {3, 65, 32, 4},  {1, 100, 60, 3}, {1, 130, 128, 2}};
+  // T around the 16-row / 16-key tiles (1, 15, 17, 31, 33, ...); hs = 3, 8, 20, 32, 64 and
+  // 72 (padded to 80: the run-time head-size path, the others take compiled-in sizes).
+  const Case cases[] = {{1, 1, 8, 1},    {2, 3, 6, 2},   {1, 15, 48, 3},  {1, 17, 16, 1},
+                        {1, 31, 40, 2},  {2, 33, 24, 3}, {1, 64, 64, 2},  {3, 65, 32, 4},
+                        {1, 100, 60, 3}, {1, 130, 128, 2}, {1, 40, 144, 2}};
   for (auto [B, T, C, NH] : cases)
     for (int threads : {1, 2}) {
       // qkv ~ N(0, 1): scores up to ~sqrt(hs) spread, so softmax rows are neither flat nor

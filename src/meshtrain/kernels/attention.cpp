@@ -17,6 +17,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "meshtrain/kernels/vecmath.h"
@@ -38,8 +39,10 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Each keeps a block of 16 vectors of accumulators in registers.
 
 // st(kBc, kBr) = keys(kBc, hp) @ xt(hp, ldx)[:, 0:kBr]
+template <int64_t HP>
 inline void mk_scores(float* __restrict st, const float* __restrict keys,
-                      const float* __restrict xt, int64_t ldx, int64_t hp) {
+                      const float* __restrict xt, int64_t ldx, int64_t hp_rt) {
+  const int64_t hp = HP ? HP : hp_rt;
   float acc[kBc][kBr] = {};
   for (int64_t d = 0; d < hp; ++d) {
     const float* x = xt + d * ldx;
@@ -56,8 +59,10 @@ inline void mk_scores(float* __restrict st, const float* __restrict keys,
 }
 
 // acc(kBr, hp) += pt(kBc, kBr)[0:cend]^T @ x(cend, hp)
+template <int64_t HP>
 inline void mk_acc_rows(float* __restrict acc, const float* __restrict pt,
-                        const float* __restrict x, int64_t cend, int64_t hp) {
+                        const float* __restrict x, int64_t cend, int64_t hp_rt) {
+  const int64_t hp = HP ? HP : hp_rt;
   for (int64_t v0 = 0; v0 < hp; v0 += kV) {
     float a[kBr][kV];
     for (int64_t r = 0; r < kBr; ++r)
@@ -79,8 +84,10 @@ inline void mk_acc_rows(float* __restrict acc, const float* __restrict pt,
 }
 
 // dst(cend, hp) += pt(kBc, kBr)[0:cend] @ y(kBr, hp)
+template <int64_t HP>
 inline void mk_acc_keys(float* __restrict dst, const float* __restrict pt,
-                        const float* __restrict y, int64_t cend, int64_t hp) {
+                        const float* __restrict y, int64_t cend, int64_t hp_rt) {
+  const int64_t hp = HP ? HP : hp_rt;
   for (int64_t v0 = 0; v0 < hp; v0 += kV) {
     float yr[kBr][kV];
     for (int64_t r = 0; r < kBr; ++r)
@@ -142,9 +149,10 @@ inline void row_index(float* last, int64_t i0, const Dims& g) {
 }
 
 // ---- forward of one head ----
+template <int64_t HP>
 void head_forward(float* out, float* lse, const float* qkv, const Dims& g, int64_t h,
                   float scale, std::vector<float>& buf) {
-  const int64_t hp = g.hp, Tp = g.Tp;
+  const int64_t hp = HP ? HP : g.hp, Tp = g.Tp;
   buf.resize(static_cast<size_t>(2 * Tp * hp + g.ldt * hp + kBr * hp + kBc * kBr));
   float* k = buf.data();       // (Tp, hp)
   float* v = k + Tp * hp;      // (Tp, hp)
@@ -162,7 +170,7 @@ void head_forward(float* out, float* lse, const float* qkv, const Dims& g, int64
     for (int64_t r = 0; r < kBr; ++r) m[r] = kNegInf, l[r] = 0.0f;
     const int64_t ilast = (i0 + kBr < g.T ? i0 + kBr : g.T) - 1;  // last real row
     for (int64_t j0 = 0; j0 <= ilast; j0 += kBc) {
-      mk_scores(st, k + j0 * hp, qt + i0, g.ldt, hp);
+      mk_scores<HP>(st, k + j0 * hp, qt + i0, g.ldt, hp);
       // Tile maximum per row (masked keys excluded), then the new running max.
       alignas(64) float mt[kBr];
       for (int64_t r = 0; r < kBr; ++r) mt[r] = kNegInf;
@@ -200,7 +208,7 @@ void head_forward(float* out, float* lse, const float* qkv, const Dims& g, int64
           for (int64_t d = 0; d < hp; ++d) acc[r * hp + d] *= a;
         }
       const int64_t cend = ilast - j0 + 1 < kBc ? ilast - j0 + 1 : kBc;
-      mk_acc_rows(acc, st, v + j0 * hp, cend, hp);
+      mk_acc_rows<HP>(acc, st, v + j0 * hp, cend, hp);
     }
     for (int64_t i = i0; i <= ilast; ++i) {
       const int64_t r = i - i0;
@@ -213,10 +221,11 @@ void head_forward(float* out, float* lse, const float* qkv, const Dims& g, int64
 }
 
 // ---- backward of one head ----
+template <int64_t HP>
 void head_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                    const float* lse, const Dims& g, int64_t h, float scale,
                    std::vector<float>& buf) {
-  const int64_t hp = g.hp, Tp = g.Tp;
+  const int64_t hp = HP ? HP : g.hp, Tp = g.Tp;
   buf.resize(static_cast<size_t>(7 * Tp * hp + 2 * g.ldt * hp + kBr * hp + 2 * kBc * kBr));
   float* k = buf.data();        // (Tp, hp)
   float* v = k + Tp * hp;       // (Tp, hp)
@@ -256,8 +265,8 @@ void head_backward(float* dqkv, const float* dout, const float* qkv, const float
     }
     const int64_t ilast = (i0 + kBr < g.T ? i0 + kBr : g.T) - 1;
     for (int64_t j0 = 0; j0 <= ilast; j0 += kBc) {
-      mk_scores(pt, k + j0 * hp, qt + i0, g.ldt, hp);
-      mk_scores(dst, v + j0 * hp, dot + i0, g.ldt, hp);
+      mk_scores<HP>(pt, k + j0 * hp, qt + i0, g.ldt, hp);
+      mk_scores<HP>(dst, v + j0 * hp, dot + i0, g.ldt, hp);
       for (int64_t c = 0; c < kBc; ++c) {
         const float j = float(j0 + c);
 #pragma omp simd
@@ -268,9 +277,9 @@ void head_backward(float* dqkv, const float* dout, const float* qkv, const float
         }
       }
       const int64_t cend = ilast - j0 + 1 < kBc ? ilast - j0 + 1 : kBc;
-      mk_acc_keys(dv + j0 * hp, pt, dob, cend, hp);
-      mk_acc_keys(dk + j0 * hp, dst, qb, cend, hp);
-      mk_acc_rows(dqb, dst, k + j0 * hp, cend, hp);
+      mk_acc_keys<HP>(dv + j0 * hp, pt, dob, cend, hp);
+      mk_acc_keys<HP>(dk + j0 * hp, dst, qb, cend, hp);
+      mk_acc_rows<HP>(dqb, dst, k + j0 * hp, cend, hp);
     }
     for (int64_t x = 0; x < kBr * hp; ++x) dq[i0 * hp + x] = dqb[x];
   }
@@ -285,6 +294,21 @@ void head_backward(float* dqkv, const float* dout, const float* qkv, const float
     for (int64_t d = 0; d < g.hs; ++d) o[g.C + d] = b[d];
 #pragma omp simd
     for (int64_t d = 0; d < g.hs; ++d) o[2 * g.C + d] = c[d];
+  }
+}
+
+// ---- dispatch on the padded head size ----
+// Compile-time head sizes give the micro-kernels constant row offsets (no address registers
+// spilled); other sizes take the run-time path.
+template <class F>
+void with_hp(int64_t hp, F&& f) {
+  switch (hp) {
+    case 16: return f(std::integral_constant<int64_t, 16>{});
+    case 32: return f(std::integral_constant<int64_t, 32>{});
+    case 48: return f(std::integral_constant<int64_t, 48>{});
+    case 64: return f(std::integral_constant<int64_t, 64>{});
+    case 128: return f(std::integral_constant<int64_t, 128>{});
+    default: return f(std::integral_constant<int64_t, 0>{});
   }
 }
 
@@ -308,7 +332,9 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
-      head_forward(out + b * T * C, lse + bh * T, qkv + b * T * 3 * C, g, h, scale, buf);
+      with_hp(g.hp, [&](auto HP) {
+        head_forward<HP()>(out + b * T * C, lse + bh * T, qkv + b * T * 3 * C, g, h, scale, buf);
+      });
     }
   }
 }
@@ -326,8 +352,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
-      head_backward(dqkv + b * T * 3 * C, dout + b * T * C, qkv + b * T * 3 * C,
-                    out + b * T * C, lse + bh * T, g, h, scale, buf);
+      with_hp(g.hp, [&](auto HP) {
+        head_backward<HP()>(dqkv + b * T * 3 * C, dout + b * T * C, qkv + b * T * 3 * C,
+                            out + b * T * C, lse + bh * T, g, h, scale, buf);
+      });
     }
   }
 }
