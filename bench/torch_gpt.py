@@ -55,6 +55,8 @@ def parse_args(argv):
                         "its generic SSE kernels on a CPU it does not know (AVX-512: SkylakeX, AVX2: "
                         "Haswell); 'none' leaves OpenBLAS's own choice; or a core name")
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="stop the timed steps once this much time has passed (at least one runs)")
     p.add_argument("--json", action="store_true", help="print one JSON line at the end")
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
     a = p.parse_args(argv)
@@ -310,7 +312,10 @@ def main(argv):
               f"attention {'sdpa' if hasattr(F, 'scaled_dot_product_attention') else 'manual'}",
               flush=True)
     losses, times = [], []
+    t_start = time.perf_counter()
     for i in range(args.warmup + args.steps):
+        if times and args.max_seconds is not None and time.perf_counter() - t_start > args.max_seconds:
+            break  # out of time: report the timed steps done so far
         if i == args.warmup:  # the timed region: own CPU and the whole machine's, to expose noise
             cpu0, busy0, wall0 = time.process_time(), cpu_busy_seconds(), time.perf_counter()
         t0 = time.perf_counter()
@@ -331,7 +336,7 @@ def main(argv):
     mean = statistics.fmean(times)
     result = {
         "impl": "pytorch", "torch": torch.__version__, "model": args.model, "params": n_params,
-        "batch": B, "seq": T, "steps": args.steps, "warmup": args.warmup,
+        "batch": B, "seq": T, "steps": len(times), "warmup": args.warmup,
         "data": args.data or "random",
         "threads": {"intra_op": intra, "openblas": blas},
         "tokens_per_s": round(B * T / med, 1),
