@@ -20,6 +20,13 @@ double GPTConfig::flops_per_token(int64_t T) const {
   return 6.0 * n + 6.0 * static_cast<double>(n_layer) * static_cast<double>(T) * n_embd;
 }
 
+double GPTConfig::activation_bytes(int64_t B, int64_t T) const {
+  const double C = static_cast<double>(n_embd);
+  double per_token = static_cast<double>(n_layer) * (16 * C + static_cast<double>(n_head) + 4) +
+                     (C + 2) + C + static_cast<double>(vocab_size) + 1;
+  return 4.0 * per_token * static_cast<double>(B * T);
+}
+
 void GPTConfig::validate() const {
   auto bad = [&](const std::string& what) {
     throw std::invalid_argument("model " + name + ": " + what);

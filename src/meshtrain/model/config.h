@@ -25,6 +25,11 @@ struct GPTConfig {
   int64_t num_params() const;
   // Forward+backward FLOPs per token at sequence length T (6N + attention), for MFU.
   double flops_per_token(int64_t T) const;
+  // Bytes of the activations one (B, T) micro-batch saves for backward (float32): per layer and
+  // token 16C + n_head + 4 floats (ln_1 input and statistics, qkv input, qkv, attention output,
+  // log-sum-exp, ln_2 input and statistics, MLP input, GELU input and output), plus the final
+  // layernorm, its output and the (V) logits with their log-sum-exp.
+  double activation_bytes(int64_t B, int64_t T) const;
   // Throws std::invalid_argument with a sentence when the shape is impossible.
   void validate() const;
 

@@ -114,6 +114,7 @@ class RankTrainer {
 
   Shared& sh_;
   const TrainOptions& o_;
+  double analytic_mb_ = 0;
   parallel::DeviceMesh mesh_;
   bool lead_;
   std::unique_ptr<model::GPT> gpt_;
@@ -233,6 +234,17 @@ void RankTrainer::print_header() {
               static_cast<long long>(o_.batch), static_cast<long long>(o_.seq),
               parallel::MeshShape{o_.dp, o_.tp, o_.pp}.str().c_str(), o_.threads, o_.data.c_str(),
               static_cast<long long>(sh_.data.num_tokens(Split::train)));
+  {
+    // Training memory against the analytic sum: parameters, gradients, two Adam moments (all
+    // float32) and the activations one micro-batch saves (model/config.h).
+    StateBytes s = sh_.res.state_bytes;
+    const double MiB = 1024.0 * 1024.0;
+    const double act = cfg.activation_bytes(o_.batch / o_.dp / o_.microbatches, o_.seq);
+    const double total = static_cast<double>(s.params + s.grads + s.optimizer) + act;
+    std::printf("memory per rank (analytic): params %.1f + grads %.1f + adam %.1f + activations %.1f = %.1f MiB\n",
+                s.params / MiB, s.grads / MiB, s.optimizer / MiB, act / MiB, total / MiB);
+    analytic_mb_ = total / MiB;
+  }
   if (o_.dp > 1 || o_.zero > 0) {
     // ZeRO's per-rank state against the analytic formula (float32 Adam: 4 + 4 + 8 bytes per
     // parameter, each term divided by dp from its stage on).
@@ -340,8 +352,11 @@ void RankTrainer::run() {
   res.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
   if (have_val) res.final_val_loss = final_val;
   if (talk) {
-    std::printf("done: %lld steps in %.1f s | final validation loss %.4f | peak RSS %.0f MiB\n",
-                static_cast<long long>(res.steps.size()), res.wall_s, final_val, peak_rss_mb());
+    const double rss = peak_rss_mb();
+    std::printf("done: %lld steps in %.1f s | final validation loss %.4f | peak RSS %.0f MiB "
+                "(%.2fx the analytic %.0f MiB%s)\n",
+                static_cast<long long>(res.steps.size()), res.wall_s, final_val, rss,
+                rss / analytic_mb_, analytic_mb_, mesh_.world().size() > 1 ? " per rank; RSS counts the whole process" : "");
     std::fflush(stdout);
   }
 }
