@@ -235,6 +235,10 @@ TEST(TPCheckpoint, FullTensorAndLoadRoundTripEveryLayout) {
         for (int64_t i = 0; i < w.numel(); ++i)
           ASSERT_EQ(w.value[i], full[w.shard.global_index(g, i)]);
         EXPECT_TRUE(close(parallel::full_tensor(w, *tp), full, 0.f, "gathered"));
+        // Any tensor laid out like the parameter (an optimizer moment) round-trips too.
+        Tensor m = parallel::local_shard(w, full);
+        EXPECT_TRUE(close(m, w.value, 0.f, "local_shard"));
+        EXPECT_TRUE(close(parallel::full_tensor(w, m, *tp), full, 0.f, "moment gathered"));
       });
 }
 

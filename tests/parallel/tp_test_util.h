@@ -33,12 +33,7 @@ inline Tensor shard_of(const Tensor& full, nn::ShardSpec spec) {
 
 // The full gradient of p, gathered over tp (collective).
 inline Tensor full_grad(const nn::Param& p, comm::Communicator& tp) {
-  nn::Param tmp;
-  tmp.name = p.name;
-  tmp.global_shape = p.global_shape;
-  tmp.shard = p.shard;
-  tmp.value = p.grad;
-  return parallel::full_tensor(tmp, tp).clone();
+  return parallel::full_tensor(p, p.grad, tp).clone();
 }
 
 inline float max_abs(const Tensor& t) {

@@ -256,14 +256,18 @@ void copy_runs(const SplitView& v, int r, const float* local, float* full, bool 
 }
 }  // namespace
 
-Tensor full_tensor(const nn::Param& p, comm::Communicator& tp) {
-  if (!p.shard.is_split()) return p.value;
+Tensor full_tensor(const nn::Param& p, const Tensor& local, comm::Communicator& tp) {
+  if (local.shape() != p.value.shape())
+    throw std::invalid_argument(p.name + ": local tensor " + shape_str(local.shape()) +
+                                " is not laid out like the parameter " +
+                                shape_str(p.value.shape()));
+  if (!p.shard.is_split()) return local;
   if (p.shard.size != tp.size())
     throw std::invalid_argument(p.name + ": shard spec " + p.shard.str() +
                                 " does not match a tp group of " + std::to_string(tp.size()));
-  const int64_t n = p.value.numel();
+  const int64_t n = local.numel();
   std::vector<float> all(static_cast<size_t>(n) * tp.size());
-  tp.all_gather(std::span<const float>(p.value.data(), n), std::span<float>(all),
+  tp.all_gather(std::span<const float>(local.data(), n), std::span<float>(all),
                 {.algorithm = kTPAlgorithm});
   Tensor full = Tensor::empty(p.global_shape);
   const SplitView v = split_view(p);
@@ -272,15 +276,22 @@ Tensor full_tensor(const nn::Param& p, comm::Communicator& tp) {
   return full;
 }
 
-void load_full_tensor(nn::Param& p, const Tensor& full) {
+Tensor full_tensor(const nn::Param& p, comm::Communicator& tp) {
+  return full_tensor(p, p.value, tp);
+}
+
+Tensor local_shard(const nn::Param& p, const Tensor& full) {
   if (full.shape() != p.global_shape)
     throw std::invalid_argument(p.name + ": tensor of shape " + shape_str(full.shape()) +
                                 " where " + shape_str(p.global_shape) + " is expected");
-  if (!p.shard.is_split()) {
-    p.value.copy_from(full);
-    return;
-  }
-  copy_runs(split_view(p), p.shard.rank, nullptr, nullptr, false, p.value.data(), full.data());
+  if (!p.shard.is_split()) return full.clone();
+  Tensor local = Tensor::empty(p.shard.local_shape(p.global_shape));
+  copy_runs(split_view(p), p.shard.rank, nullptr, nullptr, false, local.data(), full.data());
+  return local;
+}
+
+void load_full_tensor(nn::Param& p, const Tensor& full) {
+  p.value.copy_from(local_shard(p, full));
 }
 
 // ---- clipping ----

@@ -113,6 +113,10 @@ std::unique_ptr<model::GPT> build_gpt(const model::GPTConfig& cfg, uint64_t seed
 Tensor full_tensor(const nn::Param& p, comm::Communicator& tp);
 // This rank's shard of `full` (shape p.global_shape) into p.value.
 void load_full_tensor(nn::Param& p, const Tensor& full);
+// The same for any tensor laid out like p (its gradient, its AdamW moments): gather `local`
+// into the full tensor (collective over tp), or cut this rank's shard out of `full`.
+Tensor full_tensor(const nn::Param& p, const Tensor& local, comm::Communicator& tp);
+Tensor local_shard(const nn::Param& p, const Tensor& full);
 
 // Collective over tp: the global sum of squares of the gradients, split parameters summed over
 // the ranks and replicated ones counted once. Use as AdamW's norm_reduce.
