@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "meshtrain/model/config.h"
+#include "meshtrain/parallel/param_server.h"
 #include "meshtrain/train/data.h"
 #include "meshtrain/train/trainer.h"
 
@@ -24,15 +25,10 @@ namespace meshtrain::train {
 // What a run did, beyond TrainResult (filled on threads; under mpi only the parts this
 // process saw).
 struct PSRunLog {
-  struct Read {
-    int worker = 0;
-    int64_t clock = 0;  // the step the worker was about to compute
-    int64_t ahead = 0;  // clock minus the pushes of the slowest other active worker
-  };
-  std::vector<Read> reads;             // every granted read of server 0, in order
-  std::vector<int64_t> pushes;         // per worker
-  int64_t samples = 0;                 // rows of gradient the servers applied
-  double wall_s = 0;                   // worker 0: first pull to the last round applied
+  std::vector<parallel::PSRead> reads;  // every read server 0 granted, in order
+  std::vector<int64_t> pushes;          // per worker
+  int64_t samples = 0;                  // rows of gradient the servers applied
+  double wall_s = 0;                    // worker 0: first pull to the last round applied
 };
 
 // Runs parameter-server training (o.ps_servers > 0); `o` resolved by resolve_options. Bad
