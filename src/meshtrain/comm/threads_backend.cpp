@@ -9,8 +9,9 @@
 //   so in a ring every rank does its own share of copying and reducing;
 // - a user receive is completed by whichever side arrives second, so it progresses while the
 //   other side computes.
-// Waits spin for a few microseconds (MESHTRAIN_COMM_SPIN_US, shorter when ranks outnumber
-// cores), then sleep on the rank's doorbell, waking at least every 20 ms to check deadlines.
+// Waits spin for a few microseconds (MESHTRAIN_COMM_SPIN_US: 20, or 2 when ranks outnumber
+// cores), then yield the core for up to MESHTRAIN_COMM_YIELD_US (100), then sleep on the rank's
+// doorbell, waking at least every 20 ms to check deadlines.
 #include "meshtrain/comm/threads_backend.h"
 
 #include <cstdlib>
@@ -88,8 +89,10 @@ class Fabric {
     for (int i = 0; i < world; ++i) all[i] = i;
     boards[0] = std::make_shared<Board>(all);
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    spin = std::chrono::microseconds(static_cast<unsigned>(world) > cores ? 2 : 50);
+    spin = std::chrono::microseconds(static_cast<unsigned>(world) > cores ? 2 : 20);
+    yield = std::chrono::microseconds(100);
     if (const char* s = std::getenv("MESHTRAIN_COMM_SPIN_US")) spin = std::chrono::microseconds(std::atoi(s));
+    if (const char* s = std::getenv("MESHTRAIN_COMM_YIELD_US")) yield = std::chrono::microseconds(std::atoi(s));
   }
 
   void ring(int r) {
@@ -215,7 +218,7 @@ class Fabric {
   std::map<std::tuple<int, std::uint64_t, int>, int> ctx_ids;
   std::map<int, std::shared_ptr<Board>> boards;
   int next_ctx = 1;
-  std::chrono::microseconds spin{50};
+  std::chrono::microseconds spin{20}, yield{100};  // pause-spin, then yield, then sleep
 };
 
 // ---- ThreadsRequest ----
@@ -249,11 +252,18 @@ class ThreadsRequest final : public Request {
   }
 
   bool wait_until(Clock::time_point deadline) override {
-    const auto spin_end = Clock::now() + f_->spin;
+    // Spin briefly (the peer usually answers within microseconds), then yield for a while (on a
+    // crowded machine the peer may be waiting for this very core), then sleep on the doorbell.
+    const auto t0 = Clock::now();
+    const auto spin_end = t0 + f_->spin, yield_end = t0 + f_->yield;
     for (unsigned i = 1;; ++i) {
       if (test()) return true;
       if ((i & 63) == 0 && Clock::now() >= spin_end) break;
       cpu_relax();
+    }
+    while (Clock::now() < yield_end) {
+      if (test()) return true;
+      std::this_thread::yield();
     }
     Bell& b = f_->bells[owner_];
     for (;;) {
