@@ -16,6 +16,7 @@
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/metrics.h"
+#include "meshtrain/trace/trace.h"
 #include "meshtrain/train/ps_trainer.h"
 
 namespace meshtrain::train {
@@ -68,6 +69,7 @@ struct Shared {
   const model::GPTConfig& cfg;
   const TokenDataset& data;
   TrainResult& res;
+  trace::Recorder* recorder;  // null without --trace
 };
 
 class RankTrainer {
@@ -295,20 +297,32 @@ void RankTrainer::run() {
     if (ddp_) ddp_->begin_step();
     else gpt_->zero_grad();
     double loss = 0;
+    const int rank = mesh_.rank();
+    auto* rec = sh_.recorder;
     for (int64_t mb = 0; mb < M; ++mb) {
       const int64_t r0 = rank_row0 + mb * rows;
       sh_.data.batch(Split::train, o_.data_order, o_.seed, step, B, T, r0, r0 + rows, tok.data(), tgt.data());
       nn::Context ctx(o_.threads);
       ctx.hooks = hooks();
       if (ddp_) ddp_->set_sync(mb == M - 1);
-      loss += gpt_->forward(ctx, tok.data(), tgt.data(), rows, T) / static_cast<double>(M);
+      {
+        trace::Recorder::Span s(rec, rank, trace::Track::compute, "forward " + std::to_string(mb), "forward");
+        loss += gpt_->forward(ctx, tok.data(), tgt.data(), rows, T) / static_cast<double>(M);
+      }
+      trace::Recorder::Span s(rec, rank, trace::Track::compute, "backward " + std::to_string(mb), "backward");
       gpt_->backward(ctx, 1.0f / static_cast<float>(M));
     }
-    if (ddp_) ddp_->finish_grad_sync();
+    if (ddp_) {
+      trace::Recorder::Span s(rec, rank, trace::Track::compute, "wait for gradients", "wait");
+      ddp_->finish_grad_sync();
+    }
     StepRecord r;
     r.step = step;
-    r.grad_norm = adam_->step(step, reduce_sq);
-    if (ddp_) ddp_->finish_optimizer_step();
+    {
+      trace::Recorder::Span s(rec, rank, trace::Track::compute, "optimizer", "optimizer");
+      r.grad_norm = adam_->step(step, reduce_sq);
+      if (ddp_) ddp_->finish_optimizer_step();
+    }
     r.loss = static_cast<float>(dp_mean(loss));
     r.lr = lr_at(o_.adam, step);
     r.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -361,6 +375,23 @@ void RankTrainer::run() {
   }
 }
 
+// Writes the Chrome trace and, beside it, the SVG swimlane; prints the overlap figure.
+void write_trace(const trace::Recorder& rec, const TrainOptions& o) {
+  rec.write_chrome_json(o.trace);
+  std::string svg = o.trace;
+  if (svg.size() > 5 && svg.compare(svg.size() - 5, 5, ".json") == 0) svg.resize(svg.size() - 5);
+  svg += ".svg";
+  rec.write_svg(svg);
+  if (o.quiet) return;
+  auto ev = rec.events();
+  std::printf("trace: %s (Perfetto / chrome://tracing) and %s", o.trace.c_str(), svg.c_str());
+  if (trace::busy_us(ev, 0, trace::Track::comm) > 0)
+    std::printf(" | rank 0: communication %.1f ms, %.0f%% of it hidden behind backward",
+                trace::busy_us(ev, 0, trace::Track::comm) / 1e3,
+                100.0 * trace::hidden_share(ev, 0, {"backward"}));
+  std::printf("\n");
+}
+
 }  // namespace
 
 model::GPTConfig resolve_options(TrainOptions& o) {
@@ -405,13 +436,16 @@ TrainResult train(TrainOptions o) {
     throw bad("mpirun started " + std::to_string(comm::mpi_world()->size()) +
               " processes but the layout " + parallel::MeshShape{o.dp, o.tp, o.pp}.str() +
               " needs " + std::to_string(o.dp * o.tp * o.pp) + "; make dp * tp * pp equal -np");
-  Shared sh{o, res.config, data, res};
+  std::unique_ptr<trace::Recorder> recorder;
+  if (!o.trace.empty()) recorder = std::make_unique<trace::Recorder>();
+  Shared sh{o, res.config, data, res, recorder.get()};
   const int world = o.dp * o.tp * o.pp;
   comm::Backend backend = o.backend == "mpi" ? comm::Backend::mpi : comm::Backend::threads;
   comm::run_world(backend, backend == comm::Backend::mpi ? 0 : world, [&](comm::Communicator& w) {
     RankTrainer rank(w, sh);
     rank.run();
   });
+  if (recorder) write_trace(*recorder, o);
   return res;
 }
 
