@@ -136,10 +136,18 @@ void stage_rows(float* rows, const float* src, int64_t ld, const Dims& g) {
 }
 
 // cols(hp, ldt) = (rows of a (T, ld) head slice)^T * mul, zero-padded.
+// Goes in blocks of 16 rows so each store fills whole lines of cols while the 16 source rows
+// stay in L1 (a row-by-row transpose scattered every store to its own line).
 void stage_cols(float* cols, const float* src, int64_t ld, const Dims& g, float mul) {
   for (int64_t x = 0; x < g.hp * g.ldt; ++x) cols[x] = 0.0f;
-  for (int64_t j = 0; j < g.T; ++j)
-    for (int64_t d = 0; d < g.hs; ++d) cols[d * g.ldt + j] = src[j * ld + d] * mul;
+  for (int64_t j0 = 0; j0 < g.T; j0 += 16) {
+    const int64_t n = j0 + 16 <= g.T ? 16 : g.T - j0;
+    for (int64_t d = 0; d < g.hs; ++d) {
+      float* __restrict c = cols + d * g.ldt + j0;
+      const float* __restrict s = src + j0 * ld + d;
+      for (int64_t r = 0; r < n; ++r) c[r] = s[r * ld] * mul;
+    }
+  }
 }
 
 // Lane r of the causal mask for key j: row i0 + r sees key j when j <= i0 + r (and the row
