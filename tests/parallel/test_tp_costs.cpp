@@ -27,12 +27,14 @@ uint64_t half_bytes(int p, uint64_t n_full, uint64_t elem) { return 1ull * (p - 
 //                   all-reduce (N) of row maxima and (2N) doubles of [sum exp | target logit];
 //          backward all-reduce (N, C) before each block half (2L) and before the head (1).
 //   SP:    each of those (N, C) all-reduces becomes a reduce-scatter + all-gather pair (the same
-//          bytes), plus the layernorms' partial gradients: 4C floats per block and 2C for ln_f.
+//          bytes); backward gathers each column-parallel layer's saved input shard again (2L
+//          all-gathers of (N, C)); and the layernorms' partial gradients are all-reduced: 4C
+//          floats per block and 2C for ln_f.
 uint64_t analytic_step_bytes(int p, int64_t N, int64_t C, int64_t L, bool sp) {
   const uint64_t f = 4, d = 8;
   uint64_t b = all_reduce_bytes(p, N, f) + all_reduce_bytes(p, 2 * N, d);  // cross-entropy
   if (!sp) return b + (2 + 4 * L) * all_reduce_bytes(p, N * C, f);
-  b += (4 + 8 * L) * half_bytes(p, N * C, f);
+  b += (4 + 8 * L + 2 * L) * half_bytes(p, N * C, f);
   b += L * all_reduce_bytes(p, 4 * C, f) + all_reduce_bytes(p, 2 * C, f);
   return b;
 }

@@ -69,11 +69,19 @@ ColumnParallelLinear::ColumnParallelLinear(std::string name, int64_t in, int64_t
       sp_(opt.sequence_parallel) {}
 
 Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
-  Tensor xin = sp_ ? GatherFromSP::forward(*tp_, x) : CopyToTP::forward(*tp_, x);  // (B, T, in)
-  return nn::Linear::forward(ctx, xin);                                            // (B, T, out/p)
+  if (!sp_) return nn::Linear::forward(ctx, CopyToTP::forward(*tp_, x));  // (B, T, out/p)
+  Tensor y = nn::Linear::forward(ctx, GatherFromSP::forward(*tp_, x));  // (B, T, out/p)
+  // Keep only the sequence shard (B, T/p, in) for backward, which gathers it again: the
+  // gathered input is not held between forward and backward (Megatron's SP memory saving).
+  ctx.save(this, {x});
+  return y;
 }
 
 Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
+  if (sp_) {  // re-gather the saved shard: Linear::backward reads the full input (B, T, in)
+    Tensor shard = ctx.saved(this)[0];
+    ctx.save(this, {GatherFromSP::forward(*tp_, shard)});
+  }
   Tensor dx = nn::Linear::backward(ctx, dy);  // (B, T, in), partial over ranks
   return sp_ ? GatherFromSP::backward(*tp_, dx) : CopyToTP::backward(*tp_, std::move(dx));
 }

@@ -20,6 +20,9 @@
 // Sequence parallelism: layernorms and residual adds act on the rank's sequence shard
 // (tp_regions.h); their parameters' gradients are then partial sums over the tp ranks, so
 // reduce_partial_grads all-reduces them (once per block, packed) before reporting them ready.
+// A column-parallel layer under SP saves only its input's sequence shard and all-gathers it
+// again in backward (one more all-gather per block half), so no full-sequence (B, T, C)
+// activation of the layernorm/residual regions is held from forward to backward.
 #pragma once
 
 #include <cstdint>
