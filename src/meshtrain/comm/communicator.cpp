@@ -130,6 +130,7 @@ class QueuedWork final : public WorkImpl {
 
 struct Communicator::Job {
   Body body;
+  const char* op;
   std::uint64_t seq;
   std::shared_ptr<QueuedWork> work;
 };
@@ -152,6 +153,7 @@ Work Communicator::issue(const char* op, Timeout timeout, Body body, bool async)
       err = std::current_exception();
     }
     add_wait(*stats_, t0);
+    if (observer_) observer_(op, seq, t0, Clock::now());
     lk.lock();
     busy_ = false;
     if (!queue_.empty()) qcv_.notify_all();
@@ -160,7 +162,7 @@ Work Communicator::issue(const char* op, Timeout timeout, Body body, bool async)
     return Work{};
   }
   auto w = std::make_shared<QueuedWork>(op, name_, seq, stats_);
-  queue_.push_back(std::make_shared<Job>(Job{std::move(body), seq, w}));
+  queue_.push_back(std::make_shared<Job>(Job{std::move(body), op, seq, w}));
   if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
   lk.unlock();
   qcv_.notify_all();
@@ -180,11 +182,13 @@ void Communicator::progress_loop() {
     busy_ = true;
     lk.unlock();
     std::exception_ptr err;
+    const auto t0 = Clock::now();
     try {
       job->body(job->seq);
     } catch (...) {
       err = std::current_exception();
     }
+    if (observer_) observer_(job->op, job->seq, t0, Clock::now());
     job->work->finish(err);
     lk.lock();
     busy_ = false;

@@ -183,6 +183,14 @@ class Communicator {
   // rank); kNoColor returns nullptr. `name` defaults to "<parent>/<color>".
   std::shared_ptr<Communicator> split(int color, int key, std::string name = "");
 
+  // ---- observation ----
+  // Called after every collective this communicator runs (on the thread that ran it: the
+  // caller's or the progress thread), with its start and end. For timelines (trace/); set it
+  // before issuing operations, it must be cheap and thread-safe.
+  using OpObserver = std::function<void(const char* op, std::uint64_t seq, Clock::time_point start,
+                                        Clock::time_point end)>;
+  void set_op_observer(OpObserver f) { observer_ = std::move(f); }
+
   // ---- statistics ----
   CommStats stats() const;
   void reset_stats();
@@ -230,6 +238,7 @@ class Communicator {
   int rank_, size_;
   Timeout timeout_;
   bool debug_;
+  OpObserver observer_;
   std::shared_ptr<StatsCounters> stats_;
 
   // ---- executor: one operation at a time, in issue order ----

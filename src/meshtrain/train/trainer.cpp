@@ -86,6 +86,14 @@ class RankTrainer {
       params = ddp_->optimizer_params();
     }
     adam_ = std::make_unique<AdamW>(params, o_.adam, o_.threads);
+    if (trace::Recorder* rec = sh.recorder) {
+      // Communication spans on the rank's comm track, as the communicator runs them.
+      const int rank = world.rank();
+      mesh_.dp_group().set_op_observer([rec, rank](const char* op, uint64_t seq, auto t0, auto t1) {
+        rec->add({rank, trace::Track::comm, std::string(op) + " #" + std::to_string(seq), "comm",
+                  rec->to_us(t0), rec->to_us(t1)});
+      });
+    }
   }
 
   void run();
