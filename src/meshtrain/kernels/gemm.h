@@ -13,14 +13,17 @@ namespace meshtrain::kernels {
 enum class Trans { N, T };
 
 struct GemmOptions {
-  int threads = 1;  // thread budget of this call
+  // Thread budget of this call. With oneDNN or OpenBLAS (OpenMP builds) gemm() sets it as the
+  // calling thread's own omp_set_num_threads() value, which that thread's later parallel
+  // regions without a num_threads clause also see; no other thread's setting changes.
+  int threads = 1;
 };
 
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
           const GemmOptions& opt = {});
 
-// Name of the BLAS library compiled in ("openblas", "blis" or "dnnl").
+// Name of the BLAS library compiled in ("dnnl" by default, "openblas" or "blis").
 const char* gemm_backend();
 
 }  // namespace meshtrain::kernels
