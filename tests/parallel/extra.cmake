@@ -1,0 +1,13 @@
+# Data parallelism across MPI processes (mpirun -np 2) against the single-rank curve.
+if(MESHTRAIN_HAVE_MPI)
+  find_program(MESHTRAIN_MPIRUN NAMES mpirun mpiexec)
+  foreach(zero 0 2)
+    add_test(NAME parallel_mpi_dp2_zero${zero}
+             COMMAND ${CMAKE_CURRENT_LIST_DIR}/mpi_dp_parity.sh $<TARGET_FILE:meshtrain> ${MESHTRAIN_MPIRUN} ${zero})
+    set_tests_properties(parallel_mpi_dp2_zero${zero} PROPERTIES TIMEOUT 300 LABELS parallel
+        PASS_REGULAR_EXPRESSION "MPI DP PARITY OK")
+  endforeach()
+  if(TARGET test_parallel)
+    add_dependencies(test_parallel meshtrain)
+  endif()
+endif()
