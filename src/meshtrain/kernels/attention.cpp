@@ -156,6 +156,46 @@ inline void row_index(float* last, int64_t i0, const Dims& g) {
   for (int64_t r = 0; r < kBr; ++r) last[r] = i0 + r < g.T ? float(i0 + r) : -1.0f;
 }
 
+// ---- online softmax of one tile ----
+// st(kBc, kBr) scores in, probabilities p = exp(s - m_new) out (0 where masked); updates the
+// running max m and sum l of each row, and alpha = exp(m_old - m_new), the factor the row's
+// accumulator must be scaled by. Returns whether any row's max moved (alpha != 1 somewhere).
+template <bool kMasked>
+inline bool softmax_tile(float* __restrict st, float* __restrict m, float* __restrict l,
+                         float* __restrict alpha, const float* __restrict last, int64_t j0) {
+  alignas(64) float mt[kBr];
+  for (int64_t r = 0; r < kBr; ++r) mt[r] = kNegInf;
+  for (int64_t c = 0; c < kBc; ++c) {
+    const float j = float(j0 + c);
+#pragma omp simd
+    for (int64_t r = 0; r < kBr; ++r) {
+      const float x = !kMasked || j <= last[r] ? st[c * kBr + r] : kNegInf;
+      mt[r] = x > mt[r] ? x : mt[r];
+    }
+  }
+  bool rescale = false;
+#pragma omp simd reduction(|| : rescale)
+  for (int64_t r = 0; r < kBr; ++r) {
+    const float mn = mt[r] > m[r] ? mt[r] : m[r];
+    // Rows with nothing seen yet (mn = -inf) keep l = acc = 0: alpha = 0, p = 0 below.
+    alpha[r] = mn == kNegInf ? 0.0f : detail::exp_approx(m[r] - mn);
+    rescale = rescale || mt[r] > m[r];
+    m[r] = mn;
+    l[r] *= alpha[r];
+  }
+  for (int64_t c = 0; c < kBc; ++c) {
+    const float j = float(j0 + c);
+#pragma omp simd
+    for (int64_t r = 0; r < kBr; ++r) {
+      const float p =
+          !kMasked || j <= last[r] ? detail::exp_approx(st[c * kBr + r] - m[r]) : 0.0f;
+      st[c * kBr + r] = p;
+      l[r] += p;
+    }
+  }
+  return rescale;
+}
+
 // ---- forward of one head ----
 template <int64_t HP>
 void head_forward(float* out, float* lse, const float* qkv, const Dims& g, int64_t h,
@@ -179,36 +219,10 @@ void head_forward(float* out, float* lse, const float* qkv, const Dims& g, int64
     const int64_t ilast = (i0 + kBr < g.T ? i0 + kBr : g.T) - 1;  // last real row
     for (int64_t j0 = 0; j0 <= ilast; j0 += kBc) {
       mk_scores<HP>(st, k + j0 * hp, qt + i0, g.ldt, hp);
-      // Tile maximum per row (masked keys excluded), then the new running max.
-      alignas(64) float mt[kBr];
-      for (int64_t r = 0; r < kBr; ++r) mt[r] = kNegInf;
-      for (int64_t c = 0; c < kBc; ++c) {
-        const float j = float(j0 + c);
-#pragma omp simd
-        for (int64_t r = 0; r < kBr; ++r) {
-          const float x = j <= last[r] ? st[c * kBr + r] : kNegInf;
-          mt[r] = x > mt[r] ? x : mt[r];
-        }
-      }
-      bool rescale = false;
-#pragma omp simd reduction(|| : rescale)
-      for (int64_t r = 0; r < kBr; ++r) {
-        const float mn = mt[r] > m[r] ? mt[r] : m[r];
-        // Rows with nothing seen yet (mn = -inf) keep l = acc = 0: alpha = 0, p = 0 below.
-        alpha[r] = mn == kNegInf ? 0.0f : detail::exp_approx(m[r] - mn);
-        rescale = rescale || mt[r] > m[r];
-        m[r] = mn;
-        l[r] *= alpha[r];
-      }
-      for (int64_t c = 0; c < kBc; ++c) {
-        const float j = float(j0 + c);
-#pragma omp simd
-        for (int64_t r = 0; r < kBr; ++r) {
-          const float p = j <= last[r] ? detail::exp_approx(st[c * kBr + r] - m[r]) : 0.0f;
-          st[c * kBr + r] = p;
-          l[r] += p;
-        }
-      }
+      // Tiles left of the diagonal block with all rows present need no mask.
+      const bool full = j0 + kBc - 1 <= i0 && i0 + kBr <= g.T;
+      const bool rescale = full ? softmax_tile<false>(st, m, l, alpha, last, j0)
+                                : softmax_tile<true>(st, m, l, alpha, last, j0);
       if (rescale)
         for (int64_t r = 0; r < kBr; ++r) {
           const float a = alpha[r];
@@ -224,6 +238,24 @@ void head_forward(float* out, float* lse, const float* qkv, const Dims& g, int64
       float* o = out + i * g.C + h * g.hs;
       for (int64_t d = 0; d < g.hs; ++d) o[d] = acc[r * hp + d] * inv;
       lse[i] = m[r] + std::log(l[r]);
+    }
+  }
+}
+
+// ---- probabilities and score gradients of one tile (backward) ----
+// pt: scores q.k in, p = exp(s scale - lse) out; dst: dp in, ds = p (dp - D) scale out.
+template <bool kMasked>
+inline void probs_and_dscores(float* __restrict pt, float* __restrict dst,
+                              const float* __restrict L, const float* __restrict D,
+                              const float* __restrict last, int64_t j0, float scale) {
+  for (int64_t c = 0; c < kBc; ++c) {
+    const float j = float(j0 + c);
+#pragma omp simd
+    for (int64_t r = 0; r < kBr; ++r) {
+      const float p =
+          !kMasked || j <= last[r] ? detail::exp_approx(pt[c * kBr + r] * scale - L[r]) : 0.0f;
+      pt[c * kBr + r] = p;
+      dst[c * kBr + r] = p * (dst[c * kBr + r] - D[r]) * scale;
     }
   }
 }
@@ -275,15 +307,11 @@ void head_backward(float* dqkv, const float* dout, const float* qkv, const float
     for (int64_t j0 = 0; j0 <= ilast; j0 += kBc) {
       mk_scores<HP>(pt, k + j0 * hp, qt + i0, g.ldt, hp);
       mk_scores<HP>(dst, v + j0 * hp, dot + i0, g.ldt, hp);
-      for (int64_t c = 0; c < kBc; ++c) {
-        const float j = float(j0 + c);
-#pragma omp simd
-        for (int64_t r = 0; r < kBr; ++r) {
-          const float p = j <= last[r] ? detail::exp_approx(pt[c * kBr + r] * scale - L[r]) : 0.0f;
-          pt[c * kBr + r] = p;
-          dst[c * kBr + r] = p * (dst[c * kBr + r] - D[r]) * scale;
-        }
-      }
+      const bool full = j0 + kBc - 1 <= i0 && i0 + kBr <= g.T;
+      if (full)
+        probs_and_dscores<false>(pt, dst, L, D, last, j0, scale);
+      else
+        probs_and_dscores<true>(pt, dst, L, D, last, j0, scale);
       const int64_t cend = ilast - j0 + 1 < kBc ? ilast - j0 + 1 : kBc;
       mk_acc_keys<HP>(dv + j0 * hp, pt, dob, cend, hp);
       mk_acc_keys<HP>(dk + j0 * hp, dst, qb, cend, hp);
