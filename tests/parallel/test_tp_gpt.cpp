@@ -48,10 +48,8 @@ Grads single_rank_grads(const model::GPTConfig& cfg, const std::vector<int32_t>&
   return g;
 }
 
-void check_tp_gpt(int p, bool sp) {
-  SCOPED_TRACE("tp=" + std::to_string(p) + " sp=" + std::to_string(sp));
-  model::GPTConfig cfg = model::gpt_config("gpt-tiny");
-  const int64_t B = 2, T = 16;
+void check_tp_gpt(int p, bool sp, const model::GPTConfig& cfg, int64_t B = 2, int64_t T = 16) {
+  SCOPED_TRACE(cfg.name + " tp=" + std::to_string(p) + " sp=" + std::to_string(sp));
   auto tok = ramp(B * T, 37, 1, cfg.vocab_size), tgt = ramp(B * T, 11, 5, cfg.vocab_size);
   tgt[3] = -1;  // an ignored position
   Grads ref = single_rank_grads(cfg, tok, tgt, B, T);
@@ -91,7 +89,16 @@ void check_tp_gpt(int p, bool sp) {
 
 TEST(TPGPT, LossAndEveryGradientMatchSingleRank) {
   for (int p : {2, 4})
-    for (bool sp : {false, true}) check_tp_gpt(p, sp);
+    for (bool sp : {false, true}) check_tp_gpt(p, sp, model::gpt_config("gpt-tiny"));
+}
+
+// gpt-small splits over tp 2 only (6 heads; TPTrain covers it); its shapes with 12 heads split
+// over tp 4.
+TEST(TPGPT, GptSmallShapesAtTp4MatchSingleRank) {
+  model::GPTConfig small = model::gpt_config("gpt-small");
+  small.n_head = 12;
+  small.name = "gpt-small (12 heads)";
+  check_tp_gpt(4, true, small, 1, 16);
 }
 
 // Gradients accumulate over micro-batches under SP too (the partial layernorm gradients are
