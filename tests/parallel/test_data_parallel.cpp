@@ -154,3 +154,48 @@ TEST(DataParallel, CheckpointResumesOnAnotherLayout) {
   }
   fs::remove_all(dir);
 }
+
+// ---- tensor parallelism through the trainer (the layers' own parity tests: test_tp_*.cpp) ----
+
+TEST(TrainerLayouts, TensorParallelMatchesSingleRank) {
+  for (auto [dp, tp, sp] : {std::tuple{1, 2, false}, std::tuple{1, 4, true}, std::tuple{2, 2, false}}) {
+    auto o = options(dp, 0, 1);
+    o.tp = tp;
+    o.sequence_parallel = sp;
+    SCOPED_TRACE("dp " + std::to_string(dp) + " tp " + std::to_string(tp) + (sp ? " sp" : ""));
+    expect_same_curve(o);
+  }
+}
+
+// Saved at tp 2, resumed at dp 2 (and the reverse is the same code path): full logical tensors.
+TEST(TrainerLayouts, CheckpointFromTensorParallelResumesOnDataParallel) {
+  fs::path dir = fs::temp_directory_path() / ("meshtrain_tp_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto& ref = reference_curve();
+  auto first = options(1, 0, 1);
+  first.tp = 2;
+  first.steps = 10;
+  first.adam.decay_steps = 30;
+  first.checkpoint_dir = dir.string();
+  first.checkpoint_every = 10;
+  train::train(first);
+  auto second = options(2, 1, 1);
+  second.checkpoint_dir = dir.string();
+  second.resume = true;
+  auto r = train::train(second);
+  ASSERT_EQ(r.steps.size(), 20u);
+  for (size_t i = 0; i < r.steps.size(); ++i)
+    EXPECT_LT(std::fabs(r.steps[i].loss - ref[10 + i]) / ref[10 + i], 1e-5) << "step " << 10 + i;
+  fs::remove_all(dir);
+}
+
+TEST(TrainerLayouts, ImpossibleTensorParallelLayoutsAreRefused) {
+  auto o = options(1, 0, 1);
+  o.tp = 3;  // gpt-tiny has 4 heads
+  EXPECT_THROW(train::train(o), std::invalid_argument);
+  o.tp = 8;  // more ranks than heads
+  EXPECT_THROW(train::train(o), std::invalid_argument);
+  o = options(1, 0, 1);
+  o.sequence_parallel = true;  // needs tp > 1
+  EXPECT_THROW(train::train(o), std::invalid_argument);
+}

@@ -14,6 +14,7 @@
 #include "meshtrain/model/gpt.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
+#include "meshtrain/parallel/tensor_parallel.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/trace/trace.h"
@@ -51,7 +52,9 @@ void check_layout(const TrainOptions& o) {
   if (o.backend == "mpi" && !comm::launched_by_mpirun())
     throw bad("--backend mpi needs the program to be started by mpirun (mpirun -np N meshtrain train ...)");
   // The drivers of these land with their issues; until then say so instead of pretending.
-  if (o.tp > 1) throw bad("tensor parallelism (--tp > 1) is not available in this build yet; run with --tp 1");
+  if (o.tp > 1 && o.zero > 0)
+    throw bad("ZeRO (--zero > 0) together with tensor parallelism is not supported yet; use --zero 0 with --tp, or --tp 1");
+  if (o.sequence_parallel && o.tp == 1) throw bad("--sequence-parallel needs --tp 2 or more");
   if (o.pp > 1) throw bad("pipeline parallelism (--pp > 1) is not available in this build yet; run with --pp 1");
   if (o.batch % o.dp != 0)
     throw bad("--batch " + std::to_string(o.batch) + " is not divisible by --dp " +
@@ -76,7 +79,8 @@ class RankTrainer {
  public:
   RankTrainer(comm::Communicator& world, Shared& sh)
       : sh_(sh), o_(sh.o), mesh_(world, {o_.dp, o_.tp, o_.pp}), lead_(world.rank() == 0) {
-    gpt_ = std::make_unique<model::GPT>(sh.cfg, o_.seed);
+    gpt_ = parallel::build_gpt(sh.cfg, o_.seed, o_.tp > 1 ? mesh_.tp_ptr() : nullptr,
+                               {.sequence_parallel = o_.sequence_parallel});
     std::vector<nn::Param*> params = gpt_->params();
     if (o_.dp > 1 || o_.zero > 0) {
       parallel::DataParallelOptions dpo;
@@ -165,6 +169,14 @@ void RankTrainer::save(int64_t step) {
   else copy_values();
   std::vector<Tensor> m = adam_->exp_avg(), v = adam_->exp_avg_sq();
   if (ddp_) m = ddp_->gather_segments(m), v = ddp_->gather_segments(v);
+  if (o_.tp > 1) {
+    // Tensor-parallel shards into full logical tensors (collective over tp).
+    for (size_t i = 0; i < params.size(); ++i) {
+      values[i] = parallel::full_tensor(*params[i], values[i], mesh_.tp_group());
+      m[i] = parallel::full_tensor(*params[i], m[i], mesh_.tp_group());
+      v[i] = parallel::full_tensor(*params[i], v[i], mesh_.tp_group());
+    }
+  }
   if (!lead_) return;
   CheckpointRefs refs;
   refs.step = step;
@@ -204,6 +216,11 @@ int64_t RankTrainer::restore() {
     values.push_back(find(model, p->name, p->global_shape));
     m.push_back(find(opt, "exp_avg." + p->name, p->global_shape));
     v.push_back(find(opt, "exp_avg_sq." + p->name, p->global_shape));
+    if (o_.tp > 1) {
+      values.back() = parallel::local_shard(*p, values.back());
+      m.back() = parallel::local_shard(*p, m.back());
+      v.back() = parallel::local_shard(*p, v.back());
+    }
   }
   if (ddp_) {
     ddp_->load_full_params(values);
@@ -255,6 +272,19 @@ void RankTrainer::print_header() {
                 s.params / MiB, s.grads / MiB, s.optimizer / MiB, act / MiB, total / MiB);
     analytic_mb_ = total / MiB;
   }
+  if (o_.tp > 1) {
+    // Tensor parallelism: this rank holds the replicated parameters whole and 1/tp of the split.
+    int64_t rep = 0, split = 0, split_global = 0;
+    for (nn::Param* p : gpt_->params()) {
+      if (p->shard.is_split()) split += p->value.bytes(), split_global += shape_numel(p->global_shape) * 4;
+      else rep += p->value.bytes();
+    }
+    std::printf("parameters per rank (tp %d): replicated %lld + split %lld = %lld bytes "
+                "(split part of the full model %lld / %d = %lld)\n",
+                o_.tp, static_cast<long long>(rep), static_cast<long long>(split),
+                static_cast<long long>(rep + split), static_cast<long long>(split_global), o_.tp,
+                static_cast<long long>(split_global / o_.tp));
+  }
   if (o_.dp > 1 || o_.zero > 0) {
     // ZeRO's per-rank state against the analytic formula (float32 Adam: 4 + 4 + 8 bytes per
     // parameter, each term divided by dp from its stage on).
@@ -296,12 +326,16 @@ void RankTrainer::run() {
   std::unique_ptr<MetricsWriter> metrics;
   if (lead_) metrics = std::make_unique<MetricsWriter>(o_.metrics, /*append=*/start > 0);
   std::vector<int32_t> tok(rows * T), tgt(rows * T);
-  auto reduce_sq = [this](double local) { return ddp_ ? ddp_->reduce_grad_sq(local) : local; };
+  auto reduce_sq = [this](double local) {
+    // Tensor parallelism: split gradients summed over tp, replicated ones counted once.
+    if (o_.tp > 1) return parallel::tp_grad_sq(gpt_->params(), mesh_.tp_group());
+    return ddp_ ? ddp_->reduce_grad_sq(local) : local;
+  };
   auto t_start = Clock::now();
 
   for (int64_t step = start; step < o_.steps; ++step) {
     auto t0 = Clock::now();
-    comm::CommStats c0 = mesh_.dp_group().stats();
+    comm::CommStats c0 = mesh_.dp_group().stats(), tp0 = mesh_.tp_group().stats();
     if (ddp_) ddp_->begin_step();
     else gpt_->zero_grad();
     double loss = 0;
@@ -341,6 +375,8 @@ void RankTrainer::run() {
     r.comm_bytes_sent = c1.bytes_sent - c0.bytes_sent;
     r.comm_bytes_received = c1.bytes_received - c0.bytes_received;
     r.comm_wait_ms = (c1.wait_seconds - c0.wait_seconds) * 1e3;
+    comm::CommStats tp1 = mesh_.tp_group().stats();
+    const uint64_t tp_bytes = tp1.bytes_sent - tp0.bytes_sent;
     const bool last = step + 1 == o_.steps;
     if (o_.eval_every > 0 && ((step + 1) % o_.eval_every == 0 || last)) r.val_loss = evaluate();
     if (o_.checkpoint_every > 0 && ((step + 1) % o_.checkpoint_every == 0 || last)) save(step + 1);
@@ -359,6 +395,7 @@ void RankTrainer::run() {
       line["comm_bytes_received"] = r.comm_bytes_received;
       line["comm_wait_ms"] = r.comm_wait_ms;
     }
+    if (o_.tp > 1) line["tp_bytes_sent"] = tp_bytes;
     if (r.val_loss) line["val_loss"] = *r.val_loss;
     metrics->write(line);
     if (talk && o_.log_every > 0 && ((step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps);
@@ -415,6 +452,7 @@ model::GPTConfig resolve_options(TrainOptions& o) {
   if (o.data.empty()) throw bad("--data is required: a text file or a uint16 token file (.bin)");
   if (comm::launched_by_mpirun()) o.backend = "mpi";
   check_layout(o);
+  if (o.tp > 1) parallel::validate_tp(cfg, o.tp, {.sequence_parallel = o.sequence_parallel}, o.seq);
   if (!(o.adam.lr > 0)) throw bad("--lr must be positive");
   if (o.eval_batches < 1) throw bad("--eval-batches must be at least 1");
   if (o.checkpoint_every < 0) throw bad("--checkpoint-every must be 0 (never) or positive");

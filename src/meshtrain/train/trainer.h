@@ -35,6 +35,7 @@ struct TrainOptions {
   int microbatches = 1;
   std::string schedule = "1f1b";
   int zero = 0;
+  bool sequence_parallel = false;  // with --tp: layernorm/residual regions split along T
   int64_t bucket_bytes = 0;  // data-parallel gradient bucket size (0: the default)
   std::string backend = "threads";
   // parameter-server mode (train/ps_trainer.h): world = dp workers + ps_servers servers
