@@ -2,13 +2,15 @@
 // suite (it times steps); run with
 //   test_parallel --gtest_also_run_disabled_tests --gtest_filter='*TPBench*'
 // Prints, per layout, against the single-rank peer run in the same process: step time (median
-// of 3 after a warm-up), bytes sent by the tp group per rank per step, the peak of saved
+// of 3 after a warm-up), the process's CPU time per step (all ranks and their communication
+// threads; least of 3: load inflates wall time far more than CPU time), bytes sent by the tp group per rank per step, the peak of saved
 // activations and the parameter bytes of rank 0. Every rank runs its kernels on one thread, so
 // tp p uses p cores where tp 1 uses one (on a 2-core machine tp 4 is oversubscribed).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <span>
 
 #include "meshtrain/comm/threads_backend.h"
@@ -20,8 +22,14 @@ using namespace meshtrain;
 
 namespace {
 
+double process_cpu_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 struct Figures {
-  double step_ms = 0;
+  double step_ms = 0, cpu_ms = 0;
   uint64_t bytes = 0;
   int64_t peak_saved = 0, param_bytes = 0;
 };
@@ -32,25 +40,30 @@ Figures measure(const model::GPTConfig& cfg, int p, bool sp, int64_t B, int64_t 
     auto gpt = parallel::build_gpt(cfg, 1, tp, {.sequence_parallel = sp});
     std::vector<int32_t> tok(B * T), tgt(B * T);
     for (int64_t i = 0; i < B * T; ++i) tok[i] = (i * 7) % 256, tgt[i] = (i * 3 + 1) % 256;
-    std::vector<double> ms;
+    std::vector<double> ms, cpu;
     int64_t peak = 0;
     uint64_t bytes = 0;
     for (int s = 0; s < 4; ++s) {
       if (tp) tp->barrier();
       if (tp) tp->reset_stats();
       auto t0 = std::chrono::steady_clock::now();
+      const double c0 = process_cpu_ms();
       nn::Context ctx(threads);
       gpt->forward(ctx, tok.data(), tgt.data(), B, T);
       gpt->backward(ctx, 1.0f);
       bytes = tp ? tp->stats().bytes_sent : 0;
       if (tp) tp->barrier();
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      cpu.push_back(process_cpu_ms() - c0);
       peak = ctx.peak_saved_bytes();
     }
     if (tp && tp->rank() != 0) return;
     ms.erase(ms.begin());
+    cpu.erase(cpu.begin());
     std::sort(ms.begin(), ms.end());
+    std::sort(cpu.begin(), cpu.end());
     f.step_ms = ms[1];
+    f.cpu_ms = cpu[0];
     f.peak_saved = peak;
     f.bytes = bytes;
     for (nn::Param* q : gpt->params()) f.param_bytes += q->value.bytes();
@@ -70,10 +83,11 @@ void report(const model::GPTConfig& cfg, int64_t B, int64_t T, std::vector<std::
   Figures base = measure(cfg, 1, false, B, T);
   std::printf("[ tp bench ] %s B=%lld T=%lld\n", cfg.name.c_str(), static_cast<long long>(B),
               static_cast<long long>(T));
-  std::printf("| layout | step ms | vs tp 1 | tp bytes/rank/step | peak saved activations (MiB) | vs tp 1 | parameter MiB/rank |\n");
+  std::printf("| layout | step ms (wall) | vs tp 1 | CPU ms, all ranks | vs tp 1 | tp bytes/rank/step | peak saved activations (MiB) | vs tp 1 | parameter MiB/rank |\n");
   auto row = [&](const char* name, const Figures& f) {
-    std::printf("| %s | %.1f | %.2fx | %llu | %.2f | %.2fx | %.2f |\n", name, f.step_ms,
-                f.step_ms / base.step_ms, static_cast<unsigned long long>(f.bytes),
+    std::printf("| %s | %.1f | %.2fx | %.1f | %.2fx | %llu | %.2f | %.2fx | %.2f |\n", name,
+                f.step_ms, f.step_ms / base.step_ms, f.cpu_ms, f.cpu_ms / base.cpu_ms,
+                static_cast<unsigned long long>(f.bytes),
                 f.peak_saved / 1048576.0, static_cast<double>(f.peak_saved) / base.peak_saved,
                 f.param_bytes / 1048576.0);
   };
