@@ -68,6 +68,18 @@ const std::vector<float>& reference_curve() {
   return curve;
 }
 
+// Every round holds W = 2 pushes (one optimizer step per global batch); only the last may hold
+// fewer, when the budget ends with a worker's push alone.
+void expect_full_rounds(const train::PSRunLog& log) {
+  ASSERT_FALSE(log.round_pushes.empty());
+  for (size_t i = 0; i < log.round_pushes.size(); ++i) {
+    EXPECT_LE(log.round_pushes[i], 2) << "round " << i;
+    if (i + 1 < log.round_pushes.size()) {
+      EXPECT_EQ(log.round_pushes[i], 2) << "round " << i;
+    }
+  }
+}
+
 double mean_loss(const std::vector<train::StepRecord>& s, size_t from, size_t to) {
   double sum = 0;
   for (size_t i = from; i < to; ++i) sum += s[i].loss;
@@ -103,6 +115,7 @@ TEST_P(ParamServerSync, MatchesSingleRank) {
   }
   EXPECT_LT(ref.back(), ref.front() - 0.5f);  // the curve moves, so equality proves something
   EXPECT_EQ(log.pushes, (std::vector<int64_t>{30, 30}));
+  EXPECT_EQ(log.round_pushes, std::vector<int64_t>(30, 2));
   for (auto& rd : log.reads) EXPECT_LE(rd.ahead, 0) << "worker " << rd.worker << " clock " << rd.clock;
   for (auto& s : r.steps) EXPECT_EQ(s.step_ms >= 0, true);
   ASSERT_TRUE(r.final_val_loss.has_value());
@@ -128,6 +141,7 @@ TEST(ParamServer, StalenessBoundHoldsWithASlowWorker) {
     most = std::max(most, rd.ahead);
   }
   EXPECT_EQ(most, 3);  // the bound was reached, so it was what held the fast worker back
+  expect_full_rounds(log);
   EXPECT_GE(r.steps.size(), 30u);
   EXPECT_LT(mean_loss(r.steps, r.steps.size() - 5, r.steps.size()), mean_loss(r.steps, 0, 5) - 0.5);
 }
@@ -142,6 +156,7 @@ TEST(ParamServer, AsynchronousFinishesAndLearns) {
   int64_t most = 0;
   for (auto& rd : log.reads) most = std::max(most, rd.ahead);
   EXPECT_GT(most, 3);  // nothing held the fast worker back
+  expect_full_rounds(log);
   ASSERT_GE(r.steps.size(), 10u);
   EXPECT_LT(mean_loss(r.steps, r.steps.size() - 5, r.steps.size()), mean_loss(r.steps, 0, 5) - 0.5);
   ASSERT_TRUE(r.final_val_loss.has_value());

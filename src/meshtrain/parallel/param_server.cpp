@@ -118,6 +118,8 @@ void ParameterServer::serve() {
       p.req_work.wait();  // rethrows a failed peer as a CommError
       handle(w);
       if (!p.done) post(w);
+      // A full round closes before the next push, so no round holds more than W.
+      if (static_cast<int>(open_.size()) >= layout_.workers) maybe_close_round();
       progressed = true;
     }
     progressed |= answer_pulls();

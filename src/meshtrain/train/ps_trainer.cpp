@@ -154,6 +154,7 @@ class WorkerLoop {
   parallel::PSWorker client_;
   std::unique_ptr<MetricsWriter> metrics_;
   double last_t_ = 0, peak_gflops_ = 0;
+  int64_t pushes_ = 0;  // applied by server 0 so far
 };
 
 float WorkerLoop::evaluate() {
@@ -179,6 +180,8 @@ void WorkerLoop::report(const std::vector<parallel::PSRound>& rounds) {
     r.loss = static_cast<float>(pr.loss);
     r.lr = static_cast<float>(pr.lr);
     r.grad_norm = pr.grad_norm;
+    pushes_ += pr.pushes;
+    sh_.log.round_pushes.push_back(pr.pushes);
     r.step_ms = (pr.t_s - last_t_) * 1e3;
     last_t_ = pr.t_s;
     r.tokens_per_s = static_cast<double>(pr.pushes * rows * T) / std::max(1e-9, r.step_ms / 1e3);
@@ -211,12 +214,14 @@ void WorkerLoop::run() {
     metrics_ = std::make_unique<MetricsWriter>(o_.metrics);
     peak_gflops_ = measured_gemm_gflops(o_.threads) * o_.dp;
     if (!o_.quiet) {
+      char slowed[64];
+      std::snprintf(slowed, sizeof slowed, " | worker 0 slowed %.2gx", o_.slow_worker_factor);
       std::printf("model %s: %lld parameters | batch %lld x %lld | parameter server: %d workers (ranks 0-%d) + "
-                  "%d servers (ranks %d-%d) | staleness %s | %d thread(s) per rank%s\n",
+                  "%d server(s) (ranks %d-%d) | staleness %s | %d thread(s) per rank%s\n",
                   sh_.cfg.name.c_str(), static_cast<long long>(sh_.cfg.num_params()), static_cast<long long>(B),
                   static_cast<long long>(T), o_.dp, o_.dp - 1, o_.ps_servers, o_.dp, o_.dp + o_.ps_servers - 1,
                   o_.staleness < 0 ? "unbounded" : std::to_string(o_.staleness).c_str(), o_.threads,
-                  o_.slow_worker_factor > 1 ? (" | worker 0 slowed " + std::to_string(o_.slow_worker_factor) + "x").c_str() : "");
+                  o_.slow_worker_factor > 1 ? slowed : "");
       std::fflush(stdout);
     }
   }
@@ -253,8 +258,11 @@ void WorkerLoop::run() {
   res.final_val_loss = evaluate();
   if (!res.steps.empty()) res.steps.back().val_loss = res.final_val_loss;
   if (!o_.quiet) {
-    std::printf("done: %lld rounds, %lld pushes of worker 0, in %.2f s | final validation loss %.4f\n",
-                static_cast<long long>(res.steps.size()), static_cast<long long>(clock), wall, *res.final_val_loss);
+    const double samples = static_cast<double>(pushes_ * (B / o_.dp));
+    std::printf("done: %lld rounds, %.0f samples (worker 0 pushed %lld times) in %.2f s = %.1f samples/s | "
+                "final validation loss %.4f\n",
+                static_cast<long long>(res.steps.size()), samples, static_cast<long long>(clock), wall,
+                samples / wall, *res.final_val_loss);
     std::fflush(stdout);
   }
 }
