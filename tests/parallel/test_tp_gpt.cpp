@@ -67,10 +67,15 @@ void check_tp_gpt(int p, bool sp, const model::GPTConfig& cfg, int64_t B = 2, in
       EXPECT_TRUE(close(parallel::full_tensor(*params[i], mesh.tp_group()), fparams[i]->value,
                         0.f, params[i]->name));
     }
-    // grad_ready once per parameter (data parallelism relies on it).
+    // grad_ready once per parameter, when its gradient is final (data parallelism starts a
+    // bucket's all-reduce on it): a copy taken at the call must equal the gradient at the end.
     std::multiset<std::string> ready;
+    std::map<std::string, Tensor> at_ready;
     nn::Hooks hooks;
-    hooks.grad_ready = [&](nn::Param* q) { ready.insert(q->name); };
+    hooks.grad_ready = [&](nn::Param* q) {
+      ready.insert(q->name);
+      at_ready[q->name] = q->grad.clone();
+    };
     nn::Context ctx;
     ctx.hooks = &hooks;
     const float loss = gpt->forward(ctx, tok.data(), tgt.data(), B, T);
@@ -79,6 +84,8 @@ void check_tp_gpt(int p, bool sp, const model::GPTConfig& cfg, int64_t B = 2, in
     EXPECT_EQ(ready.size(), params.size());
     for (nn::Param* q : params) {
       EXPECT_EQ(ready.count(q->name), 1u) << q->name;
+      if (at_ready.count(q->name))
+        EXPECT_TRUE(close(at_ready[q->name], q->grad, 0.f, q->name + " at grad_ready"));
       EXPECT_TRUE(close(full_grad(*q, mesh.tp_group()), ref.grad.at(q->name), 2e-5f, q->name));
     }
     EXPECT_EQ(ctx.saved_bytes(), 0);
