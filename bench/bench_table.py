@@ -10,7 +10,8 @@ Each cell is the best of the repetitions: the machine is shared, interference on
 slows a run down, so the fastest run is the least disturbed one.
 gemm: GFLOP/s per product x library x threads, then per model the effective rate of one
 step's GEMMs (each layer product x layers + the lm_head products).
-kernels: milliseconds per call at 1 and 2 threads, with the kernel's rate counter.
+kernels: milliseconds per call at 1 and 2 threads, with the kernel's rate counter, and the
+least thread CPU time at 1 thread (what a quiet machine's wall time would be).
 """
 import collections
 import glob
@@ -74,10 +75,25 @@ def gemm(d):
         print(f"| {model} | " + " | ".join(cells) + " |")
 
 
+def best_cpu(d):
+    """name -> least thread CPU seconds over the repetitions (robust to other load at 1 thread)."""
+    cpu = {}
+    for path in glob.glob(os.path.join(d, "*.json")):
+        for b in json.load(open(path))["benchmarks"]:
+            if b.get("run_type") == "aggregate":
+                continue
+            name = b["name"].replace("/real_time", "")
+            secs = b["cpu_time"] * UNIT[b["time_unit"]]
+            cpu[name] = min(cpu.get(name, secs), secs)
+    return cpu
+
+
 def kernels(d):
     best, _ = load(d)
-    print("| kernel | 1 thread ms | 2 threads ms | 1 thread rate | 2 threads rate |")
-    print("|---|---:|---:|---:|---:|")
+    cpu = best_cpu(d)
+    print("| kernel | 1 thread ms | 2 threads ms | 1 thread rate | 2 threads rate "
+          "| 1 thread CPU ms |")
+    print("|---|---:|---:|---:|---:|---:|")
     bases = []
     for n in best:
         b = split(n)[0]
@@ -95,7 +111,8 @@ def kernels(d):
                 rates.append(f"{r['GB/s']:.1f} GB/s")
             else:
                 rates.append("-")
-        print(f"| {b} | " + " | ".join(row + rates) + " |")
+        c = cpu.get(f"{b}/threads:1")
+        print(f"| {b} | " + " | ".join(row + rates + [f"{c * 1e3:.3f}" if c else "-"]) + " |")
 
 
 if __name__ == "__main__":
