@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <thread>
 
+#include "meshtrain/comm/threads_backend.h"
 #include "meshtrain/parallel/param_server.h"
 #include "meshtrain/train/ps_trainer.h"
 #include "meshtrain/train/trainer.h"
@@ -161,6 +163,38 @@ TEST(ParamServer, AsynchronousFinishesAndLearns) {
   EXPECT_LT(mean_loss(r.steps, r.steps.size() - 5, r.steps.size()), mean_loss(r.steps, 0, 5) - 0.5);
   ASSERT_TRUE(r.final_val_loss.has_value());
   EXPECT_TRUE(std::isfinite(*r.final_val_loss));
+}
+
+// ---- nothing hangs silently (DESIGN decision 7) ----
+
+// A worker that goes quiet (alive, but sends nothing) makes the server fail at its deadline
+// with a CommError naming the silent worker; a worker that exits without saying done fails the
+// server at once.
+TEST(ParamServer, SilentOrVanishedWorkerFailsTheServer) {
+  auto serve = [](comm::Communicator& w, int64_t sleep_ms) {
+    const auto layout = parallel::PSLayout::make(1, 1, 8);
+    if (w.rank() == 1) {
+      std::vector<float> values(8, 0.f), grad(8, 0.f);
+      parallel::ParameterServer ps(w, layout, 0, values, grad, {.staleness = 0, .budget = 10},
+                                   [](int64_t) { return parallel::PSUpdate{}; });
+      ps.serve();
+      return;
+    }
+    parallel::PSWorker client(w, layout, 0);
+    std::vector<float> values(8);
+    ASSERT_TRUE(client.pull(0, values));
+    if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+  };
+  comm::ThreadsOptions opts;
+  opts.timeout = std::chrono::milliseconds(300);
+  try {
+    comm::run_threads(2, [&](comm::Communicator& w) { serve(w, 2000); }, opts);
+    FAIL() << "a silent worker went unnoticed";
+  } catch (const comm::CommError& e) {
+    EXPECT_EQ(e.kind(), comm::ErrorKind::timeout) << e.what();
+    EXPECT_EQ(e.ranks(), std::vector<int>{0}) << e.what();
+  }
+  EXPECT_THROW(comm::run_threads(2, [&](comm::Communicator& w) { serve(w, 0); }, opts), comm::CommError);
 }
 
 // ---- bad input ----
