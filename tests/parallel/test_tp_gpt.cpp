@@ -84,8 +84,9 @@ void check_tp_gpt(int p, bool sp, const model::GPTConfig& cfg, int64_t B = 2, in
     EXPECT_EQ(ready.size(), params.size());
     for (nn::Param* q : params) {
       EXPECT_EQ(ready.count(q->name), 1u) << q->name;
-      if (at_ready.count(q->name))
+      if (at_ready.count(q->name)) {
         EXPECT_TRUE(close(at_ready[q->name], q->grad, 0.f, q->name + " at grad_ready"));
+      }
       EXPECT_TRUE(close(full_grad(*q, mesh.tp_group()), ref.grad.at(q->name), 2e-5f, q->name));
     }
     EXPECT_EQ(ctx.saved_bytes(), 0);
