@@ -1,11 +1,13 @@
 // Causal self-attention, FlashAttention style, on the CPU.
 // Work is split over (b, h) pairs: every pair costs the same, and one thread owns all of a
 // head's outputs and gradients, so no two threads write the same element.
-// Per (b, h) the head's K and V rows (and for the backward dq, dk, dv) are staged in
-// thread-local buffers with the head size padded to hp (a multiple of 16 floats, one AVX-512
-// vector) and T padded to the tile, padding zeroed, so the micro-kernels run over whole
-// vectors. Queries go in blocks of kBr = 16 rows (one row per vector lane) against key tiles
-// of kBc = 16 keys:
+// Per (b, h) the head's operands are staged once in thread-local buffers: K and V as rows,
+// Q transposed (and for the backward also Q and dout as rows, dout transposed, and the dq,
+// dk, dv accumulators), with the head size padded to hp (a multiple of 16 floats, one
+// AVX-512 vector) and T to the tile, padding zeroed, so the micro-kernels run over whole
+// vectors; they are compiled for hp = 16, 32, 48, 64, 128 (others take a run-time path).
+// Queries go in blocks of kBr = 16 rows (one row per vector lane) against key tiles of
+// kBc = 16 keys:
 //   forward:  s = q k^T * scale (kBr x kBc), online softmax (running max m, sum l, rescaled
 //             accumulator), out = acc / l, lse = m + log l.
 //   backward: recompute p = exp(s - lse) per tile; D_i = dout_i . out_i;
