@@ -9,6 +9,8 @@
 #include <string>
 #include <unordered_set>
 
+#include "meshtrain/kernels/gemm.h"
+#include "meshtrain/kernels/linear.h"
 #include "meshtrain/parallel/tp_gpt.h"
 #include "meshtrain/parallel/tp_regions.h"
 
@@ -77,13 +79,32 @@ Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
   return y;
 }
 
+// Backward overlaps its communication with the two products, as Megatron does:
+//   SP: start re-gathering the input | dx = dy W^T | wait; start reduce-scattering dx | dW, db
+//   no SP:                             dx = dy W^T | start all-reducing dx          | dW, db
+// (the tp communicator runs its operations one at a time, in this order, on every rank).
 Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
-  if (sp_) {  // re-gather the saved shard: Linear::backward reads the full input (B, T, in)
-    Tensor shard = ctx.saved(this)[0];
-    ctx.save(this, {GatherFromSP::forward(*tp_, shard)});
-  }
-  Tensor dx = nn::Linear::backward(ctx, dy);  // (B, T, in), partial over ranks
-  return sp_ ? GatherFromSP::backward(*tp_, dx) : CopyToTP::backward(*tp_, std::move(dx));
+  Tensor saved = ctx.saved(this)[0];  // (B, T, in), or its sequence shard under SP
+  ctx.release(this);
+  Tensor x = saved;
+  comm::Work gather;
+  if (sp_) gather = GatherFromSP::forward_start(*tp_, saved, x);
+  const int64_t C = in_local(), OC = out_local(), N = dy.numel() / OC;
+  Shape xs = dy.shape();
+  xs.back() = C;
+  Tensor dx = Tensor::empty(xs);  // (B, T, in), partial over ranks
+  kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, C, OC, 1.f, dy.data(), OC,
+                weight.value.data(), OC, 0.f, dx.data(), C, {ctx.threads});
+  gather.wait();
+  Tensor dx_out = dx;
+  comm::Work reduce = sp_ ? GatherFromSP::backward_start(*tp_, dx, dx_out)
+                          : CopyToTP::backward_start(*tp_, dx_out);
+  kernels::linear_backward(nullptr, weight.grad.data(), has_bias ? bias.grad.data() : nullptr,
+                           dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.threads);
+  reduce.wait();
+  ctx.grad_ready(&weight);
+  if (has_bias) ctx.grad_ready(&bias);
+  return dx_out;
 }
 
 // ---- RowParallelLinear: the local rows, then ReduceFromTP (or ReduceScatterToSP) + bias ----

@@ -22,7 +22,9 @@
 // reduce_partial_grads all-reduces them (once per block, packed) before reporting them ready.
 // A column-parallel layer under SP saves only its input's sequence shard and all-gathers it
 // again in backward (one more all-gather per block half), so no full-sequence (B, T, C)
-// activation of the layernorm/residual regions is held from forward to backward.
+// activation of the layernorm/residual regions is held from forward to backward. Its backward
+// overlaps that gather with the input-gradient product, and the reduction of the input
+// gradient with the weight-gradient product (async Work, split start / finish).
 #pragma once
 
 #include <cstdint>

@@ -37,6 +37,16 @@ Tensor reduce_scatter_seq(comm::Communicator& tp, const Tensor& x) {
   return out;
 }
 
+// The same two, started asynchronously.
+comm::Work all_gather_seq_start(comm::Communicator& tp, const Tensor& x, Tensor& out) {
+  out = Tensor::empty(sp_full_shape(x.shape(), tp.size()));
+  return tp.all_gather_async(all(x), all(out), {.algorithm = kTPAlgorithm});
+}
+comm::Work reduce_scatter_seq_start(comm::Communicator& tp, const Tensor& x, Tensor& out) {
+  out = Tensor::empty(sp_local_shape(x.shape(), tp.size()));
+  return tp.reduce_scatter_async(all(x), all(out), {.algorithm = kTPAlgorithm});
+}
+
 }  // namespace
 
 Shape sp_full_shape(const Shape& local, int p) {
@@ -62,6 +72,9 @@ Tensor CopyToTP::backward(comm::Communicator& tp, Tensor dy) {
   tp.all_reduce(all(dy), {.algorithm = kTPAlgorithm});
   return dy;
 }
+comm::Work CopyToTP::backward_start(comm::Communicator& tp, Tensor& dy) {
+  return tp.all_reduce_async(all(dy), {.algorithm = kTPAlgorithm});
+}
 
 // ---- ReduceFromTP ----
 Tensor ReduceFromTP::forward(comm::Communicator& tp, Tensor x) {
@@ -86,6 +99,12 @@ Tensor GatherFromSP::forward(comm::Communicator& tp, const Tensor& x) {
 }
 Tensor GatherFromSP::backward(comm::Communicator& tp, const Tensor& dy) {
   return reduce_scatter_seq(tp, dy);
+}
+comm::Work GatherFromSP::forward_start(comm::Communicator& tp, const Tensor& x, Tensor& out) {
+  return all_gather_seq_start(tp, x, out);
+}
+comm::Work GatherFromSP::backward_start(comm::Communicator& tp, const Tensor& dy, Tensor& out) {
+  return reduce_scatter_seq_start(tp, dy, out);
 }
 
 // ---- ReduceScatterToSP ----

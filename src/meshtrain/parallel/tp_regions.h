@@ -17,6 +17,10 @@
 // through (layernorm, residual add, bias add) act per token and do not care which rows they
 // get. A 2-D activation (N, C) is split along its rows the same way.
 //
+// Split forms: `*_start` begins the same communication asynchronously and returns its Work
+// (the output is allocated at once; it, and the input, must stay untouched until the Work
+// completes), so a layer can overlap it with computation that does not need the result.
+//
 // Limits: float32 activations; T (or N for 2-D) must divide by p (validate_tp checks seq % tp).
 // Collectives run with kTPAlgorithm (ring): bandwidth-optimal and with an exact, documented
 // byte count (an all-reduce of n floats over p ranks sends 2 (p-1)/p n floats per rank).
@@ -37,6 +41,7 @@ Shape sp_local_shape(const Shape& full, int p);  // throws if the sequence does 
 struct CopyToTP {
   static Tensor forward(comm::Communicator& tp, const Tensor& x);  // returns x
   static Tensor backward(comm::Communicator& tp, Tensor dy);       // sums dy over tp, in place
+  static comm::Work backward_start(comm::Communicator& tp, Tensor& dy);
 };
 
 // ---- reduce from the tp region: all-reduce forward, identity backward ----
@@ -55,6 +60,8 @@ struct ScatterToSP {
 struct GatherFromSP {
   static Tensor forward(comm::Communicator& tp, const Tensor& x);   // (B, T/p, C) -> (B, T, C)
   static Tensor backward(comm::Communicator& tp, const Tensor& dy); // (B, T, C) -> (B, T/p, C)
+  static comm::Work forward_start(comm::Communicator& tp, const Tensor& x, Tensor& out);
+  static comm::Work backward_start(comm::Communicator& tp, const Tensor& dy, Tensor& out);
 };
 
 // ---- reduce-scatter to the sequence region: reduce-scatter forward, all-gather backward ----
