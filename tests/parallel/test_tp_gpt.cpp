@@ -228,7 +228,7 @@ TEST(TPTrain, GptTiny30StepsReproduceSingleRankLoss) {
 // gpt-small has 6 heads, so tp 2 is its only tensor-parallel split (tp 4 is refused). At a
 // learning rate that trains smoothly: at 2e-3 its loss spikes at steps 4 and 7 and any float
 // round-off difference (even a reordered sum) grows tenfold per step there.
-TEST(TPTrain, GptSmallStepsReproduceSingleRankLoss) {
+TEST(TPTrain, GptSmall30StepsReproduceSingleRankLoss) {
   check_curves(model::gpt_config("gpt-small"), 30, 2, 32, 6e-4f,
                {{"tp2", {1, 2, false}},
                 {"tp2 sp", {1, 2, true}},
