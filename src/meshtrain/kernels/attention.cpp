@@ -96,17 +96,18 @@ inline void mk_acc_keys(float* __restrict dst, const float* __restrict pt,
 #pragma omp simd
       for (int64_t v = 0; v < kV; ++v) yr[r][v] = y[r * hp + v0 + v];
     for (int64_t c = 0; c < cend; ++c) {
-      float a[kV];
-#pragma omp simd
-      for (int64_t v = 0; v < kV; ++v) a[v] = dst[c * hp + v0 + v];
+      // Four independent accumulation chains: one chain of 16 dependent FMAs would wait on
+      // FMA latency at every step.
+      float a[4][kV] = {};
 #pragma GCC unroll 16
       for (int64_t r = 0; r < kBr; ++r) {
         const float p = pt[c * kBr + r];
 #pragma omp simd
-        for (int64_t v = 0; v < kV; ++v) a[v] += p * yr[r][v];
+        for (int64_t v = 0; v < kV; ++v) a[r % 4][v] += p * yr[r][v];
       }
 #pragma omp simd
-      for (int64_t v = 0; v < kV; ++v) dst[c * hp + v0 + v] = a[v];
+      for (int64_t v = 0; v < kV; ++v)
+        dst[c * hp + v0 + v] += (a[0][v] + a[1][v]) + (a[2][v] + a[3][v]);
     }
   }
 }
@@ -300,6 +301,7 @@ void head_backward(float* dqkv, const float* dout, const float* qkv, const float
       float di = 0.0f;
       if (i < g.T) {
         const float* o = out + i * g.C + h * g.hs;
+#pragma omp simd reduction(+ : di)
         for (int64_t d = 0; d < g.hs; ++d) di += dob[r * hp + d] * o[d];
       }
       D[r] = di;
