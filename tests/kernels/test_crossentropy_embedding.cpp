@@ -96,3 +96,26 @@ TEST(Embedding, ForwardBackwardWithVocabShard) {
         }
       }
 }
+
+// ---- extreme logits ----
+TEST(CrossEntropy, LargeLogitsStayFinite) {
+  // Logits of +-1e4 would overflow exp() without the max subtraction; the loss is then
+  // known: row 0 targets the max (loss = log(1 + e^-2e4 + 298 e^-1e4) = 0), row 1 a logit
+  // 2e4 below it (loss 2e4; float spacing there is 0.002, so 0.01 absolute).
+  const int64_t N = 2, V = 300;
+  std::vector<float> logits(N * V, 0.0f);
+  logits[0 * V + 7] = 1e4f;
+  logits[0 * V + 8] = -1e4f;
+  logits[1 * V + 7] = 1e4f;
+  logits[1 * V + 9] = -1e4f;
+  std::vector<int32_t> tg = {7, 9};
+  std::vector<float> loss(N), lse(N), dl = {1.0f, 1.0f};
+  crossentropy_forward(loss.data(), lse.data(), logits.data(), tg.data(), N, V, 1);
+  EXPECT_NEAR(loss[0], 0.0f, 1e-3f);
+  EXPECT_NEAR(loss[1], 2e4f, 0.01f);
+  crossentropy_backward_inplace(logits.data(), lse.data(), tg.data(), dl.data(), N, V, 1);
+  for (float g : logits) EXPECT_TRUE(std::isfinite(g));
+  EXPECT_NEAR(logits[0 * V + 7], 0.0f, 1e-6f);   // p = 1 at the target: 1 - 1
+  EXPECT_NEAR(logits[1 * V + 7], 1.0f, 1e-6f);   // all mass on the max, not the target
+  EXPECT_NEAR(logits[1 * V + 9], -1.0f, 1e-6f);  // p = 0 at the target: 0 - 1
+}
