@@ -146,3 +146,24 @@ TEST(Attention, RejectsHeadsThatDoNotDivideC) {
   EXPECT_THROW(attention_forward(o.data(), l.data(), x.data(), 1, 1, 10, 3, 1),
                std::invalid_argument);
 }
+
+TEST(Attention, LargeScoresStayStable) {
+  // q scaled by 30: scores spread over hundreds, softmax rows nearly one-hot, and the running
+  // max changes between key tiles, which exercises the online rescaling. Float scores of
+  // magnitude ~300 carry ~3e-5 absolute error, so p carries ~3e-5 relative: rtol 1e-3; the
+  // gradients reach tens (dk carries q), so their atol is 1e-2.
+  const int64_t B = 2, T = 50, C = 32, NH = 2;
+  auto qkv = randn(B * T * 3 * C, 11);
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (int64_t c = 0; c < C; ++c) qkv[bt * 3 * C + c] *= 30.0f;
+  auto dout = randn(B * T * C, 12);
+  std::vector<float> out(B * T * C), lse(B * NH * T), dqkv(B * T * 3 * C);
+  attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, 2);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, 2);
+  std::vector<double> wout, wlse;
+  ref_forward(wout, wlse, to_double(qkv), B, T, C, NH);
+  auto wd = ref_backward(to_double(dout), to_double(qkv), B, T, C, NH);
+  EXPECT_TRUE(all_close(out, wout, 1e-3, 1e-4));
+  EXPECT_TRUE(all_close(lse, wlse, 1e-5, 1e-3));
+  EXPECT_TRUE(all_close(dqkv, wd, 1e-3, 1e-2));
+}
