@@ -23,11 +23,17 @@ Shape ShardSpec::local_shape(const Shape& global) const {
 
 int64_t ShardSpec::global_index(const Shape& global, int64_t i) const {
   if (!is_split()) return i;
-  Shape local = local_shape(global);
+  // The local shape without allocating (this runs once per element at initialisation).
+  int64_t local[8];
+  for (size_t d = 0; d < global.size() && d < 8; ++d) local[d] = global[d];
+  if (global.size() > 8 || dim < 0 || dim >= static_cast<int>(global.size()))
+    throw std::invalid_argument("bad shard spec for shape " + shape_str(global));
+  local[dim] = global[dim] / size;
   // Decompose i into local coordinates (row-major), map the split coordinate, recompose.
   int64_t idx = 0, rem = i;
-  std::vector<int64_t> coord(local.size());
-  for (int d = static_cast<int>(local.size()) - 1; d >= 0; --d) {
+  int64_t coord[8];
+  const int nd = static_cast<int>(global.size());
+  for (int d = nd - 1; d >= 0; --d) {
     coord[d] = rem % local[d];
     rem /= local[d];
   }

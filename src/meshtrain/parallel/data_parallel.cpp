@@ -38,9 +38,6 @@ struct DataParallel::Bucket {
 namespace {
 
 std::span<float> span_of(Tensor& t) { return {t.data(), static_cast<size_t>(t.numel())}; }
-std::span<float> span_of(Tensor& t, int64_t off, int64_t n) {
-  return {t.data() + off, static_cast<size_t>(n)};
-}
 
 }  // namespace
 
