@@ -176,7 +176,6 @@ TEST(ThreadsFaults, GlobalDefaultTimeoutApplies) {
   const auto old = Communicator::default_timeout();
   Communicator::set_default_timeout(700ms);
   Outcome out(2);
-  double wall = 0;
   mc::run_threads(2, [&](Communicator& c) {
     EXPECT_EQ(c.timeout(), 700ms);
     if (c.rank() == 0) {
