@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Data-parallel efficiency on this machine's 2 cores: meshtrain --dp 2 against PyTorch DDP.
 #
-#   bench/dp_efficiency.sh [--reps N] [--steps N] [--data FILE] [MODEL ...]
+#   bench/dp_efficiency.sh [--reps N] [--steps N] [--reverse] [--data FILE] [MODEL ...]
 #
 # MODEL: gpt-4l-256 (bench/configs/gpt-4l-256.json: 4 layers, d=256, 4 heads, vocab 256; B=16 T=128,
 # 20 steps) and gpt2-124m (B=4 T=64, 6 steps); default both. Each step count includes WARMUP=2
@@ -9,7 +9,8 @@
 #   meshtrain --dp 1 --threads 2 | PyTorch 1 process, intra-op 1 + OpenBLAS 2 |
 #   meshtrain --dp 2 --threads 1 | PyTorch DDP gloo 2 processes x 1 thread |
 #   PyTorch 1 process, intra-op 2 + OpenBLAS 1
-# (the order reversed on even reps). The global batch is the same in every run (DDP and meshtrain
+# (the order reversed on even reps; --reverse starts with the reversed order, so a second
+# invocation complements a first one). The global batch is the same in every run (DDP and meshtrain
 # split it over the ranks). Tokens/s = B*T / median step time of the timed steps; per setting the
 # best rep counts (other processes only slow a run down). PyTorch's single-process figure is the
 # better of its two thread settings. Efficiency = tokens/s at 2 ranks / tokens/s at 1 process;
@@ -30,6 +31,7 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-300}
 WARMUP=2
 REPS=1
 STEPS_ALL=""
+REVERSE=0
 DATA=""
 MODELS=()
 
@@ -38,6 +40,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=${2:?--reps needs a number}; shift 2 ;;
     --data) DATA=${2:?--data needs a file}; shift 2 ;;
+    --reverse) REVERSE=1; shift ;;
     --steps) STEPS_ALL=${2:?--steps needs a number}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     gpt-4l-256|gpt2-124m) MODELS+=("$1"); shift ;;
@@ -173,7 +176,7 @@ for m in "${MODELS[@]}"; do
   echo "== $m: B=${BATCH[$m]} T=${SEQ[$m]}, ${STEPS[$m]} steps ($WARMUP warm-up)"
   for ((r = 1; r <= REPS; r++)); do
     order=("${SETTINGS[@]}")
-    if [ $((r % 2)) = 0 ]; then order=(pt1b ddp mt2 pt1a mt1); fi
+    if [ $(((r + REVERSE) % 2)) = 0 ]; then order=(pt1b ddp mt2 pt1a mt1); fi
     for s in "${order[@]}"; do
       wait_quiet
       LOADS+=("$LOAD")
