@@ -14,9 +14,12 @@ namespace meshtrain::train {
 double peak_rss_mb();
 double current_rss_mb();
 
-// Measured float32 GEMM rate (GFLOP/s) of a 1024^3 product with `threads` threads: the
-// denominator of the MFU this project reports (what the machine's BLAS reaches, not a
-// datasheet peak). Takes about a tenth of a second; cached per thread count.
+// Measured float32 GEMM rate (GFLOP/s) for `threads` threads: the best of several 1024^3
+// products on one thread, times `threads` (the denominator of the MFU this project reports:
+// what the machine's BLAS reaches per core, not a datasheet peak). One thread is measured
+// because a short multi-thread measurement is ruined by any other process on the machine (an
+// OpenMP barrier waits for a descheduled worker), while one thread only needs one free core.
+// Takes about a tenth of a second; cached.
 double measured_gemm_gflops(int threads);
 
 // Appends JSON lines to a file; a null writer (empty path) does nothing.
