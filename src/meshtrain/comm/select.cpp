@@ -3,16 +3,26 @@
 // `meshtrain bench comm` runs on this machine class (docs/benchmarks.md).
 #include "meshtrain/comm/select.h"
 
+#include <algorithm>
 #include <cmath>
+#include <thread>
 #include <limits>
 
 namespace meshtrain::comm {
 
 // ---- constants ----
-CostParams cost_params(std::string_view backend) {
-  if (backend == "mpi") return {4.0e-6, 1.0 / 6.0e9, 1.0 / 8.0e9};
-  return {1.5e-6, 1.0 / 8.0e9, 1.0 / 8.0e9};
+// alpha is the cost of one exchange step (every rank sends and receives); a one-way tree step
+// costs alpha / 2. Fitted to `meshtrain bench comm` on this machine class (docs/benchmarks.md):
+// threads: 4K all-reduce at p = 2 took 4.8 us (tree, 2 one-way steps) to 5.9 us (rhd, 2
+// exchanges); 32 MiB single-thread reduce and memcpy both ran at 10-12 GB/s per operand.
+// When ranks outnumber cores a step waits for the scheduler, so alpha grows with p / cores.
+CostParams cost_params(std::string_view backend, int p) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const double oversub = std::max(1.0, static_cast<double>(p) / cores);
+  if (backend == "mpi") return {6.0e-6 * oversub, 1.0 / 6.0e9, 1.0 / 10.0e9};
+  return {5.0e-6 * oversub, 1.0 / 10.0e9, 1.0 / 10.0e9};
 }
+CostParams cost_params(std::string_view backend) { return cost_params(backend, 1); }
 
 std::size_t default_chunk_bytes(std::string_view backend) {
   return backend == "mpi" ? (std::size_t{1} << 20) : (std::size_t{1} << 20);
@@ -41,7 +51,7 @@ double predicted_seconds(OpKind op, Algorithm a, std::size_t bytes, int p, const
       if (a == Algorithm::rhd)
         return 2 * std::log2(P2) * c.alpha + 2 * frac2 * n * c.beta + frac2 * n * c.gamma +
                (fixup ? 2 * c.alpha + 2 * n * c.beta + n * c.gamma : 0.0);
-      if (a == Algorithm::tree) return 2 * L * (c.alpha + n * c.beta) + L * n * c.gamma;
+      if (a == Algorithm::tree) return 2 * L * (c.alpha / 2 + n * c.beta) + L * n * c.gamma;
       break;
     case OpKind::reduce_scatter:
       if (a == Algorithm::ring) return (P - 1) * c.alpha + frac * n * (c.beta + c.gamma);
@@ -50,10 +60,10 @@ double predicted_seconds(OpKind op, Algorithm a, std::size_t bytes, int p, const
       if (a == Algorithm::ring) return (P - 1) * c.alpha + frac * n * c.beta;
       break;
     case OpKind::broadcast:
-      if (a == Algorithm::tree) return L * (c.alpha + n * c.beta);
+      if (a == Algorithm::tree) return L * (c.alpha / 2 + n * c.beta);
       break;
     case OpKind::reduce:
-      if (a == Algorithm::tree) return L * (c.alpha + n * (c.beta + c.gamma));
+      if (a == Algorithm::tree) return L * (c.alpha / 2 + n * (c.beta + c.gamma));
       break;
     case OpKind::all_to_all:
       if (a == Algorithm::direct) return (P - 1) * c.alpha + frac * n * c.beta;
@@ -86,7 +96,7 @@ bool supports(OpKind op, Algorithm a) {
 }
 
 Algorithm choose_algorithm(OpKind op, std::size_t n, int p, std::string_view backend) {
-  const CostParams c = cost_params(backend);
+  const CostParams c = cost_params(backend, p);
   Algorithm best = algorithms_for(op).front();
   double best_t = std::numeric_limits<double>::infinity();
   for (Algorithm a : algorithms_for(op)) {

@@ -21,7 +21,10 @@ struct CostParams {
   double beta;   // seconds per byte moved
   double gamma;  // seconds per byte reduced
 };
-CostParams cost_params(std::string_view backend);  // "threads" or "mpi"
+// "threads" or "mpi"; alpha is one exchange step (a one-way tree step costs alpha / 2) and is
+// scaled by max(1, p / cores) for p ranks, since oversubscribed ranks wait for the scheduler.
+CostParams cost_params(std::string_view backend, int p);
+CostParams cost_params(std::string_view backend);  // p = 1
 
 // Predicted time of one operation; n = bytes of the whole vector (all_reduce, broadcast,
 // reduce) or of the whole output (reduce_scatter input, all_gather output, all_to_all buffer).
