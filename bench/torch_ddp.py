@@ -281,7 +281,13 @@ def worker(rank, args, port):
                   f"own {own:.2f}, others {others if others is None else round(others, 2)}", flush=True)
         if args.json:
             print(json.dumps(result), flush=True)
-    dist.destroy_process_group()
+    # Leave without tearing DDP down: in torch 1.13 the Reducer's ProcessGroupGloo destructor, run at
+    # interpreter exit, joins a gloo thread that waits for the GIL the joining thread holds, and now
+    # and then the rank hangs there for good (seen under load). All ranks are done after the barrier.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv):
