@@ -19,7 +19,7 @@
 # Before each run it waits up to QUIET_WAIT=60 s for the 1-minute load average (uptime) to drop
 # below QUIET_LOAD=1.0, or for the machine to be idle right now (under 0.25 busy cores over 2 s:
 # the load average lags a finished run by a minute); then it runs anyway and prints the load.
-# Each run stops after RUN_TIMEOUT=300 s and counts the steps timed by then. About 3-5 minutes on
+# Each run stops after RUN_TIMEOUT=300 s and counts the steps timed by then. About 5-6 minutes on
 # 2 idle cores with --reps 1 (default); on a loaded machine up to 4x longer plus the waits.
 set -uo pipefail
 cd "$(dirname "$0")/.."
