@@ -84,7 +84,7 @@ void Recorder::write_svg(const std::string& path) const {
   const double scale = (width - left - 10) / t_end;
   const std::map<std::string, const char*> colors = {{"forward", "#4e79a7"}, {"backward", "#59a14f"},
                                                      {"optimizer", "#b07aa1"}, {"wait", "#e15759"},
-                                                     {"comm", "#f28e2b"}};
+                                                     {"comm", "#f28e2b"}, {"tp-comm", "#edc948"}};
   std::ofstream f(path);
   if (!f) throw std::runtime_error("cannot write swimlane file '" + path + "'");
   const double height = 40 + lane_h * static_cast<double>(row.size());

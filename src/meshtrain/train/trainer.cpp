@@ -93,10 +93,15 @@ class RankTrainer {
     if (trace::Recorder* rec = sh.recorder) {
       // Communication spans on the rank's comm track, as the communicator runs them.
       const int rank = world.rank();
-      mesh_.dp_group().set_op_observer([rec, rank](const char* op, uint64_t seq, auto t0, auto t1) {
-        rec->add({rank, trace::Track::comm, std::string(op) + " #" + std::to_string(seq), "comm",
-                  rec->to_us(t0), rec->to_us(t1)});
-      });
+      for (comm::Communicator* g : {&mesh_.dp_group(), &mesh_.tp_group()}) {
+        if (g->size() == 1) continue;
+        const bool dp = g == &mesh_.dp_group();
+        std::string group = dp ? "dp " : "tp ", category = dp ? "comm" : "tp-comm";
+        g->set_op_observer([rec, rank, group, category](const char* op, uint64_t seq, auto t0, auto t1) {
+          rec->add({rank, trace::Track::comm, group + op + " #" + std::to_string(seq), category,
+                    rec->to_us(t0), rec->to_us(t1)});
+        });
+      }
     }
   }
 
@@ -428,12 +433,20 @@ void write_trace(const trace::Recorder& rec, const TrainOptions& o) {
   svg += ".svg";
   rec.write_svg(svg);
   if (o.quiet) return;
-  auto ev = rec.events();
+  auto all = rec.events();
+  std::vector<trace::Event> dp, rest;  // dp collectives run async; tp ones inline in compute
+  for (auto& e : all) (e.category == "tp-comm" ? rest : dp).push_back(e);
   std::printf("trace: %s (Perfetto / chrome://tracing) and %s", o.trace.c_str(), svg.c_str());
-  if (trace::busy_us(ev, 0, trace::Track::comm) > 0)
-    std::printf(" | rank 0: communication %.1f ms, %.0f%% of it hidden behind backward",
-                trace::busy_us(ev, 0, trace::Track::comm) / 1e3,
-                100.0 * trace::hidden_share(ev, 0, {"backward"}));
+  const double compute_ms = trace::busy_us(all, 0, trace::Track::compute) / 1e3;
+  if (trace::busy_us(dp, 0, trace::Track::comm) > 0)
+    std::printf(" | rank 0: dp communication %.1f ms, %.0f%% of it hidden behind backward",
+                trace::busy_us(dp, 0, trace::Track::comm) / 1e3,
+                100.0 * trace::hidden_share(dp, 0, {"backward"}));
+  if (trace::busy_us(rest, 0, trace::Track::comm) > 0)
+    std::printf(" | rank 0: tp communication %.1f ms = %.0f%% of its %.1f ms of compute-track time",
+                trace::busy_us(rest, 0, trace::Track::comm) / 1e3,
+                100.0 * trace::busy_us(rest, 0, trace::Track::comm) / 1e3 / std::max(1e-9, compute_ms),
+                compute_ms);
   std::printf("\n");
 }
 
