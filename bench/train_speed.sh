@@ -88,7 +88,7 @@ if [ "$GEMM" = 1 ] && [ "$SWEEP" = 0 ]; then
   if [ -n "$gemm" ]; then
     echo "== SGEMM, square case ($gemm, 2 threads)"
     OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=2 timeout "$RUN_TIMEOUT" "$gemm" \
-      --benchmark_filter='[Ss]quare.*threads:2$' 2>&1 | sed 's/^/   /' \
+      --benchmark_filter='[Ss]quare.*threads:2' 2>&1 | sed 's/^/   /' \
       || echo "   (bench_gemm failed or has no square case)"
   else
     echo "== SGEMM: skipped (no build/bench/bench_gemm; build with Google Benchmark installed)"
