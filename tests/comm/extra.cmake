@@ -1,4 +1,4 @@
-# MPI tests of the comm layer: tests/comm/mpi/mpi_runner.cpp is started by mpirun with 2 and 3
+# MPI tests of the comm layer: tests/comm/mpi/mpi_runner.cpp is started by mpirun with 1 to 8
 # processes (more ranks than cores: --oversubscribe), checking every operation against the serial
 # reference, and the fault modes (a process that exits, throws, or never calls) that must end
 # with a named CommError well within the deadline (2 s) + 5 s.
@@ -8,7 +8,7 @@ if(MESHTRAIN_HAVE_MPI)
   target_link_libraries(test_comm_mpi_runner PRIVATE meshtrain_core)
   find_program(MESHTRAIN_MPIRUN NAMES mpirun mpiexec)
   set(_mpirun ${MESHTRAIN_MPIRUN} --allow-run-as-root --oversubscribe --mca btl vader,self --bind-to none)
-  foreach(np 2 3 4)
+  foreach(np 1 2 3 4 5 6 7 8)
     add_test(NAME comm_mpi_checks_np${np} COMMAND ${_mpirun} -np ${np} $<TARGET_FILE:test_comm_mpi_runner> checks)
     set_tests_properties(comm_mpi_checks_np${np} PROPERTIES TIMEOUT 600 LABELS comm
         PASS_REGULAR_EXPRESSION "RESULT rank=0 checks passed")
