@@ -92,9 +92,16 @@ void report(const model::GPTConfig& cfg, int64_t B, int64_t T, std::vector<std::
                 f.param_bytes / 1048576.0);
   };
   row("tp 1", base);
+  EXPECT_GT(base.step_ms, 0.0);
   for (auto [p, sp] : layouts) {
     std::string name = "tp " + std::to_string(p) + (sp ? " + SP" : "");
-    row(name.c_str(), measure(cfg, p, sp, B, T));
+    Figures f = measure(cfg, p, sp, B, T);
+    row(name.c_str(), f);
+    // What tensor parallelism is for, checked on the measured figures: the tp group moved
+    // bytes, and each rank holds fewer parameters and saved activations than one rank does.
+    EXPECT_GT(f.bytes, 0u) << name;
+    EXPECT_LT(f.param_bytes, base.param_bytes) << name;
+    EXPECT_LT(f.peak_saved, base.peak_saved) << name;
   }
 }
 
