@@ -15,39 +15,15 @@
 #include "meshtrain/parallel/param_server.h"
 #include "meshtrain/train/ps_trainer.h"
 #include "meshtrain/train/trainer.h"
+#include "layout_fixture.h"
 
 using namespace meshtrain;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string corpus_path() {
-  static std::string path = [] {
-    fs::path p = fs::temp_directory_path() / ("meshtrain_ps_corpus_" + std::to_string(::getpid()) + ".txt");
-    std::ofstream f(p);
-    const char* lines[] = {"It is a truth universally acknowledged, that a single man\n",
-                           "in possession of a good fortune, must be in want of a wife.\n",
-                           "However little known the feelings or views of such a man\n",
-                           "may be on his first entering a neighbourhood, this truth\n"};
-    for (int i = 0; i < 600; ++i) f << lines[(i * 7) % 4];
-    return p.string();
-  }();
-  return path;
-}
-
 train::TrainOptions options(int dp, int servers, int64_t staleness) {
-  train::TrainOptions o;
-  o.model = "gpt-tiny";
-  o.data = corpus_path();
-  o.batch = 12;
-  o.seq = 32;
-  o.steps = 30;
-  o.adam.warmup_steps = 5;
-  o.eval_every = 0;
-  o.eval_batches = 2;
-  o.quiet = true;
-  o.threads = 1;
-  o.dp = dp;
+  train::TrainOptions o = meshtrain::testing::layout_options(dp);
   o.ps_servers = servers;
   o.staleness = staleness;
   return o;

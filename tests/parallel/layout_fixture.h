@@ -1,0 +1,46 @@
+// The run every layout test compares against the single-rank one: gpt-tiny at B=12, T=32 for
+// 30 steps on a small generated corpus, one kernel thread per rank.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "meshtrain/train/trainer.h"
+
+namespace meshtrain::testing {
+
+inline std::string layout_corpus_path() {
+  static std::string path = [] {
+    auto p = std::filesystem::temp_directory_path() /
+             ("meshtrain_layout_corpus_" + std::to_string(::getpid()) + ".txt");
+    std::ofstream f(p);
+    const char* lines[] = {"It is a truth universally acknowledged, that a single man\n",
+                           "in possession of a good fortune, must be in want of a wife.\n",
+                           "However little known the feelings or views of such a man\n",
+                           "may be on his first entering a neighbourhood, this truth\n"};
+    for (int i = 0; i < 600; ++i) f << lines[(i * 7) % 4];
+    return p.string();
+  }();
+  return path;
+}
+
+inline train::TrainOptions layout_options(int dp) {
+  train::TrainOptions o;
+  o.model = "gpt-tiny";
+  o.data = layout_corpus_path();
+  o.batch = 12;
+  o.seq = 32;
+  o.steps = 30;
+  o.adam.warmup_steps = 5;
+  o.eval_every = 0;
+  o.eval_batches = 2;
+  o.quiet = true;
+  o.threads = 1;
+  o.dp = dp;
+  return o;
+}
+
+}  // namespace meshtrain::testing
