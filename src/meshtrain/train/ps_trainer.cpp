@@ -187,16 +187,10 @@ void WorkerLoop::report(const std::vector<parallel::PSRound>& rounds) {
     r.tokens_per_s = static_cast<double>(pr.pushes * rows * T) / std::max(1e-9, r.step_ms / 1e3);
     r.mfu = sh_.cfg.flops_per_token(T) * r.tokens_per_s / (peak_gflops_ * 1e9);
     r.peak_rss_mb = peak_rss_mb();
-    metrics_->write({{"step", r.step + 1},
-                     {"loss", r.loss},
-                     {"lr", r.lr},
-                     {"grad_norm", r.grad_norm},
-                     {"tokens_per_s", r.tokens_per_s},
-                     {"step_ms", r.step_ms},
-                     {"mfu", r.mfu},
-                     {"peak_rss_mb", r.peak_rss_mb},
-                     {"staleness", pr.staleness},
-                     {"pushes", pr.pushes}});
+    nlohmann::json line = step_json(r);
+    line["staleness"] = pr.staleness;
+    line["pushes"] = pr.pushes;
+    metrics_->write(line);
     if (!o_.quiet && o_.log_every > 0 && (r.step + 1) % o_.log_every == 0) {
       std::printf("round %5lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | staleness %lld\n",
                   static_cast<long long>(r.step + 1), r.loss, r.lr, r.grad_norm, r.step_ms, r.tokens_per_s,

@@ -387,14 +387,7 @@ void RankTrainer::run() {
     if (o_.checkpoint_every > 0 && ((step + 1) % o_.checkpoint_every == 0 || last)) save(step + 1);
     if (!lead_) continue;
 
-    nlohmann::json line = {{"step", step + 1},
-                           {"loss", r.loss},
-                           {"lr", r.lr},
-                           {"grad_norm", r.grad_norm},
-                           {"tokens_per_s", r.tokens_per_s},
-                           {"step_ms", r.step_ms},
-                           {"mfu", r.mfu},
-                           {"peak_rss_mb", r.peak_rss_mb}};
+    nlohmann::json line = step_json(r);
     if (o_.dp > 1) {
       line["comm_bytes_sent"] = r.comm_bytes_sent;
       line["comm_bytes_received"] = r.comm_bytes_received;
@@ -451,6 +444,17 @@ void write_trace(const trace::Recorder& rec, const TrainOptions& o) {
 }
 
 }  // namespace
+
+nlohmann::json step_json(const StepRecord& r) {
+  return {{"step", r.step + 1},
+          {"loss", r.loss},
+          {"lr", r.lr},
+          {"grad_norm", r.grad_norm},
+          {"tokens_per_s", r.tokens_per_s},
+          {"step_ms", r.step_ms},
+          {"mfu", r.mfu},
+          {"peak_rss_mb", r.peak_rss_mb}};
+}
 
 model::GPTConfig resolve_options(TrainOptions& o) {
   model::GPTConfig cfg =

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "meshtrain/model/config.h"
 #include "meshtrain/train/data.h"
 #include "meshtrain/train/optimizer.h"
@@ -78,6 +80,9 @@ struct StepRecord {
   double comm_wait_ms = 0;  // time blocked on communication not hidden behind compute
   std::optional<float> val_loss;
 };
+
+// The metrics line of a step: the fields every training mode writes (DESIGN decision 8).
+nlohmann::json step_json(const StepRecord& r);
 
 // Per-rank persistent bytes of training state (rank 0's), for the ZeRO memory report.
 struct StateBytes {
