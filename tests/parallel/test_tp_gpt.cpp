@@ -235,6 +235,15 @@ TEST(TPTrain, GptSmall30StepsReproduceSingleRankLoss) {
                 {"dp2 tp2 sp", {2, 2, true}}});
 }
 
+// tp 4 on gpt-small's shapes with 12 heads of 32 (gpt-small's own 6 heads refuse tp 4): the
+// same 30-step curve, with and without sequence parallelism.
+TEST(TPTrain, GptSmall12HeadsAtTp4ReproduceSingleRankLoss) {
+  model::GPTConfig small = model::gpt_config("gpt-small");
+  small.n_head = 12;
+  small.name = "gpt-small (12 heads)";
+  check_curves(small, 30, 2, 32, 6e-4f, {{"tp4", {1, 4, false}}, {"tp4 sp", {1, 4, true}}});
+}
+
 // Sampling logits (gathered over the vocabulary) and an evaluation pass (saves nothing).
 TEST(TPGPT, LogitsAndEvaluationMatchSingleRank) {
   model::GPTConfig cfg = model::gpt_config("gpt-tiny");
