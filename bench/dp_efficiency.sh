@@ -8,13 +8,17 @@
 # untimed steps; --steps N sets it for every model (a quick check: --steps 4). Per model and rep, the runs alternate between the two programs:
 #   meshtrain --dp 1 --threads 2 | PyTorch 1 process, intra-op 1 + OpenBLAS 2 |
 #   meshtrain --dp 2 --threads 1 | PyTorch DDP gloo 2 processes x 1 thread |
-#   PyTorch 1 process, intra-op 2 + OpenBLAS 1
+#   PyTorch 1 process, intra-op 2 + OpenBLAS 1 |
+#   meshtrain --dp 1 --threads 1 on B/2 rows | PyTorch 1 process x 1 thread on B/2 rows
 # (the order reversed on even reps; --reverse starts with the reversed order, so a second
 # invocation complements a first one). The global batch is the same in every run (DDP and meshtrain
 # split it over the ranks). Tokens/s = B*T / median step time of the timed steps; per setting the
 # best rep counts (other processes only slow a run down). PyTorch's single-process figure is the
 # better of its two thread settings. Efficiency = tokens/s at 2 ranks / tokens/s at 1 process;
-# meshtrain's should be at least PyTorch's. "hidden" is meshtrain's share of all-reduce time hidden
+# meshtrain's should be at least PyTorch's. The last two runs are each program's ceiling for dp 2 on
+# these cores: one rank's share of the work (B/2 rows) on one thread, with no communication; "of
+# ceiling" = tokens/s at 2 ranks / (2 x tokens/s of that run), 1.00 when splitting the batch over
+# two ranks costs nothing beyond the split itself. "hidden" is meshtrain's share of all-reduce time hidden
 # behind backward at dp 2, from its --trace line (rank 0).
 # Before each run it waits up to QUIET_WAIT=60 s for the 1-minute load average (uptime) to drop
 # below QUIET_LOAD=1.0, or for the machine to be idle right now (under 0.25 busy cores over 2 s:
@@ -73,25 +77,8 @@ PY=/usr/bin/python3
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-# CPU busy cores of the whole machine over the last 2 s.
-busy_cores() {
-  local a b
-  a=($(head -n 1 /proc/stat)); sleep 2; b=($(head -n 1 /proc/stat))
-  awk -v ncpu="$(nproc)" -v a="${a[*]}" -v b="${b[*]}" 'BEGIN {
-    split(a, x); split(b, y); busy = 0; idle = 0
-    for (i = 2; i <= 8; i++) { d = y[i] - x[i]; if (i == 5 || i == 6) idle += d; else busy += d }
-    printf "%.2f", (busy + idle > 0) ? ncpu * busy / (busy + idle) : 0 }'
-}
-# Waits for a quiet machine (see the header); sets LOAD (1-min load average) and BUSY.
-wait_quiet() {
-  local t0=$SECONDS
-  while :; do
-    LOAD=$(cut -d' ' -f1 /proc/loadavg); BUSY=$(busy_cores)
-    awk -v l="$LOAD" -v q="$QUIET_LOAD" -v b="$BUSY" 'BEGIN { exit !(l < q || b < 0.25) }' && return
-    [ $((SECONDS - t0)) -ge "$QUIET_WAIT" ] && return
-    sleep 3
-  done
-}
+# busy_cores, wait_quiet (QUIET_WAIT, QUIET_LOAD; sets LOAD and BUSY), best, ratio
+source bench/lib.sh
 
 # meshtrain: "tokens_per_s median_step_ms timed_steps median_comm_wait_ms" from a metrics file.
 summarise_metrics() {
@@ -116,15 +103,15 @@ EOF
 }
 
 # One meshtrain run; sets TPS and NOTE (or returns 1).
-run_meshtrain() {  # model dp threads tag
-  local m=$1 dp=$2 th=$3 tag=$4 mf="$TMP/$4.jsonl" log="$TMP/$4.log" rc sum tps med n wait hid
+run_meshtrain() {  # model dp threads tag [batch]
+  local m=$1 dp=$2 th=$3 tag=$4 b=${5:-${BATCH[$1]}} mf="$TMP/$4.jsonl" log="$TMP/$4.log" rc sum tps med n wait hid
   rm -f "$mf"
   # shellcheck disable=SC2086
   timeout "$RUN_TIMEOUT" "$MESHTRAIN" train ${MSPEC[$m]} --data "$DATA" --dp "$dp" --threads "$th" \
-    --batch "${BATCH[$m]}" --seq "${SEQ[$m]}" --steps "${STEPS[$m]}" --eval-every 0 --eval-batches 1 \
+    --batch "$b" --seq "${SEQ[$m]}" --steps "${STEPS[$m]}" --eval-every 0 --eval-batches 1 \
     --log-every 0 --metrics "$mf" --trace "$TMP/$tag.trace.json" > "$log" 2>&1
   rc=$?
-  if { [ "$rc" = 0 ] || [ "$rc" = 124 ]; } && [ -s "$mf" ] && sum=$(summarise_metrics "$mf" $((BATCH[$m] * SEQ[$m]))); then
+  if { [ "$rc" = 0 ] || [ "$rc" = 124 ]; } && [ -s "$mf" ] && sum=$(summarise_metrics "$mf" $((b * SEQ[$m]))); then
     read -r tps med n wait <<< "$sum"
     hid=$(sed -n 's/.*communication \([0-9.]*\) ms, \([0-9.]*\)% of it hidden.*/\2% of \1 ms hidden/p' "$log" | head -n 1)
     TPS=$tps
@@ -137,12 +124,12 @@ run_meshtrain() {  # model dp threads tag
 }
 
 # One PyTorch run (bench/torch_ddp.py); sets TPS and NOTE (or returns 1; 2 when torch is missing).
-run_torch() {  # model nproc intra blas
-  local m=$1 out rc spec
+run_torch() {  # model nproc intra blas [batch]
+  local m=$1 b=${5:-${BATCH[$1]}} out rc spec
   spec=${MSPEC[$m]}
   # shellcheck disable=SC2086
   out=$(timeout $((RUN_TIMEOUT + 120)) "$PY" bench/torch_ddp.py $spec --data "$DATA" --nproc "$2" \
-          --intra-threads "$3" --blas-threads "$4" --batch "${BATCH[$m]}" --seq "${SEQ[$m]}" \
+          --intra-threads "$3" --blas-threads "$4" --batch "$b" --seq "${SEQ[$m]}" \
           --steps $((STEPS[$m] - WARMUP)) --warmup "$WARMUP" --max-seconds "$RUN_TIMEOUT" \
           --json --quiet 2> "$TMP/torch.err")
   rc=$?
@@ -161,8 +148,6 @@ EOF
 )"
 }
 
-best() { printf '%s\n' "$@" | awk 'NF && ($1 > m || m == "") { m = $1 } END { if (m != "") printf "%.1f", m }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "" && b != "" && b > 0) printf "%.2f", a / b; else printf "-" }'; }
 
 echo "== data-parallel efficiency: $(date -u '+%Y-%m-%d %H:%M UTC'), $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p'), $(nproc) cores"
 echo "   data $DATA, $WARMUP warm-up steps, $REPS rep(s); load:$(uptime | sed 's/.*load average://')"
@@ -171,12 +156,12 @@ echo "   meshtrain: $MESHTRAIN ($(git log -1 --format='%h %cd' --date=format:'%H
 declare -A R   # R[model,setting] = space-separated tokens/s of the reps
 declare -A HID
 LOADS=()
-SETTINGS=(mt1 pt1a mt2 ddp pt1b)
+SETTINGS=(mt1 pt1a mt2 ddp pt1b mtc ptc)
 for m in "${MODELS[@]}"; do
   echo "== $m: B=${BATCH[$m]} T=${SEQ[$m]}, ${STEPS[$m]} steps ($WARMUP warm-up)"
   for ((r = 1; r <= REPS; r++)); do
     order=("${SETTINGS[@]}")
-    if [ $(((r + REVERSE) % 2)) = 0 ]; then order=(pt1b ddp mt2 pt1a mt1); fi
+    if [ $(((r + REVERSE) % 2)) = 0 ]; then order=(ptc mtc pt1b ddp mt2 pt1a mt1); fi
     for s in "${order[@]}"; do
       wait_quiet
       LOADS+=("$LOAD")
@@ -187,6 +172,8 @@ for m in "${MODELS[@]}"; do
         pt1a) label="PyTorch 1 proc, intra 1 BLAS 2"; run_torch "$m" 1 1 2 ;;
         pt1b) label="PyTorch 1 proc, intra 2 BLAS 1"; run_torch "$m" 1 2 1 ;;
         ddp) label="PyTorch DDP 2 proc x 1 thread"; run_torch "$m" 2 1 1 ;;
+        mtc) label="meshtrain 1 thread, B/2 rows"; run_meshtrain "$m" 1 1 "$m.$r.half" $((BATCH[$m] / 2)) ;;
+        ptc) label="PyTorch 1 proc x 1 thread, B/2"; run_torch "$m" 1 1 1 $((BATCH[$m] / 2)) ;;
       esac
       rc=$?
       [ "$rc" = 2 ] && { echo "   PyTorch is not installed (apt-get install -y python3-torch python3-numpy)"; exit 2; }
@@ -211,3 +198,17 @@ for m in "${MODELS[@]}"; do
 done
 echo "(tokens/s of the global batch, best of $REPS rep(s); pt 1proc: best of intra-op,OpenBLAS = 1,2 and 2,1;"
 echo " eff = tokens/s at 2 ranks / at 1 process; loads before the runs: ${LOADS[*]}; load at end:$(uptime | sed 's/.*load average://'))"
+echo
+echo "Against each program's own ceiling for dp 2 (1 thread on B/2 rows, no communication; x2 = the"
+echo "tokens/s two such ranks would give if the split cost nothing):"
+printf '%-11s %12s %12s %8s | %12s %12s %8s | %s\n' model "mt B/2 x2" "mt dp2" "of ceil" "pt B/2 x2" "pt DDP" "of ceil" "1-to-2-thread gain of the single process (mt, pt)"
+for m in "${MODELS[@]}"; do
+  mtc=$(best ${R[$m,mtc]:-}) ptc=$(best ${R[$m,ptc]:-})
+  mtc2=$(awk -v a="$mtc" 'BEGIN { if (a != "") printf "%.1f", 2 * a }') ptc2=$(awk -v a="$ptc" 'BEGIN { if (a != "") printf "%.1f", 2 * a }')
+  mt1=$(best ${R[$m,mt1]:-}) mt2=$(best ${R[$m,mt2]:-}) ddp=$(best ${R[$m,ddp]:-})
+  pt1=$(best ${R[$m,pt1a]:-} ${R[$m,pt1b]:-})
+  printf '%-11s %12s %12s %8s | %12s %12s %8s | %s, %s\n' "$m" "${mtc2:--}" "${mt2:--}" "$(ratio "$mt2" "$mtc2")" \
+    "${ptc2:--}" "${ddp:--}" "$(ratio "$ddp" "$ptc2")" "$(ratio "$mt1" "$mtc2")" "$(ratio "$pt1" "$ptc2")"
+done
+echo "(gain = tokens/s at 1 process / the ceiling x2; eff = 'of ceil' / gain exactly, so a single process"
+echo " that already uses both cores fully (gain near 1.00) leaves dp 2 nothing to win)"
