@@ -232,6 +232,7 @@ TEST(TPTrain, GptSmall30StepsReproduceSingleRankLoss) {
   check_curves(model::gpt_config("gpt-small"), 30, 2, 32, 6e-4f,
                {{"tp2", {1, 2, false}},
                 {"tp2 sp", {1, 2, true}},
+                {"dp2 tp2", {2, 2, false}},
                 {"dp2 tp2 sp", {2, 2, true}}});
 }
 
