@@ -155,6 +155,7 @@ echo "   meshtrain: $MESHTRAIN ($(git log -1 --format='%h %cd' --date=format:'%H
 
 declare -A R   # R[model,setting] = space-separated tokens/s of the reps
 declare -A HID
+declare -A P   # P[model,setting,rep] = tokens/s of that rep
 LOADS=()
 SETTINGS=(mt1 pt1a mt2 ddp pt1b mtc ptc)
 for m in "${MODELS[@]}"; do
@@ -178,7 +179,7 @@ for m in "${MODELS[@]}"; do
       rc=$?
       [ "$rc" = 2 ] && { echo "   PyTorch is not installed (apt-get install -y python3-torch python3-numpy)"; exit 2; }
       printf '   rep %d %-31s %9s tok/s  (%s; load %s, busy %s cores before)\n' "$r" "$label" "${TPS:--}" "$NOTE" "$LOAD" "$BUSY"
-      [ "$rc" = 0 ] && R[$m,$s]="${R[$m,$s]:-} $TPS"
+      [ "$rc" = 0 ] && R[$m,$s]="${R[$m,$s]:-} $TPS" && P[$m,$s,$r]=$TPS
       [ "$s" = mt2 ] && [ -n "$HIDDEN" ] && HID[$m]="${HID[$m]:-} $HIDDEN%"
     done
   done
@@ -198,6 +199,16 @@ for m in "${MODELS[@]}"; do
 done
 echo "(tokens/s of the global batch, best of $REPS rep(s); pt 1proc: best of intra-op,OpenBLAS = 1,2 and 2,1;"
 echo " eff = tokens/s at 2 ranks / at 1 process; loads before the runs: ${LOADS[*]}; load at end:$(uptime | sed 's/.*load average://'))"
+echo
+echo "Per rep (the runs of one rep are minutes apart, so they share the machine's speed of the moment):"
+for m in "${MODELS[@]}"; do
+  ems="" eps=""
+  for ((r = 1; r <= REPS; r++)); do
+    ems="$ems $(ratio "${P[$m,mt2,$r]:-}" "${P[$m,mt1,$r]:-}")"
+    eps="$eps $(ratio "${P[$m,ddp,$r]:-}" "$(best "${P[$m,pt1a,$r]:-}" "${P[$m,pt1b,$r]:-}")")"
+  done
+  printf '%-11s meshtrain eff:%s (median %s) | PyTorch eff:%s (median %s)\n' "$m" "$ems" "$(median $ems)" "$eps" "$(median $eps)"
+done
 echo
 echo "Against each program's own ceiling for dp 2 (1 thread on B/2 rows, no communication; x2 = the"
 echo "tokens/s two such ranks would give if the split cost nothing):"

@@ -28,3 +28,6 @@ wait_quiet() {
 best() { printf '%s\n' "$@" | awk 'NF && ($1 > m || m == "") { m = $1 } END { if (m != "") printf "%.1f", m }'; }
 # a / b to 2 decimals, "-" when either is missing.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "" && b != "" && b > 0) printf "%.2f", a / b; else printf "-" }'; }
+# The median of the numeric arguments ("-" and empty ones skipped), "-" when there are none.
+median() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -n | awk '{ v[n++] = $1 } END {
+  if (!n) printf "-"; else printf "%.2f", (n % 2) ? v[(n - 1) / 2] : (v[n / 2 - 1] + v[n / 2]) / 2 }'; }
