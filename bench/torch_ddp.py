@@ -22,9 +22,7 @@ it). The data-parallel default is 1 and 1: P processes x 1 thread.
 Exit status 2 when torch is missing or the options are bad.
 """
 import argparse
-import ast
 import json
-import math
 import os
 import socket
 import statistics
@@ -145,22 +143,6 @@ def run_single(args):
     return torch_gpt.main(argv)
 
 
-def gpt_class(torch, nn, F):
-    """torch_gpt.py's GPT module class. torch_gpt.py defines its model classes inside main() (after
-    importing torch there), so they are taken from its source: the class statements of main(),
-    executed with torch, nn, F and math in scope. A module-level GPT, if it ever exists, wins."""
-    if hasattr(torch_gpt, "GPT"):
-        return torch_gpt.GPT
-    path = torch_gpt.__file__
-    with open(path) as f:
-        tree = ast.parse(f.read(), path)
-    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
-    classes = [n for n in main.body if isinstance(n, ast.ClassDef)]
-    ns = {"torch": torch, "nn": nn, "F": F, "math": math, "__name__": "torch_gpt_model"}
-    exec(compile(ast.Module(body=classes, type_ignores=[]), path, "exec"), ns)
-    return ns["GPT"]
-
-
 def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -179,7 +161,7 @@ def worker(rank, args, port):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P)
     cfg = args.cfg
     torch.manual_seed(args.seed)  # same initialisation on every rank (DDP also broadcasts rank 0's)
-    model = gpt_class(torch, nn, F)(cfg["layers"], cfg["d"], cfg["heads"], cfg["vocab"], cfg["max_seq"])
+    model = torch_gpt.gpt_class(torch, nn, F)(cfg["layers"], cfg["d"], cfg["heads"], cfg["vocab"], cfg["max_seq"])
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]  # tied weight appears once
     n_params = sum(p.numel() for p in params)

@@ -170,18 +170,10 @@ def loaded_blas():
         return []
 
 
-def main(argv):
-    args = parse_args(argv)
-    reexec_if_needed(args)
-
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    cfg = CONFIGS[args.model]
-    if args.intra_threads is not None:
-        torch.set_num_threads(args.intra_threads)
-    torch.manual_seed(args.seed)
+def gpt_class(torch, nn, F):
+    """The reference GPT module class (GPT-2 layout, tied head, meshtrain's initialisation). A
+    function of the torch modules so that this file imports without torch (main() imports it after
+    setting OpenBLAS's threads); torch_ddp.py and torch_tp.py build their models from it."""
 
     class CausalSelfAttention(nn.Module):
         def __init__(self, d, heads, max_seq):
@@ -265,6 +257,23 @@ def main(argv):
             logits = self.lm_head(self.ln_f(x))
             return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
+    return GPT
+
+
+def main(argv):
+    args = parse_args(argv)
+    reexec_if_needed(args)
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    cfg = CONFIGS[args.model]
+    if args.intra_threads is not None:
+        torch.set_num_threads(args.intra_threads)
+    torch.manual_seed(args.seed)
+
+    GPT = gpt_class(torch, nn, F)
     model = GPT(cfg["layers"], cfg["d"], cfg["heads"], cfg["vocab"], cfg["max_seq"])
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]  # tied weight appears once

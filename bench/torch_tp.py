@@ -25,7 +25,7 @@ tokens/s = B*T / median step time after --warmup untimed steps.
 
 Model, initialisation, AdamW (lr 1e-3, betas (0.9, 0.99), eps 1e-8, decay 0.1 on 2-D weights) and
 clipping (global norm 1.0) are bench/torch_gpt.py's. Every rank builds torch_gpt.py's full model
-from the common --seed (its class, imported through torch_ddp.py) and keeps its slice, so every
+from the common --seed (its class, torch_gpt.gpt_class) and keeps its slice, so every
 layout starts from the same weights; the global norm sums the split parameters' squared norms over
 the ranks and counts the replicated ones once. With --tp 1 the same code runs without a process
 group (the all-reduces are skipped): the single-process reference of this script.
@@ -337,7 +337,7 @@ def worker(rank, args, port):
 
     # The full model of torch_gpt.py, from the common seed, on every rank; each keeps its slice.
     torch.manual_seed(args.seed)
-    full = torch_ddp.gpt_class(torch, nn, F)(cfg["layers"], cfg["d"], cfg["heads"], cfg["vocab"],
+    full = torch_gpt.gpt_class(torch, nn, F)(cfg["layers"], cfg["d"], cfg["heads"], cfg["vocab"],
                                              cfg["max_seq"])
     n_params = sum(p.numel() for p in full.parameters())  # tied weight counted once
     model = tp_gpt(torch, nn, F, cfg, P, rank, comm)
