@@ -9,7 +9,8 @@
 #   meshtrain --dp 1 --threads 2 | PyTorch 1 process, intra-op 1 + OpenBLAS 2 |
 #   meshtrain --dp 2 --threads 1 | PyTorch DDP gloo 2 processes x 1 thread |
 #   PyTorch 1 process, intra-op 2 + OpenBLAS 1 |
-#   meshtrain --dp 1 --threads 1 on B/2 rows | PyTorch 1 process x 1 thread on B/2 rows
+#   meshtrain --dp 1 --threads 1 on B/2 rows | PyTorch 1 process x 1 thread on B/2 rows |
+#   two of those meshtrain runs at once | two of those PyTorch runs at once
 # (the order reversed on even reps; --reverse starts with the reversed order, so a second
 # invocation complements a first one). The global batch is the same in every run (DDP and meshtrain
 # split it over the ranks). Tokens/s = B*T / median step time of the timed steps; per setting the
@@ -18,7 +19,11 @@
 # meshtrain's should be at least PyTorch's. The last two runs are each program's ceiling for dp 2 on
 # these cores: one rank's share of the work (B/2 rows) on one thread, with no communication; "of
 # ceiling" = tokens/s at 2 ranks / (2 x tokens/s of that run), 1.00 when splitting the batch over
-# two ranks costs nothing beyond the split itself. "hidden" is meshtrain's share of all-reduce time hidden
+# two ranks costs nothing beyond the split itself. The pair runs start two such processes at once,
+# with no communication between them: tokens/s = B*T / the slower one's median step; "dp 2 / pair"
+# is what data parallelism costs beyond running two independent ranks side by side on these cores
+# (on a machine whose two cores are not equally fast the pair waits for the slower, as dp 2 does).
+# "hidden" is meshtrain's share of all-reduce time hidden
 # behind backward at dp 2, from its --trace line (rank 0).
 # Before each run it waits up to QUIET_WAIT=60 s for the 1-minute load average (uptime) to drop
 # below QUIET_LOAD=1.0, or for the machine to be idle right now (under 0.25 busy cores over 2 s:
@@ -104,7 +109,8 @@ EOF
 
 # One meshtrain run; sets TPS and NOTE (or returns 1).
 run_meshtrain() {  # model dp threads tag [batch]
-  local m=$1 dp=$2 th=$3 tag=$4 b=${5:-${BATCH[$1]}} mf="$TMP/$4.jsonl" log="$TMP/$4.log" rc sum tps med n wait hid
+  local m=$1 dp=$2 th=$3 tag=$4.$BASHPID b=${5:-${BATCH[$1]}} rc sum tps med n wait hid
+  local mf="$TMP/$tag.jsonl" log="$TMP/$tag.log"
   rm -f "$mf"
   # shellcheck disable=SC2086
   timeout "$RUN_TIMEOUT" "$MESHTRAIN" train ${MSPEC[$m]} --data "$DATA" --dp "$dp" --threads "$th" \
@@ -125,17 +131,17 @@ run_meshtrain() {  # model dp threads tag [batch]
 
 # One PyTorch run (bench/torch_ddp.py); sets TPS and NOTE (or returns 1; 2 when torch is missing).
 run_torch() {  # model nproc intra blas [batch]
-  local m=$1 b=${5:-${BATCH[$1]}} out rc spec
+  local m=$1 b=${5:-${BATCH[$1]}} out rc spec err="$TMP/torch.$BASHPID.err"
   spec=${MSPEC[$m]}
   # shellcheck disable=SC2086
   out=$(timeout $((RUN_TIMEOUT + 120)) "$PY" bench/torch_ddp.py $spec --data "$DATA" --nproc "$2" \
           --intra-threads "$3" --blas-threads "$4" --batch "$b" --seq "${SEQ[$m]}" \
           --steps $((STEPS[$m] - WARMUP)) --warmup "$WARMUP" --max-seconds "$RUN_TIMEOUT" \
-          --json --quiet 2> "$TMP/torch.err")
+          --json --quiet 2> "$err")
   rc=$?
   if [ "$rc" != 0 ]; then
-    NOTE="FAILED (exit $rc): $(tail -n 3 "$TMP/torch.err" | tr '\n' ' ')"
-    grep -q "not installed" "$TMP/torch.err" && return 2
+    NOTE="FAILED (exit $rc): $(tail -n 3 "$err" | tr '\n' ' ')"
+    grep -q "not installed" "$err" && return 2
     return 1
   fi
   read -r TPS NOTE <<< "$("$PY" - "$out" <<'EOF'
@@ -149,6 +155,18 @@ EOF
 }
 
 
+# Runs "$@" (run_meshtrain or run_torch) twice at once; TPS = 2 x the slower run's tokens/s.
+pair() {
+  local a b
+  ( "$@" > /dev/null 2>&1; echo "${TPS:-}" > "$TMP/pair.1" ) &
+  ( "$@" > /dev/null 2>&1; echo "${TPS:-}" > "$TMP/pair.2" ) &
+  wait
+  a=$(cat "$TMP/pair.1") b=$(cat "$TMP/pair.2")
+  if [ -z "$a" ] || [ -z "$b" ]; then NOTE="FAILED: one of the two runs gave no figure"; return 1; fi
+  TPS=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.1f", 2 * (a < b ? a : b) }')
+  NOTE="the two runs: $a and $b tok/s of B/2 rows each"
+}
+
 echo "== data-parallel efficiency: $(date -u '+%Y-%m-%d %H:%M UTC'), $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p'), $(nproc) cores"
 echo "   data $DATA, $WARMUP warm-up steps, $REPS rep(s); load:$(uptime | sed 's/.*load average://')"
 echo "   meshtrain: $MESHTRAIN ($(git log -1 --format='%h %cd' --date=format:'%H:%M' 2>/dev/null))"
@@ -157,12 +175,12 @@ declare -A R   # R[model,setting] = space-separated tokens/s of the reps
 declare -A HID
 declare -A P   # P[model,setting,rep] = tokens/s of that rep
 LOADS=()
-SETTINGS=(mt1 pt1a mt2 ddp pt1b mtc ptc)
+SETTINGS=(mt1 pt1a mt2 ddp pt1b mtc ptc mtp ptp)
 for m in "${MODELS[@]}"; do
   echo "== $m: B=${BATCH[$m]} T=${SEQ[$m]}, ${STEPS[$m]} steps ($WARMUP warm-up)"
   for ((r = 1; r <= REPS; r++)); do
     order=("${SETTINGS[@]}")
-    if [ $(((r + REVERSE) % 2)) = 0 ]; then order=(ptc mtc pt1b ddp mt2 pt1a mt1); fi
+    if [ $(((r + REVERSE) % 2)) = 0 ]; then order=(ptp mtp ptc mtc pt1b ddp mt2 pt1a mt1); fi
     for s in "${order[@]}"; do
       wait_quiet
       LOADS+=("$LOAD")
@@ -175,6 +193,8 @@ for m in "${MODELS[@]}"; do
         ddp) label="PyTorch DDP 2 proc x 1 thread"; run_torch "$m" 2 1 1 ;;
         mtc) label="meshtrain 1 thread, B/2 rows"; run_meshtrain "$m" 1 1 "$m.$r.half" $((BATCH[$m] / 2)) ;;
         ptc) label="PyTorch 1 proc x 1 thread, B/2"; run_torch "$m" 1 1 1 $((BATCH[$m] / 2)) ;;
+        mtp) label="meshtrain pair, at once"; pair run_meshtrain "$m" 1 1 "$m.$r.pair" $((BATCH[$m] / 2)) ;;
+        ptp) label="PyTorch pair, at once"; pair run_torch "$m" 1 1 1 $((BATCH[$m] / 2)) ;;
       esac
       rc=$?
       [ "$rc" = 2 ] && { echo "   PyTorch is not installed (apt-get install -y python3-torch python3-numpy)"; exit 2; }
@@ -202,12 +222,15 @@ echo " eff = tokens/s at 2 ranks / at 1 process; loads before the runs: ${LOADS[
 echo
 echo "Per rep (the runs of one rep are minutes apart, so they share the machine's speed of the moment):"
 for m in "${MODELS[@]}"; do
-  ems="" eps=""
+  ems="" eps="" mps="" pps=""
   for ((r = 1; r <= REPS; r++)); do
     ems="$ems $(ratio "${P[$m,mt2,$r]:-}" "${P[$m,mt1,$r]:-}")"
     eps="$eps $(ratio "${P[$m,ddp,$r]:-}" "$(best "${P[$m,pt1a,$r]:-}" "${P[$m,pt1b,$r]:-}")")"
+    mps="$mps $(ratio "${P[$m,mt2,$r]:-}" "${P[$m,mtp,$r]:-}")"
+    pps="$pps $(ratio "${P[$m,ddp,$r]:-}" "${P[$m,ptp,$r]:-}")"
   done
   printf '%-11s meshtrain eff:%s (median %s) | PyTorch eff:%s (median %s)\n' "$m" "$ems" "$(median $ems)" "$eps" "$(median $eps)"
+  printf '%-11s meshtrain dp 2 / pair:%s (median %s) | PyTorch DDP / pair:%s (median %s)\n' "" "$mps" "$(median $mps)" "$pps" "$(median $pps)"
 done
 echo
 echo "Against each program's own ceiling for dp 2 (1 thread on B/2 rows, no communication; x2 = the"
