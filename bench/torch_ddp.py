@@ -99,35 +99,6 @@ def parse_args(argv):
     return a
 
 
-def reexec_if_needed(args):
-    """torch_gpt.py's re-execution (OpenBLAS settings, system python), for this file."""
-    import importlib.util
-    want = {}
-    if args.blas_threads is not None:
-        want["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
-    core = torch_gpt.blas_core_wanted(args.blas_core)
-    if core:
-        want["OPENBLAS_CORETYPE"] = core
-    env = None
-    if any(os.environ.get(k) != v for k, v in want.items()):
-        env = dict(os.environ, **want)
-    exe = sys.executable
-    if importlib.util.find_spec("torch") is None:
-        py = torch_gpt.SYSTEM_PYTHON
-        if (os.path.exists(py) and os.path.realpath(exe) != os.path.realpath(py)
-                and not os.environ.get("TORCH_GPT_REEXEC")):
-            env = dict(env or os.environ, TORCH_GPT_REEXEC="1")
-            exe = py
-        else:
-            sys.stderr.write("torch_ddp.py: PyTorch is not installed (it is needed only for this "
-                             "benchmark, not by meshtrain).\n"
-                             "  Debian 12: apt-get install -y python3-torch python3-numpy\n")
-            sys.exit(2)
-    if env is not None:
-        sys.stdout.flush()
-        os.execve(exe, [exe, os.path.abspath(__file__)] + sys.argv[1:], env)
-
-
 def run_single(args):
     """The single-process reference: torch_gpt.py's main() on this config."""
     torch_gpt.CONFIGS.setdefault(args.name, args.cfg)
@@ -274,7 +245,7 @@ def worker(rank, args, port):
 
 def main(argv):
     args = parse_args(argv)
-    reexec_if_needed(args)
+    torch_gpt.reexec_if_needed(args, __file__)
     if args.nproc == 1:
         return run_single(args)
     import torch.multiprocessing as mp

@@ -76,8 +76,9 @@ def parse_args(argv):
     return a
 
 
-def reexec_if_needed(args):
-    """Re-executes with OPENBLAS_NUM_THREADS set, or under the system python when torch is missing.
+def reexec_if_needed(args, script=__file__):
+    """Re-executes `script` (this file, or torch_ddp.py / torch_tp.py, which share it) with
+    OPENBLAS_NUM_THREADS set, or under the system python when torch is missing.
 
     Probes for torch without importing it, so OpenBLAS is loaded only once, with its final setting.
     """
@@ -98,13 +99,13 @@ def reexec_if_needed(args):
             env = dict(env or os.environ, TORCH_GPT_REEXEC="1")
             exe = SYSTEM_PYTHON
         else:
-            sys.stderr.write("torch_gpt.py: PyTorch is not installed (it is needed only for this "
+            sys.stderr.write(f"{os.path.basename(script)}: PyTorch is not installed (it is needed only for this "
                              "benchmark, not by meshtrain).\n"
                              "  Debian 12: apt-get install -y python3-torch python3-numpy\n")
             sys.exit(2)
     if env is not None:
         sys.stdout.flush()
-        os.execve(exe, [exe, os.path.abspath(__file__)] + sys.argv[1:], env)
+        os.execve(exe, [exe, os.path.abspath(script)] + sys.argv[1:], env)
 
 
 # OpenBLAS's generic x86-64 fallbacks (SSE only): what its DYNAMIC_ARCH build picks for a CPU model

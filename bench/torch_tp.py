@@ -125,35 +125,6 @@ def parse_args(argv):
     return a
 
 
-def reexec_if_needed(args):
-    """torch_gpt.py's re-execution (OpenBLAS settings, system python), for this file."""
-    import importlib.util
-    want = {}
-    if args.blas_threads is not None:
-        want["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
-    core = torch_gpt.blas_core_wanted(args.blas_core)
-    if core:
-        want["OPENBLAS_CORETYPE"] = core
-    env = None
-    if any(os.environ.get(k) != v for k, v in want.items()):
-        env = dict(os.environ, **want)
-    exe = sys.executable
-    if importlib.util.find_spec("torch") is None:
-        py = torch_gpt.SYSTEM_PYTHON
-        if (os.path.exists(py) and os.path.realpath(exe) != os.path.realpath(py)
-                and not os.environ.get("TORCH_GPT_REEXEC")):
-            env = dict(env or os.environ, TORCH_GPT_REEXEC="1")
-            exe = py
-        else:
-            sys.stderr.write("torch_tp.py: PyTorch is not installed (it is needed only for this "
-                             "benchmark, not by meshtrain).\n"
-                             "  Debian 12: apt-get install -y python3-torch python3-numpy\n")
-            sys.exit(2)
-    if env is not None:
-        sys.stdout.flush()
-        os.execve(exe, [exe, os.path.abspath(__file__)] + sys.argv[1:], env)
-
-
 class Comm:
     """The tp group's all-reduce (sum, in place), timed; a no-op without a group (--tp 1)."""
 
@@ -539,7 +510,7 @@ def check(args, argv):
 
 def main(argv):
     args = parse_args(argv)
-    reexec_if_needed(args)
+    torch_gpt.reexec_if_needed(args, __file__)
     if args.check:
         return check(args, argv)
     if args.tp == 1:
