@@ -141,24 +141,11 @@ def worker(rank, args, port):
     DDP._set_params_and_buffers_to_ignore_for_model(model, [n for n, _ in model.named_buffers()])
     ddp = DDP(model, bucket_cap_mb=args.bucket_mb, broadcast_buffers=False)
     # torch_gpt.py's optimizer
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
+    opt = torch_gpt.adamw(torch, params)
 
     B, T = args.batch // P, args.seq  # local batch
     gen = torch.Generator().manual_seed(args.seed + 1 + rank)
-    if args.data:
-        with open(args.data, "rb") as f:
-            tokens = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).to(torch.long)
-
-        def batch():
-            starts = torch.randint(0, tokens.numel() - T - 1, (B,), generator=gen)
-            idx = torch.stack([tokens[s:s + T + 1] for s in starts.tolist()])
-            return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-    else:
-        def batch():
-            idx = torch.randint(0, cfg["vocab"], (B, T + 1), generator=gen)
-            return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    batch = torch_gpt.batcher(torch, args.data, cfg["vocab"], B, T, gen, "torch_ddp.py")
 
     def step():
         x, y = batch()

@@ -261,6 +261,35 @@ def gpt_class(torch, nn, F):
     return GPT
 
 
+def adamw(torch, params):
+    """The reference optimizer: AdamW, weight decay on the 2-D weights only."""
+    return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                             lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
+
+
+def batcher(torch, data, vocab, B, T, gen, prog):
+    """A function returning (inputs, targets) of B random windows of T+1 byte tokens of the file
+    `data`, or of uniform random tokens when data is None; exits 2 when the file is too short."""
+    if data is None:
+        def batch():
+            idx = torch.randint(0, vocab, (B, T + 1), generator=gen)
+            return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+        return batch
+    with open(data, "rb") as f:
+        raw = f.read()
+    if len(raw) < T + 2:
+        sys.stderr.write(f"{prog}: --data {data} is shorter than seq+2 bytes\n")
+        sys.exit(2)
+    tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.long)
+
+    def batch():
+        starts = torch.randint(0, tokens.numel() - T - 1, (B,), generator=gen)
+        idx = torch.stack([tokens[s:s + T + 1] for s in starts.tolist()])
+        return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    return batch
+
+
 def main(argv):
     args = parse_args(argv)
     reexec_if_needed(args)
@@ -279,30 +308,11 @@ def main(argv):
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]  # tied weight appears once
     n_params = sum(p.numel() for p in params)
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
+    opt = adamw(torch, params)
 
     B, T = args.batch, args.seq
     gen = torch.Generator().manual_seed(args.seed + 1)
-    if args.data:
-        with open(args.data, "rb") as f:
-            raw = f.read()
-        if len(raw) < T + 2:
-            sys.stderr.write(f"torch_gpt.py: --data {args.data} is shorter than seq+2 bytes\n")
-            return 2
-        tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.long)
-
-        def batch():
-            starts = torch.randint(0, tokens.numel() - T - 1, (B,), generator=gen)
-            idx = torch.stack([tokens[s:s + T + 1] for s in starts.tolist()])
-            return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-    else:
-        def batch():
-            idx = torch.randint(0, cfg["vocab"], (B, T + 1), generator=gen)
-            return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    batch = batcher(torch, args.data, cfg["vocab"], B, T, gen, "torch_gpt.py")
 
     def step():
         x, y = batch()

@@ -319,9 +319,7 @@ def worker(rank, args, port):
     split = [p for p in params if hasattr(p, "tp_take")]
     repl = [p for p in params if not hasattr(p, "tp_take")]
     n_local = sum(p.numel() for p in params)
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
+    opt = torch_gpt.adamw(torch, params)
 
     def clip_grad_norm(max_norm=1.0):
         """torch.nn.utils.clip_grad_norm_ over the whole model: the split parameters' squared
@@ -337,21 +335,7 @@ def worker(rank, args, port):
 
     B, T = args.batch, args.seq
     gen = torch.Generator().manual_seed(args.seed + 1)  # torch_gpt.py's data; the same on every rank
-    if args.data:
-        with open(args.data, "rb") as f:
-            tokens = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).to(torch.long)
-        if tokens.numel() < T + 2:
-            sys.stderr.write(f"torch_tp.py: --data {args.data} is shorter than seq+2 bytes\n")
-            sys.exit(2)
-
-        def batch():
-            starts = torch.randint(0, tokens.numel() - T - 1, (B,), generator=gen)
-            idx = torch.stack([tokens[s:s + T + 1] for s in starts.tolist()])
-            return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-    else:
-        def batch():
-            idx = torch.randint(0, cfg["vocab"], (B, T + 1), generator=gen)
-            return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    batch = torch_gpt.batcher(torch, args.data, cfg["vocab"], B, T, gen, "torch_tp.py")
 
     def step():
         x, y = batch()
