@@ -265,6 +265,7 @@ TEST(TPValidate, RefusesShapesThatDoNotSplit) {
   c2 = cfg;
   c2.vocab_size = 50257;
   EXPECT_NE(message(c2, 2, {}, 256).find("vocabulary of 50257"), std::string::npos);
+  EXPECT_NE(message(c2, 2, {}, 256).find("\"vocab_size\": 50258"), std::string::npos);
   EXPECT_NE(message(cfg, 2, sp, 255).find("--seq 255"), std::string::npos);
   EXPECT_EQ(message(cfg, 2, sp, 256), "");
   EXPECT_NE(message(cfg, 0, {}, 256).find("at least 1"), std::string::npos);

@@ -34,10 +34,14 @@ void validate_tp(const model::GPTConfig& cfg, int tp, const TPOptions& opt, int6
     throw std::invalid_argument("hidden size " + std::to_string(cfg.n_embd) +
                                 " does not divide over --tp " + p +
                                 "; use a tp that divides n_embd.");
-  if (cfg.vocab_size % tp != 0)
-    throw std::invalid_argument("vocabulary of " + std::to_string(cfg.vocab_size) +
-                                " does not divide over --tp " + p +
-                                "; pad the vocabulary to a multiple of tp or use a smaller tp.");
+  if (cfg.vocab_size % tp != 0) {
+    const int64_t padded = (cfg.vocab_size + tp - 1) / tp * tp;
+    throw std::invalid_argument(
+        "vocabulary of " + std::to_string(cfg.vocab_size) + " does not divide over --tp " + p +
+        "; use a tp that divides it, or pad it: a --config file with \"vocab_size\": " +
+        std::to_string(padded) + " (the next multiple of " + p +
+        "; the extra rows are never targets but take part in the softmax).");
+  }
   if (opt.sequence_parallel && seq > 0 && seq % tp != 0)
     throw std::invalid_argument("--sequence-parallel splits the sequence over --tp " + p +
                                 ", but --seq " + std::to_string(seq) +
