@@ -18,12 +18,14 @@ if(MESHTRAIN_HAVE_MPI)
     add_test(NAME comm_mpi_fault_exit_np${np} COMMAND ${_mpirun} -np ${np} $<TARGET_FILE:test_comm_mpi_runner> exit)
     add_test(NAME comm_mpi_fault_throw_np${np} COMMAND ${_mpirun} -np ${np} $<TARGET_FILE:test_comm_mpi_runner> throw)
     add_test(NAME comm_mpi_fault_never_np${np} COMMAND ${_mpirun} -np ${np} $<TARGET_FILE:test_comm_mpi_runner> never)
-    # The job must end (TIMEOUT = deadline 2 s + 5 s + start-up) with rank 0's named error.
+    # The job must end (TIMEOUT = deadline 2 s + 5 s + start-up) with a named error.
     # A process that exits: by default mpirun then terminates the others, whose SIGTERM handler
-    # names the operation they were blocked in; with orte_abort_on_non_zero_status 0 the
-    # others hit their own deadline and report the CommError.
+    # names the operation they were blocked in (a survivor, not necessarily rank 0: on a loaded
+    # machine the launcher can kill rank 0 before it reaches the operation, which it then
+    # cannot name); with orte_abort_on_non_zero_status 0 the others hit their own deadline and
+    # report the CommError.
     set_tests_properties(comm_mpi_fault_exit_np${np} PROPERTIES TIMEOUT 20 LABELS comm
-        PASS_REGULAR_EXPRESSION "world rank 0 terminated by the launcher while waiting in all_reduce #1 on group 'world'")
+        PASS_REGULAR_EXPRESSION "world rank [0-9]+ terminated by the launcher while waiting in all_reduce #1 on group 'world'")
     add_test(NAME comm_mpi_fault_exit_deadline_np${np}
              COMMAND ${_mpirun} --mca orte_abort_on_non_zero_status 0 -np ${np} $<TARGET_FILE:test_comm_mpi_runner> exit)
     set_tests_properties(comm_mpi_fault_exit_deadline_np${np} PROPERTIES TIMEOUT 20 LABELS comm
