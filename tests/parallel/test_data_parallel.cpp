@@ -165,6 +165,44 @@ TEST(TrainerLayouts, CheckpointFromTensorParallelResumesOnDataParallel) {
   fs::remove_all(dir);
 }
 
+// A vocabulary tp does not divide (257): refused without --pad-vocab; with it, trained at tp 2
+// and saved, the checkpoint holds the (257, C) table and resumes at tp 1 on the single-rank curve.
+TEST(TrainerLayouts, PaddedVocabularyTrainsAndResumesAtTp1) {
+  fs::path dir = fs::temp_directory_path() / ("meshtrain_pad_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path cfg = dir / "tiny-v257.json";
+  std::ofstream(cfg) << R"({"name": "tiny-v257", "n_layer": 4, "n_embd": 128, "n_head": 4,)"
+                     << R"( "vocab_size": 257, "block_size": 64})";
+  auto base = options(1, 0, 1);
+  base.config_file = cfg.string();
+  base.steps = 12;
+  auto o = base;
+  o.tp = 2;
+  EXPECT_THROW(train::train(o), std::invalid_argument);  // no --pad-vocab
+  const auto ref = train::train(base);  // tp 1: no padding
+  auto first = base;
+  first.tp = 2;
+  first.pad_vocab = true;
+  first.steps = 6;
+  first.adam.decay_steps = 12;
+  first.checkpoint_dir = (dir / "ck").string();
+  first.checkpoint_every = 6;
+  const auto a = train::train(first);
+  auto second = base;
+  second.checkpoint_dir = first.checkpoint_dir;
+  second.resume = true;
+  const auto b = train::train(second);
+  ASSERT_EQ(a.steps.size(), 6u);
+  ASSERT_EQ(b.start_step, 6);
+  ASSERT_EQ(b.steps.size(), 6u);
+  for (size_t i = 0; i < 12; ++i) {
+    const float got = i < 6 ? a.steps[i].loss : b.steps[i - 6].loss, want = ref.steps[i].loss;
+    EXPECT_LT(std::fabs(got - want) / want, 1e-5) << "step " << i;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(TrainerLayouts, ImpossibleTensorParallelLayoutsAreRefused) {
   auto o = options(1, 0, 1);
   o.tp = 3;  // gpt-tiny has 4 heads

@@ -156,7 +156,8 @@ std::vector<float> loss_curve(const model::GPTConfig& cfg, Layout L, int steps, 
   train::AdamWConfig ac{.lr = lr, .min_lr = lr / 10, .warmup_steps = 5, .decay_steps = steps};
   std::vector<float> curve(steps);
   auto run_rank = [&](parallel::DeviceMesh* mesh) {
-    auto gpt = parallel::build_gpt(cfg, kSeed, mesh ? mesh->tp_ptr() : nullptr, {.sequence_parallel = L.sp});
+    auto gpt = parallel::build_gpt(cfg, kSeed, mesh ? mesh->tp_ptr() : nullptr,
+                                   {.sequence_parallel = L.sp, .pad_vocab = true});
     auto params = gpt->params();
     train::AdamW adam(params, ac, 1);
     const int64_t rows = B / L.dp, row0 = (mesh ? mesh->coord().dp : 0) * rows;
@@ -236,6 +237,19 @@ TEST(TPTrain, GptSmall30StepsReproduceSingleRankLoss) {
                 {"dp2 tp2 sp", {2, 2, true}}});
 }
 
+// A vocabulary the ranks do not divide (257: 129 + 128 rows at tp 2, 65 + 65 + 65 + 62 at tp 4),
+// split with padding that the loss leaves out: the single-rank curve of the unpadded model.
+TEST(TPTrain, PaddedVocabularyReproducesSingleRankLoss) {
+  model::GPTConfig cfg = model::gpt_config("gpt-tiny");
+  cfg.vocab_size = 257;
+  cfg.name = "gpt-tiny (vocab 257)";
+  check_curves(cfg, 30, 8, 32, 2e-3f,
+               {{"tp2", {1, 2, false}},
+                {"tp4", {1, 4, false}},
+                {"tp4 sp", {1, 4, true}},
+                {"dp2 tp2", {2, 2, false}}});
+}
+
 // tp 4 on gpt-small's shapes with 12 heads of 32 (gpt-small's own 6 heads refuse tp 4): the
 // same 30-step curve, with and without sequence parallelism.
 TEST(TPTrain, GptSmall12HeadsAtTp4ReproduceSingleRankLoss) {
@@ -247,7 +261,10 @@ TEST(TPTrain, GptSmall12HeadsAtTp4ReproduceSingleRankLoss) {
 
 // Sampling logits (gathered over the vocabulary) and an evaluation pass (saves nothing).
 TEST(TPGPT, LogitsAndEvaluationMatchSingleRank) {
+  for (const int64_t V : {256, 257}) {  // 257: the table padded to 4 x 65 rows
+  SCOPED_TRACE("vocab " + std::to_string(V));
   model::GPTConfig cfg = model::gpt_config("gpt-tiny");
+  cfg.vocab_size = V;
   const int64_t B = 2, T = 16;
   auto tok = ramp(B * T, 37, 1, cfg.vocab_size), tgt = ramp(B * T, 11, 5, cfg.vocab_size);
   model::GPT ref(cfg, kSeed);
@@ -257,10 +274,11 @@ TEST(TPGPT, LogitsAndEvaluationMatchSingleRank) {
   for (bool sp : {false, true})
     comm::run_threads(4, [&](comm::Communicator& world) {
       parallel::DeviceMesh mesh(world, {1, 4, 1});
-      auto gpt = parallel::build_gpt(cfg, kSeed, mesh.tp_ptr(), {.sequence_parallel = sp});
+      auto gpt = parallel::build_gpt(cfg, kSeed, mesh.tp_ptr(), {.sequence_parallel = sp, .pad_vocab = true});
       nn::Context ctx(1, false);
       EXPECT_TRUE(close(gpt->logits(ctx, tok.data(), B, T), logits_ref, 1e-5f, "logits"));
       EXPECT_NEAR(gpt->forward(ctx, tok.data(), tgt.data(), B, T), loss_ref, 1e-5f * loss_ref);
       EXPECT_EQ(ctx.saved_bytes(), 0);
     });
+  }
 }

@@ -26,6 +26,7 @@ void add_train_command(CLI::App& app) {
   c->add_option("--tp", opt->tp, "Tensor-parallel ranks")->capture_default_str();
   c->add_option("--pp", opt->pp, "Pipeline stages")->capture_default_str();
   c->add_flag("--sequence-parallel", opt->sequence_parallel, "With --tp: split layernorm and residual regions along the sequence");
+  c->add_flag("--pad-vocab", opt->pad_vocab, "With --tp: split a vocabulary tp does not divide by padding it (left out of the loss)");
   c->add_option("--microbatches", opt->microbatches, "Micro-batches per step (gradient accumulation)")->capture_default_str();
   c->add_option("--schedule", opt->schedule, "Pipeline schedule: gpipe, 1f1b, interleaved, zb")->capture_default_str();
   c->add_option("--zero", opt->zero, "ZeRO stage 0..3")->capture_default_str();

@@ -1,5 +1,6 @@
 #include "meshtrain/nn/param.h"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -12,6 +13,13 @@ Shape ShardSpec::local_shape(const Shape& global) const {
   if (dim < 0 || dim >= static_cast<int>(global.size()))
     throw std::invalid_argument("shard dim " + std::to_string(dim) + " outside shape " +
                                 shape_str(global));
+  if (padded && groups != 1)
+    throw std::invalid_argument("a padded shard spec splits one group only");
+  if (padded) {
+    Shape s = global;
+    s[dim] = (global[dim] + size - 1) / size;
+    return s;
+  }
   if (global[dim] % (static_cast<int64_t>(groups) * size) != 0)
     throw std::invalid_argument("dimension " + std::to_string(dim) + " of " + shape_str(global) +
                                 " (" + std::to_string(groups) + " part(s)) does not split over " +
@@ -28,7 +36,7 @@ int64_t ShardSpec::global_index(const Shape& global, int64_t i) const {
   for (size_t d = 0; d < global.size() && d < 8; ++d) local[d] = global[d];
   if (global.size() > 8 || dim < 0 || dim >= static_cast<int>(global.size()))
     throw std::invalid_argument("bad shard spec for shape " + shape_str(global));
-  local[dim] = global[dim] / size;
+  local[dim] = padded ? (global[dim] + size - 1) / size : global[dim] / size;
   // Decompose i into local coordinates (row-major), map the split coordinate, recompose.
   int64_t idx = 0, rem = i;
   int64_t coord[8];
@@ -41,14 +49,23 @@ int64_t ShardSpec::global_index(const Shape& global, int64_t i) const {
   int64_t part_global = global[dim] / groups;  // one group in the full tensor
   int64_t g = coord[dim] / part_local, within = coord[dim] % part_local;
   coord[dim] = g * part_global + static_cast<int64_t>(rank) * part_local + within;
+  if (coord[dim] >= global[dim]) return -1;  // padding (padded specs only)
   for (size_t d = 0; d < global.size(); ++d) idx = idx * global[d] + coord[d];
   return idx;
+}
+
+int64_t ShardSpec::real_rows(const Shape& global) const {
+  if (!is_split()) return global[dim];
+  const int64_t local = local_shape(global)[dim];
+  if (!padded) return local;
+  return std::clamp<int64_t>(global[dim] - static_cast<int64_t>(rank) * local, 0, local);
 }
 
 std::string ShardSpec::str() const {
   if (!is_split()) return "replicated";
   std::ostringstream os;
-  os << "split(dim=" << dim << ", groups=" << groups << ", " << rank << "/" << size << ")";
+  os << "split(dim=" << dim << ", groups=" << groups << ", " << rank << "/" << size
+     << (padded ? ", padded" : "") << ")";
   return os.str();
 }
 
@@ -68,8 +85,10 @@ void init_normal(Param& p, uint64_t seed, float std) {
     return;
   }
 #pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i)
-    v[i] = std * philox_normal(key, static_cast<uint64_t>(p.shard.global_index(p.global_shape, i)));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = p.shard.global_index(p.global_shape, i);
+    v[i] = g < 0 ? 0.f : std * philox_normal(key, static_cast<uint64_t>(g));
+  }
 }
 
 void init_constant(Param& p, float v) { p.value.fill(v); }

@@ -22,16 +22,26 @@ struct ShardSpec {
                    // heads' columns of each of q, k and v)
   int rank = 0;    // this rank's index on the tp axis
   int size = 1;    // the tp axis size
+  bool padded = false;  // (groups 1) dim need not divide: every rank holds ceil(D / size) rows,
+                        // rank r rows [r ceil(D/size), ...) of which those at D and beyond are
+                        // padding (zero, never part of the full tensor)
 
   static ShardSpec replicated() { return {}; }
   static ShardSpec split(int dim, int rank, int size, int groups = 1) {
     return {Kind::kSplit, dim, groups, rank, size};
   }
+  static ShardSpec split_padded(int dim, int rank, int size) {
+    return {Kind::kSplit, dim, 1, rank, size, true};
+  }
   bool is_split() const { return kind == Kind::kSplit && size > 1; }
-  // Local shape of a tensor whose global shape is `global`; throws if it does not divide.
+  // Local shape of a tensor whose global shape is `global`; throws if it does not divide (and
+  // the spec is not padded).
   Shape local_shape(const Shape& global) const;
-  // Global flat index of local flat index `i` (row-major both) for a tensor of global shape.
+  // Global flat index of local flat index `i` (row-major both) for a tensor of global shape;
+  // -1 for a padding element.
   int64_t global_index(const Shape& global, int64_t i) const;
+  // Rows of `dim` this rank holds that are real (not padding): local rows minus padding.
+  int64_t real_rows(const Shape& global) const;
   std::string str() const;  // "replicated" or "split(dim=1, groups=3, 2/4)"
 };
 

@@ -2,6 +2,7 @@
 // (tensor_parallel.h).
 #include "meshtrain/parallel/tensor_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -34,14 +35,13 @@ void validate_tp(const model::GPTConfig& cfg, int tp, const TPOptions& opt, int6
     throw std::invalid_argument("hidden size " + std::to_string(cfg.n_embd) +
                                 " does not divide over --tp " + p +
                                 "; use a tp that divides n_embd.");
-  if (cfg.vocab_size % tp != 0) {
-    const int64_t padded = (cfg.vocab_size + tp - 1) / tp * tp;
+  if (cfg.vocab_size % tp != 0 && !opt.pad_vocab)
     throw std::invalid_argument(
         "vocabulary of " + std::to_string(cfg.vocab_size) + " does not divide over --tp " + p +
-        "; use a tp that divides it, or pad it: a --config file with \"vocab_size\": " +
-        std::to_string(padded) + " (the next multiple of " + p +
-        "; the extra rows are never targets but take part in the softmax).");
-  }
+        "; add --pad-vocab (each rank then holds " +
+        std::to_string((cfg.vocab_size + tp - 1) / tp) +
+        " rows, the padding left out of the loss, which stays the unpadded model's) or use a tp "
+        "that divides it.");
   if (opt.sequence_parallel && seq > 0 && seq % tp != 0)
     throw std::invalid_argument("--sequence-parallel splits the sequence over --tp " + p +
                                 ", but --seq " + std::to_string(seq) +
@@ -260,6 +260,9 @@ std::unique_ptr<model::GPT> build_gpt(const model::GPTConfig& cfg, uint64_t seed
 namespace {
 struct SplitView {
   int64_t outer = 1, inner = 1, groups = 1, part_local = 0, part_global = 0;
+  int64_t rows(int r) const {  // real rows of rank r's run (fewer than part_local when padded)
+    return std::clamp<int64_t>(part_global - r * part_local, 0, part_local);
+  }
 };
 SplitView split_view(const nn::Param& p) {
   const Shape& g = p.global_shape;
@@ -269,16 +272,17 @@ SplitView split_view(const nn::Param& p) {
   for (size_t i = d + 1; i < g.size(); ++i) v.inner *= g[i];
   v.groups = p.shard.groups;
   v.part_global = g[d] / v.groups;
-  v.part_local = v.part_global / p.shard.size;
+  v.part_local = p.shard.local_shape(g)[d] / v.groups;
   return v;
 }
 // Copies rank r's runs between a local buffer and the full tensor (to_full: local -> full).
 void copy_runs(const SplitView& v, int r, const float* local, float* full, bool to_full,
                float* local_out, const float* full_in) {
-  const int64_t run = v.part_local * v.inner;
+  const int64_t stride = v.part_local * v.inner, run = v.rows(r) * v.inner;
+  if (run == 0) return;
   for (int64_t o = 0; o < v.outer; ++o)
     for (int64_t g = 0; g < v.groups; ++g) {
-      const int64_t li = (o * v.groups + g) * run;
+      const int64_t li = (o * v.groups + g) * stride;
       const int64_t fi = (o * v.groups * v.part_global + g * v.part_global + r * v.part_local) *
                          v.inner;
       if (to_full)
@@ -318,7 +322,8 @@ Tensor local_shard(const nn::Param& p, const Tensor& full) {
     throw std::invalid_argument(p.name + ": tensor of shape " + shape_str(full.shape()) +
                                 " where " + shape_str(p.global_shape) + " is expected");
   if (!p.shard.is_split()) return full.clone();
-  Tensor local = Tensor::empty(p.shard.local_shape(p.global_shape));
+  Tensor local = p.shard.padded ? Tensor(p.shard.local_shape(p.global_shape))  // zero padding
+                                : Tensor::empty(p.shard.local_shape(p.global_shape));
   copy_runs(split_view(p), p.shard.rank, nullptr, nullptr, false, local.data(), full.data());
   return local;
 }

@@ -40,11 +40,13 @@ namespace meshtrain::parallel {
 
 struct TPOptions {
   bool sequence_parallel = false;  // --sequence-parallel
+  bool pad_vocab = false;          // --pad-vocab: a vocabulary that tp does not divide is split
+                                   // ceil(V/tp) rows per rank, the padding masked out of the loss
 };
 
 // Throws std::invalid_argument with a sentence saying what to change when cfg cannot be split
-// over `tp` ranks: tp < 1, tp > heads, heads % tp, n_embd % tp, vocab % tp, and under sequence
-// parallelism seq % tp (seq <= 0 skips that check).
+// over `tp` ranks: tp < 1, tp > heads, heads % tp, n_embd % tp, vocab % tp (unless pad_vocab),
+// and under sequence parallelism seq % tp (seq <= 0 skips that check).
 void validate_tp(const model::GPTConfig& cfg, int tp, const TPOptions& opt, int64_t seq);
 
 // ---- layers ----

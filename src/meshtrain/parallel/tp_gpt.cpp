@@ -2,6 +2,7 @@
 // parallel embedding and head, the parallel blocks, and the region ops between them.
 #include "meshtrain/parallel/tp_gpt.h"
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <stdexcept>
@@ -25,7 +26,9 @@ std::vector<std::unique_ptr<model::Block>> tp_blocks(const model::GPTConfig& cfg
 
 TensorParallelGPT::TensorParallelGPT(const model::GPTConfig& cfg, uint64_t seed,
                                      std::shared_ptr<comm::Communicator> tp, const TPOptions& opt)
-    : model::GPT(cfg, seed, nn::ShardSpec::split(0, tp->rank(), tp->size()),
+    : model::GPT(cfg, seed,
+                 cfg.vocab_size % tp->size() ? nn::ShardSpec::split_padded(0, tp->rank(), tp->size())
+                                             : nn::ShardSpec::split(0, tp->rank(), tp->size()),
                  tp_blocks(cfg, seed, tp, opt)),
       tp_(std::move(tp)),
       opt_(opt) {}
@@ -124,19 +127,21 @@ Tensor TensorParallelGPT::logits(nn::Context& ctx, const int32_t* tokens, int64_
   const auto& cfg = config();
   const int64_t C = cfg.n_embd, V = cfg.vocab_size, N = B * T;
   const int p = tp_->size();
-  const int64_t Vl = V / p;
+  const int64_t Vl = vocab_shard(V, *tp_).size;  // rank r's columns: r Vl + [0, its valid)
   nn::Context eval(ctx.threads, /*training=*/false);
   Tensor hin = head_input(trunk(eval, tokens, B, T));  // (B, T, C)
   Tensor local = Tensor::empty({N, Vl});
   kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, Vl, C, 1.f, hin.data(), C,
                 wte.value.data(), C, 0.f, local.data(), Vl, {ctx.threads});
-  std::vector<float> all(static_cast<size_t>(N * V));
+  std::vector<float> all(static_cast<size_t>(N * Vl * p));
   tp_->all_gather(std::span<const float>(local.data(), N * Vl), std::span<float>(all),
                   {.algorithm = kTPAlgorithm});
   Tensor out = Tensor::empty({B, T, V});
-  for (int r = 0; r < p; ++r)
-    for (int64_t i = 0; i < N; ++i)
-      std::memcpy(out.data() + i * V + r * Vl, all.data() + (r * N + i) * Vl, Vl * sizeof(float));
+  for (int r = 0; r < p; ++r) {
+    const int64_t cols = std::clamp<int64_t>(V - r * Vl, 0, Vl);  // padding columns dropped
+    for (int64_t i = 0; i < N && cols > 0; ++i)
+      std::memcpy(out.data() + i * V + r * Vl, all.data() + (r * N + i) * Vl, cols * sizeof(float));
+  }
   return out;
 }
 

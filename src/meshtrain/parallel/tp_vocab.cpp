@@ -2,6 +2,7 @@
 // cross-entropy loops split rows over the rank's thread budget.
 #include "meshtrain/parallel/tp_vocab.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <span>
@@ -15,11 +16,8 @@
 namespace meshtrain::parallel {
 
 VocabShard vocab_shard(int64_t V, const comm::Communicator& tp) {
-  const int p = tp.size();
-  if (V % p != 0)
-    throw std::invalid_argument("vocabulary of " + std::to_string(V) + " does not divide over " +
-                                std::to_string(p) + " tensor-parallel ranks");
-  return {tp.rank() * (V / p), V / p};
+  const int64_t Vl = (V + tp.size() - 1) / tp.size(), start = tp.rank() * Vl;
+  return {start, Vl, std::clamp<int64_t>(V - start, 0, Vl)};
 }
 
 // ---- embedding: partial lookup, then ReduceFromTP (or ReduceScatterToSP) ----
@@ -52,7 +50,7 @@ VocabParallelCE vocab_parallel_ce_forward(comm::Communicator& tp, const Tensor& 
                                           const float* wte_local, const int32_t* targets,
                                           int64_t V, int threads) {
   const VocabShard vs = vocab_shard(V, tp);
-  const int64_t C = h.dim(-1), N = h.numel() / C, Vl = vs.size;
+  const int64_t C = h.dim(-1), N = h.numel() / C, Vl = vs.size, Vr = vs.valid;
   VocabParallelCE ce;
   ce.logits = Tensor::empty({N, Vl});
   kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, Vl, C, 1.f, h.data(), C, wte_local, C,
@@ -65,7 +63,7 @@ VocabParallelCE vocab_parallel_ce_forward(comm::Communicator& tp, const Tensor& 
   for (int64_t i = 0; i < N; ++i) {
     float m = -std::numeric_limits<float>::infinity();
     const float* x = lg + i * Vl;
-    for (int64_t j = 0; j < Vl; ++j) m = x[j] > m ? x[j] : m;
+    for (int64_t j = 0; j < Vr; ++j) m = x[j] > m ? x[j] : m;  // padding columns left out
     mx[i] = m;
   }
   tp.all_reduce(std::span<float>(mx), {.op = comm::ReduceOp::max, .algorithm = kTPAlgorithm});
@@ -76,7 +74,7 @@ VocabParallelCE vocab_parallel_ce_forward(comm::Communicator& tp, const Tensor& 
   for (int64_t i = 0; i < N; ++i) {
     const float* x = lg + i * Vl;
     double s = 0;
-    for (int64_t j = 0; j < Vl; ++j) s += std::exp(static_cast<double>(x[j] - mx[i]));
+    for (int64_t j = 0; j < Vr; ++j) s += std::exp(static_cast<double>(x[j] - mx[i]));
     sz[i] = s;
     const int64_t t = static_cast<int64_t>(targets[i]) - vs.start;
     if (targets[i] >= 0 && t >= 0 && t < Vl) sz[N + i] = x[t];
@@ -96,7 +94,7 @@ Tensor vocab_parallel_ce_backward(comm::Communicator& tp, VocabParallelCE& ce, c
                                   const float* wte_local, float* dwte_local,
                                   const int32_t* targets, float dloss, int64_t V, int threads) {
   const VocabShard vs = vocab_shard(V, tp);
-  const int64_t C = h.dim(-1), N = h.numel() / C, Vl = vs.size;
+  const int64_t C = h.dim(-1), N = h.numel() / C, Vl = vs.size, Vr = vs.valid;
   float* g = ce.logits.data();  // (N, V/p): logits in, dlogits out
 #pragma omp parallel for num_threads(threads) if (threads > 1 && N * Vl > (1 << 14))
   for (int64_t i = 0; i < N; ++i) {
@@ -106,7 +104,8 @@ Tensor vocab_parallel_ce_backward(comm::Communicator& tp, VocabParallelCE& ce, c
       continue;
     }
     const float l = ce.lse[i];
-    for (int64_t j = 0; j < Vl; ++j) x[j] = std::exp(x[j] - l) * dloss;
+    for (int64_t j = 0; j < Vr; ++j) x[j] = std::exp(x[j] - l) * dloss;
+    for (int64_t j = Vr; j < Vl; ++j) x[j] = 0.f;  // padding: no gradient
     const int64_t t = static_cast<int64_t>(targets[i]) - vs.start;
     if (t >= 0 && t < Vl) x[t] -= dloss;
   }

@@ -18,7 +18,7 @@
 // dwte_local += dlogits^T h; dh (N, C) = dlogits @ wte_local is a partial sum over ranks, which
 // the caller's region (CopyToTP / GatherFromSP backward) reduces.
 //
-// Limits: float32; V divisible by p; rows with a negative target count no loss and no gradient.
+// Limits: float32; rows with a negative target count no loss and no gradient.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +30,12 @@ namespace meshtrain::parallel {
 
 struct VocabShard {
   int64_t start = 0;  // first token this rank owns
-  int64_t size = 0;   // tokens it owns (V / p)
+  int64_t size = 0;   // rows of its table slice: ceil(V / p) (V / p when p divides V)
+  int64_t valid = 0;  // of those, real tokens (< V); the rest is padding, never a target
 };
+// Rank r owns tokens [r ceil(V/p), ...); with V % p != 0 the last slices end in padding rows
+// (the table is split with ShardSpec::split_padded), which the cross-entropy leaves out of the
+// softmax, so the loss and every real gradient equal the unpadded model's.
 VocabShard vocab_shard(int64_t V, const comm::Communicator& tp);
 
 // ---- embedding ----

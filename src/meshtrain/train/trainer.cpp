@@ -80,7 +80,7 @@ class RankTrainer {
   RankTrainer(comm::Communicator& world, Shared& sh)
       : sh_(sh), o_(sh.o), mesh_(world, {o_.dp, o_.tp, o_.pp}), lead_(world.rank() == 0) {
     gpt_ = parallel::build_gpt(sh.cfg, o_.seed, o_.tp > 1 ? mesh_.tp_ptr() : nullptr,
-                               {.sequence_parallel = o_.sequence_parallel});
+                               {.sequence_parallel = o_.sequence_parallel, .pad_vocab = o_.pad_vocab});
     std::vector<nn::Param*> params = gpt_->params();
     if (o_.dp > 1 || o_.zero > 0) {
       parallel::DataParallelOptions dpo;
@@ -279,16 +279,22 @@ void RankTrainer::print_header() {
   }
   if (o_.tp > 1) {
     // Tensor parallelism: this rank holds the replicated parameters whole and 1/tp of the split.
-    int64_t rep = 0, split = 0, split_global = 0;
+    int64_t rep = 0, split = 0, split_global = 0, padding = 0;
     for (nn::Param* p : gpt_->params()) {
-      if (p->shard.is_split()) split += p->value.bytes(), split_global += shape_numel(p->global_shape) * 4;
-      else rep += p->value.bytes();
+      if (p->shard.is_split()) {
+        split += p->value.bytes(), split_global += shape_numel(p->global_shape) * 4;
+        if (p->shard.padded) padding += p->value.bytes() - shape_numel(p->global_shape) * 4 / o_.tp;
+      } else {
+        rep += p->value.bytes();
+      }
     }
     std::printf("parameters per rank (tp %d): replicated %lld + split %lld = %lld bytes "
-                "(split part of the full model %lld / %d = %lld)\n",
+                "(split part of the full model %lld / %d = %lld",
                 o_.tp, static_cast<long long>(rep), static_cast<long long>(split),
                 static_cast<long long>(rep + split), static_cast<long long>(split_global), o_.tp,
                 static_cast<long long>(split_global / o_.tp));
+    if (padding) std::printf(", + about %lld of vocabulary padding", static_cast<long long>(padding));
+    std::printf(")\n");
   }
   if (o_.dp > 1 || o_.zero > 0) {
     // ZeRO's per-rank state against the analytic formula (float32 Adam: 4 + 4 + 8 bytes per
@@ -469,7 +475,7 @@ model::GPTConfig resolve_options(TrainOptions& o) {
   if (o.data.empty()) throw bad("--data is required: a text file or a uint16 token file (.bin)");
   if (comm::launched_by_mpirun()) o.backend = "mpi";
   check_layout(o);
-  if (o.tp > 1) parallel::validate_tp(cfg, o.tp, {.sequence_parallel = o.sequence_parallel}, o.seq);
+  if (o.tp > 1) parallel::validate_tp(cfg, o.tp, {.sequence_parallel = o.sequence_parallel, .pad_vocab = o.pad_vocab}, o.seq);
   if (!(o.adam.lr > 0)) throw bad("--lr must be positive");
   if (o.eval_batches < 1) throw bad("--eval-batches must be at least 1");
   if (o.checkpoint_every < 0) throw bad("--checkpoint-every must be 0 (never) or positive");

@@ -38,6 +38,7 @@ struct TrainOptions {
   std::string schedule = "1f1b";
   int zero = 0;
   bool sequence_parallel = false;  // with --tp: layernorm/residual regions split along T
+  bool pad_vocab = false;          // with --tp: pad a vocabulary tp does not divide
   int64_t bucket_bytes = 0;  // data-parallel gradient bucket size (0: the default)
   std::string backend = "threads";
   // parameter-server mode (train/ps_trainer.h): world = dp workers + ps_servers servers
