@@ -88,14 +88,9 @@ def parse_args(argv):
     if a.seq > a.cfg["max_seq"]:
         p.error(f"--seq {a.seq} exceeds {a.name}'s context of {a.cfg['max_seq']}")
     if a.nproc >= 2:
-        a.intra_threads = a.intra_threads or 1
-        a.blas_threads = a.blas_threads or 1
-    for name in ("intra_threads", "blas_threads"):
-        v = getattr(a, name)
-        if v is not None and v < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if a.data is not None and not os.path.isfile(a.data):
-        p.error(f"--data {a.data}: no such file")
+        a.intra_threads = 1 if a.intra_threads is None else a.intra_threads
+        a.blas_threads = 1 if a.blas_threads is None else a.blas_threads
+    torch_gpt.check_threads_and_data(p, a)
     return a
 
 

@@ -40,6 +40,16 @@ CONFIGS = {
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's python3-torch lives here, not in a pyenv python
 
 
+def check_threads_and_data(p, a):
+    """The option checks every PyTorch script shares: thread counts >= 1, --data a file."""
+    for name in ("intra_threads", "blas_threads"):
+        v = getattr(a, name)
+        if v is not None and v < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if a.data is not None and not os.path.isfile(a.data):
+        p.error(f"--data {a.data}: no such file")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gpt-tiny", choices=sorted(CONFIGS))
@@ -67,12 +77,7 @@ def parse_args(argv):
         p.error("--batch, --seq and --steps must be >= 1, --warmup >= 0")
     if a.seq > cfg["max_seq"]:
         p.error(f"--seq {a.seq} exceeds {a.model}'s context of {cfg['max_seq']}")
-    for name in ("intra_threads", "blas_threads"):
-        v = getattr(a, name)
-        if v is not None and v < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if a.data is not None and not os.path.isfile(a.data):
-        p.error(f"--data {a.data}: no such file")
+    check_threads_and_data(p, a)
     return a
 
 
