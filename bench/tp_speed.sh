@@ -112,7 +112,7 @@ echo "== tensor-parallel speed: $(date -u '+%Y-%m-%d %H:%M UTC'), $(lscpu 2>/dev
 echo "   $MODEL B=$BATCH T=$SEQ, data $DATA, $STEPS steps ($WARMUP warm-up), $REPS rep(s); load:$(uptime | sed 's/.*load average://')"
 echo "   meshtrain: $MESHTRAIN ($(git log -1 --format='%h %cd' --date=format:'%H:%M' 2>/dev/null))"
 
-declare -A R SH
+declare -A R SH P   # P[setting,rep] = tokens/s of that rep
 LOADS=()
 for ((r = 1; r <= REPS; r++)); do
   order=(mt1 pt1a mt2 pt2 pt1b)
@@ -131,7 +131,7 @@ for ((r = 1; r <= REPS; r++)); do
     rc=$?
     [ "$rc" = 2 ] && { echo "   PyTorch is not installed (apt-get install -y python3-torch python3-numpy)"; exit 2; }
     printf '   rep %d %-29s %9s tok/s  (%s; load %s, busy %s cores before)\n' "$r" "$label" "${TPS:--}" "$NOTE" "$LOAD" "$BUSY"
-    [ "$rc" = 0 ] && R[$s]="${R[$s]:-} $TPS"
+    [ "$rc" = 0 ] && R[$s]="${R[$s]:-} $TPS" && P[$s,$r]=$TPS
     [ "$rc" = 0 ] && [ -n "$SHARE" ] && SH[$s]="${SH[$s]:-} $SHARE%"
   done
 done
@@ -146,3 +146,10 @@ printf '%-10s %10s %10s %6s %14s | %10s %10s %6s %14s\n' "$MODEL" "${mt1:--}" "$
   "${SH[mt2]:- -}" "${pt1:--}${which:+ ($which)}" "${pt2:--}" "$(ratio "$pt2" "$pt1")" "${SH[pt2]:- -}"
 echo "(tokens/s of the batch, best of $REPS rep(s); speed = tp 2 / tp 1; meshtrain's tp 2 is $(ratio "$mt2" "$pt2")x PyTorch's tp 2;"
 echo " pt tp1: best of intra-op,OpenBLAS = 1,2 and 2,1; loads before the runs: ${LOADS[*]}; load at end:$(uptime | sed 's/.*load average://'))"
+ms="" ps=""
+for ((r = 1; r <= REPS; r++)); do
+  ms="$ms $(ratio "${P[mt2,$r]:-}" "${P[mt1,$r]:-}")"
+  ps="$ps $(ratio "${P[pt2,$r]:-}" "$(best "${P[pt1a,$r]:-}" "${P[pt1b,$r]:-}")")"
+done
+echo "per rep (runs minutes apart, so they share the machine's speed of the moment): meshtrain tp 2 / tp 1:$ms"
+echo "  (median $(median $ms)); PyTorch tp 2 / tp 1:$ps (median $(median $ps))"
