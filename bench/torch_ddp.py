@@ -203,11 +203,7 @@ def worker(rank, args, port):
             "bucket_mb": args.bucket_mb,
             "threads": {"intra_op": torch.get_num_threads(),
                         "openblas": os.environ.get("OPENBLAS_NUM_THREADS", "unset")},
-            "tokens_per_s": round(GB / med, 1),
-            "step_ms": {"median": round(med * 1e3, 3), "mean": round(mean * 1e3, 3),
-                        "min": round(min(times) * 1e3, 3), "max": round(max(times) * 1e3, 3)},
-            "loss": {"first": round(losses[0], 5), "last": round(losses[-1], 5)},
-            "cpu_cores": {"own": round(own, 2), "others": None if others is None else round(others, 2)},
+            **torch_gpt.timing(times, GB, losses, own, others),
             "blas_core": torch_gpt.openblas_corename(),
         }
         if not args.quiet:

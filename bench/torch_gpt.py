@@ -295,6 +295,19 @@ def batcher(torch, data, vocab, B, T, gen, prog):
     return batch
 
 
+def timing(times, tokens, losses, own, others):
+    """The JSON fields every PyTorch script reports for its timed steps (seconds each): tokens/s
+    of `tokens` per median step, the step-time statistics, the loss, and the CPU shares."""
+    med, mean = statistics.median(times), statistics.fmean(times)
+    return {
+        "tokens_per_s": round(tokens / med, 1),
+        "step_ms": {"median": round(med * 1e3, 3), "mean": round(mean * 1e3, 3),
+                    "min": round(min(times) * 1e3, 3), "max": round(max(times) * 1e3, 3)},
+        "loss": {"first": round(losses[0], 5), "last": round(losses[-1], 5)},
+        "cpu_cores": {"own": round(own, 2), "others": None if others is None else round(others, 2)},
+    }
+
+
 def main(argv):
     args = parse_args(argv)
     reexec_if_needed(args)
@@ -364,12 +377,8 @@ def main(argv):
         "batch": B, "seq": T, "steps": len(times), "warmup": args.warmup,
         "data": args.data or "random",
         "threads": {"intra_op": intra, "openblas": blas},
-        "tokens_per_s": round(B * T / med, 1),
-        "step_ms": {"median": round(med * 1e3, 3), "mean": round(mean * 1e3, 3),
-                    "min": round(min(times) * 1e3, 3), "max": round(max(times) * 1e3, 3)},
-        "loss": {"first": round(losses[0], 5), "last": round(losses[-1], 5)},
-        # cores this process kept busy, and cores other processes used, during the timed steps
-        "cpu_cores": {"own": round(own, 2), "others": None if others is None else round(others, 2)},
+        # cpu_cores: cores this process kept busy, and cores other processes used, while timed
+        **timing(times, B * T, losses, own, others),
         "blas_lib": loaded_blas(),
         "blas_core": openblas_corename(),
     }

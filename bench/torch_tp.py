@@ -413,19 +413,15 @@ def worker(rank, args, port):
             "batch": B, "seq": T, "steps": len(times), "warmup": args.warmup,
             "data": args.data or "random",
             "threads": {"intra_op": torch.get_num_threads(), "openblas": blas},
-            "tokens_per_s": round(B * T / med, 1),
-            "step_ms": {"median": round(med * 1e3, 3), "mean": round(mean * 1e3, 3),
-                        "min": round(min(times) * 1e3, 3), "max": round(max(times) * 1e3, 3)},
+            **torch_gpt.timing(times, B * T, losses, own, others),
             # time inside the all-reduces per timed step: rank 0's median, and each rank's
             "comm_ms": {"median": round(comm_med[0] * 1e3, 3),
                         "per_rank": [round(c * 1e3, 3) for c in comm_med]},
             "comm_share": round(comm_med[0] / med, 4),
             "allreduce_per_step": {"calls": calls, "bytes": elems * 4},
-            "loss": {"first": round(losses[0], 5), "last": round(losses[-1], 5)},
             "losses": losses,  # every step, warm-up included
             "grad_norms": norms,  # the global gradient norm before clipping, every step
             "replicated_max_abs_diff": repl_diff,
-            "cpu_cores": {"own": round(own, 2), "others": None if others is None else round(others, 2)},
             "blas_core": torch_gpt.openblas_corename(),
         }
         if not args.quiet:
