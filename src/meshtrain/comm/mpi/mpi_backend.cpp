@@ -5,8 +5,9 @@
 //
 // Deadlines: every wait polls MPI_Test (spin, then yield, then short sleeps) against the
 // deadline, because a peer that died leaves MPI_Recv waiting forever under OpenMPI. After any
-// failed operation the process is marked failed; its exit then calls MPI_Abort, which ends the
-// other processes instead of leaving them waiting until the job's end.
+// failed operation the process is marked failed; its exit waits (at most 2 s) for the others to
+// report, then calls MPI_Abort, which ends them instead of leaving them waiting until the job's
+// end.
 //
 // Threads: all MPI calls are serialised by one mutex (the progress thread of async collectives
 // and the caller may both talk to MPI), so MPI_THREAD_SERIALIZED suffices.
@@ -42,7 +43,9 @@ std::mutex g_mpi;                 // serialises every MPI call
 std::atomic<bool> g_failed{false};  // an operation failed: abort instead of finalize at exit
 MPI_Comm g_notice = MPI_COMM_NULL;  // world dup carrying abort notices (tag kNoticeTag)
 constexpr int kNoticeTag = 1;
+constexpr int kDoneTag = 2;  // "this failed process has reported and is leaving" (1 byte)
 constexpr int kNoticeBytes = 512;
+std::vector<MPI_Request> g_notice_sends;  // kept (not freed) so the exit can drive them
 int g_world_rank = 0, g_world_size = 1;
 
 // What this process is blocked on, for the SIGTERM handler (double-buffered: the handler reads
@@ -66,13 +69,57 @@ void on_sigterm(int sig) {
   std::raise(sig);
 }
 
+// A failed process is about to end the job with MPI_Abort, which kills every process at once:
+// first it lets the others report. It tells each that it has reported (kDoneTag), and waits until
+// every other process has said the same or kReportGrace has passed (a process that died or hangs
+// in computation never answers), driving its own sends meanwhile: under OpenMPI a nonblocking
+// send may only progress inside MPI calls of the sender. Without this, on a loaded machine the
+// abort of the first failed process could kill a peer before that peer had seen the notice and
+// named its failed operation.
+constexpr auto kReportGrace = std::chrono::seconds(2);
+
+void finish_reporting() {
+  static char byte = 1;
+  std::vector<MPI_Request> sends;
+  std::vector<char> heard(static_cast<std::size_t>(g_world_size), 0);
+  int missing = g_world_size - 1;
+  {
+    std::lock_guard g(g_mpi);
+    for (int r = 0; r < g_world_size; ++r) {
+      if (r == g_world_rank) continue;
+      sends.emplace_back();
+      MPI_Isend(&byte, 1, MPI_CHAR, r, kDoneTag, g_notice, &sends.back());
+    }
+  }
+  const auto end = std::chrono::steady_clock::now() + kReportGrace;
+  while (missing > 0 && std::chrono::steady_clock::now() < end) {
+    bool got = false;
+    {
+      std::lock_guard g(g_mpi);
+      int flag = 0, done = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, kDoneTag, g_notice, &flag, &st);
+      if (flag) {
+        char b = 0;
+        MPI_Recv(&b, 1, MPI_CHAR, st.MPI_SOURCE, kDoneTag, g_notice, MPI_STATUS_IGNORE);
+        if (!heard[static_cast<std::size_t>(st.MPI_SOURCE)]) heard[static_cast<std::size_t>(st.MPI_SOURCE)] = 1, --missing;
+        got = true;
+      }
+      MPI_Testall(static_cast<int>(sends.size()), sends.data(), &done, MPI_STATUSES_IGNORE);
+      if (!g_notice_sends.empty())
+        MPI_Testall(static_cast<int>(g_notice_sends.size()), g_notice_sends.data(), &done,
+                    MPI_STATUSES_IGNORE);
+    }
+    if (!got) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 void at_exit_hook() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
   if (g_failed.load()) {
-    // Give the peers a moment to report the notice they got, then end the job.
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    finish_reporting();
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   MPI_Finalize();
@@ -88,9 +135,8 @@ void send_notice(const std::string& reason) {
   std::lock_guard g(g_mpi);
   for (int r = 0; r < g_world_size; ++r) {
     if (r == g_world_rank) continue;
-    MPI_Request req;
-    MPI_Isend(text, kNoticeBytes, MPI_CHAR, r, kNoticeTag, g_notice, &req);
-    MPI_Request_free(&req);
+    g_notice_sends.emplace_back();
+    MPI_Isend(text, kNoticeBytes, MPI_CHAR, r, kNoticeTag, g_notice, &g_notice_sends.back());
   }
 }
 
