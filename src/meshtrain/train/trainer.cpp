@@ -283,7 +283,8 @@ void RankTrainer::print_header() {
     for (nn::Param* p : gpt_->params()) {
       if (p->shard.is_split()) {
         split += p->value.bytes(), split_global += shape_numel(p->global_shape) * 4;
-        if (p->shard.padded) padding += p->value.bytes() - shape_numel(p->global_shape) * 4 / o_.tp;
+        if (p->shard.padded)  // rows added so that every rank holds ceil(rows / tp)
+          padding = p->value.dim(p->shard.dim) * o_.tp - p->global_shape[p->shard.dim];
       } else {
         rep += p->value.bytes();
       }
@@ -293,7 +294,9 @@ void RankTrainer::print_header() {
                 o_.tp, static_cast<long long>(rep), static_cast<long long>(split),
                 static_cast<long long>(rep + split), static_cast<long long>(split_global), o_.tp,
                 static_cast<long long>(split_global / o_.tp));
-    if (padding) std::printf(", + about %lld of vocabulary padding", static_cast<long long>(padding));
+    if (padding)
+      std::printf("; the vocabulary is padded by %lld rows to split %lld per rank, the padding on the last rank(s)",
+                  static_cast<long long>(padding), static_cast<long long>(gpt_->config().vocab_size / o_.tp + 1));
     std::printf(")\n");
   }
   if (o_.dp > 1 || o_.zero > 0) {
