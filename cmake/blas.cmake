@@ -39,7 +39,10 @@ elseif(MESHTRAIN_BLAS STREQUAL "blis")
   target_include_directories(meshtrain_blas INTERFACE ${MESHTRAIN_BLIS_INCLUDE})
   target_compile_definitions(meshtrain_blas INTERFACE MESHTRAIN_BLAS_BLIS=1)
 elseif(MESHTRAIN_BLAS STREQUAL "dnnl")
-  find_package(dnnl REQUIRED)
+  # Debian's dnnl-config.cmake calls find_package(OpenCL REQUIRED) itself, which fails with a
+  # page of CMake text when the loader and headers are absent: look for them first.
+  meshtrain_require(OpenCL "ocl-icd-opencl-dev opencl-c-headers (oneDNN's CMake package needs them)")
+  meshtrain_require(dnnl "libdnnl-dev")
   target_link_libraries(meshtrain_blas INTERFACE DNNL::dnnl)
   target_compile_definitions(meshtrain_blas INTERFACE MESHTRAIN_BLAS_DNNL=1)
 else()

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake pkg-config git
   libopenblas-openmp-dev libblis-dev libdnnl-dev   # BLAS candidates (docs/benchmarks.md)
+  ocl-icd-opencl-dev opencl-c-headers              # oneDNN's CMake package requires OpenCL
   libopenmpi-dev openmpi-bin                       # the mpi backend
   libgtest-dev libgmock-dev libbenchmark-dev       # tests and benchmarks
   nlohmann-json3-dev libcli11-dev zlib1g-dev
