@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include "temp_dir.h"
+
 namespace {
 
 struct Result {
@@ -28,11 +30,19 @@ Result run(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// One directory per test process: ctest runs the cases of this file side by side.
+const meshtrain::testing::TempDir& scratch() {
+  static meshtrain::testing::TempDir dir("cli");
+  return dir;
+}
+
 std::string corpus() {
-  auto p = std::filesystem::temp_directory_path() / "meshtrain_cli_corpus.txt";
-  std::ofstream f(p);
-  for (int i = 0; i < 2000; ++i) f << "to be or not to be, that is the question. ";
-  return p.string();
+  std::string p = scratch().file("corpus.txt");
+  if (!std::filesystem::exists(p)) {
+    std::ofstream f(p);
+    for (int i = 0; i < 2000; ++i) f << "to be or not to be, that is the question. ";
+  }
+  return p;
 }
 
 }  // namespace
@@ -76,7 +86,7 @@ TEST(Cli, ImpossibleLayoutExits2) {
 }
 
 TEST(Cli, TrainsAndWritesMetrics) {
-  auto metrics = std::filesystem::temp_directory_path() / "meshtrain_cli_metrics.jsonl";
+  std::filesystem::path metrics = scratch().file("metrics.jsonl");
   Result r = run("train --data " + corpus() + " --batch 4 --seq 16 --steps 3 --eval-batches 2 --metrics " +
                  metrics.string());
   ASSERT_EQ(r.code, 0) << r.output;
@@ -93,7 +103,7 @@ TEST(Cli, TrainsAndWritesMetrics) {
 }
 
 TEST(Cli, GenerateSamplesFromACheckpoint) {
-  auto dir = std::filesystem::temp_directory_path() / ("meshtrain_cli_gen_" + std::to_string(::getpid()));
+  std::filesystem::path dir = scratch().path() / "gen";
   std::filesystem::remove_all(dir);
   Result t = run("train --data " + corpus() + " --batch 4 --seq 16 --steps 2 --eval-batches 1 --quiet "
                  "--checkpoint-dir " + dir.string() + " --checkpoint-every 2");

@@ -16,6 +16,7 @@
 #include "meshtrain/train/ps_trainer.h"
 #include "meshtrain/train/trainer.h"
 #include "layout_fixture.h"
+#include "temp_dir.h"
 
 using namespace meshtrain;
 namespace fs = std::filesystem;
@@ -187,7 +188,8 @@ TEST(ParamServer, BadOptionsAreRefused) {
   o.slow_worker_factor = 0.5;
   EXPECT_THROW(train::train(o), std::invalid_argument);
   o = options(2, 1, 0);
-  o.checkpoint_dir = (fs::temp_directory_path() / "meshtrain_ps_ckpt").string();
+  meshtrain::testing::TempDir ckpt("ps_ckpt");
+  o.checkpoint_dir = ckpt.file("ckpt");
   o.checkpoint_every = 5;
   EXPECT_THROW(train::train(o), std::invalid_argument);
   try {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/trace/trace.h"
+#include "temp_dir.h"
 
 using namespace meshtrain::trace;
 
@@ -25,7 +26,8 @@ TEST(Trace, ChromeJsonHasOneProcessPerRankAndTracks) {
   Recorder r;
   { Recorder::Span s(&r, 0, Track::compute, "forward", "forward"); }
   { Recorder::Span s(&r, 1, Track::comm, "all_reduce", "comm"); }
-  auto path = std::filesystem::temp_directory_path() / "meshtrain_trace_test.json";
+  meshtrain::testing::TempDir tmp("trace");
+  std::filesystem::path path = tmp.file("trace.json");
   r.write_chrome_json(path.string());
   nlohmann::json j;
   std::ifstream(path) >> j;
@@ -39,7 +41,7 @@ TEST(Trace, ChromeJsonHasOneProcessPerRankAndTracks) {
   }
   EXPECT_EQ(spans, 2);
   EXPECT_EQ(names, 2);
-  auto svg = std::filesystem::temp_directory_path() / "meshtrain_trace_test.svg";
+  std::filesystem::path svg = tmp.file("trace.svg");
   r.write_svg(svg.string());
   std::ifstream s(svg);
   std::string text((std::istreambuf_iterator<char>(s)), {});
