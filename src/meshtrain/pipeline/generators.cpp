@@ -1,0 +1,182 @@
+// The schedule generators and their table. Each generator writes, for every rank, the order
+// of its compute actions; the dependencies between ranks (an F needs the previous stage's F,
+// a B the next stage's B) are what turn these orders into the familiar pictures, and the
+// simulator (simulate.h) replays them to measure bubbles.
+#include <algorithm>
+#include <array>
+#include <stdexcept>
+
+#include "meshtrain/pipeline/schedule.h"
+
+namespace meshtrain::pipeline {
+
+namespace {
+
+Action compute(const ScheduleShape& s, int rank, int chunk, Kind kind, int mb) {
+  return Action{s.stage_of(rank, chunk), kind, mb, chunk};
+}
+
+}  // namespace
+
+// ---- naive ----
+// One micro-batch at a time: rank r runs F then B of micro-batch k and nothing else until
+// it has. Because B of k on stage 0 waits for the whole pipeline, micro-batch k + 1 enters
+// only after k has left: no two stages ever work at once.
+RankLists naive_schedule(const ScheduleShape& s) {
+  RankLists out(s.pp);
+  for (int r = 0; r < s.pp; ++r)
+    for (int k = 0; k < s.microbatches; ++k) {
+      out[r].push_back(compute(s, r, 0, Kind::F, k));
+      out[r].push_back(compute(s, r, 0, Kind::B, k));
+    }
+  return out;
+}
+
+// ---- GPipe ----
+// All forwards, then all backwards in the same micro-batch order (as PyTorch's ScheduleGPipe).
+// Every rank holds all m micro-batches' activations at the turn.
+RankLists gpipe_schedule(const ScheduleShape& s) {
+  RankLists out(s.pp);
+  for (int r = 0; r < s.pp; ++r) {
+    for (int k = 0; k < s.microbatches; ++k) out[r].push_back(compute(s, r, 0, Kind::F, k));
+    for (int k = 0; k < s.microbatches; ++k) out[r].push_back(compute(s, r, 0, Kind::B, k));
+  }
+  return out;
+}
+
+// ---- 1F1B ----
+// PipeDream-flush / Megatron's non-interleaved schedule. Rank r warms up with
+// min(pp - r - 1, m) forwards, then alternates one forward and one backward, then drains the
+// remaining backwards. At most min(m, pp - r) micro-batches are in flight on rank r.
+RankLists one_f_one_b_schedule(const ScheduleShape& s) {
+  RankLists out(s.pp);
+  const int m = s.microbatches;
+  for (int r = 0; r < s.pp; ++r) {
+    const int warmup = std::min(s.pp - r - 1, m);
+    auto& list = out[r];
+    for (int k = 0; k < warmup; ++k) list.push_back(compute(s, r, 0, Kind::F, k));
+    for (int k = 0; k < m - warmup; ++k) {
+      list.push_back(compute(s, r, 0, Kind::F, warmup + k));
+      list.push_back(compute(s, r, 0, Kind::B, k));
+    }
+    for (int k = m - warmup; k < m; ++k) list.push_back(compute(s, r, 0, Kind::B, k));
+  }
+  return out;
+}
+
+// ---- interleaved 1F1B ----
+// Megatron's virtual pipeline (Narayanan et al. 2021): each rank holds v chunks (stages r,
+// r + pp, ...), and works through m * v "virtual micro-batches". Virtual micro-batch k runs
+// chunk (k mod pp v) / pp (counted from the last chunk for backward) on micro-batch
+// (k / (pp v)) pp + k mod pp, i.e. groups of pp micro-batches go through one chunk, then the
+// next. Rank r warms up with (pp - r - 1) * 2 + (v - 1) * pp forwards, then alternates.
+// Constraints (Megatron's): v >= 2 (v = 1 is plain 1F1B) and m a multiple of pp, so every
+// group of pp micro-batches is complete. (Megatron also runs all forwards first when m == pp;
+// with asynchronous sends that is not needed, and the dry run shows this order runs.)
+RankLists interleaved_schedule(const ScheduleShape& s) {
+  const int pp = s.pp, v = s.chunks, m = s.microbatches;
+  if (v < 2)
+    throw std::invalid_argument("interleaved needs at least 2 chunks per rank (got --chunks " +
+                                std::to_string(v) + "); use 1f1b for one chunk.");
+  if (m % pp != 0)
+    throw std::invalid_argument("interleaved needs the micro-batch count to be a multiple of pp (got " +
+                                std::to_string(m) + " micro-batches for pp " + std::to_string(pp) +
+                                "); use a multiple of " + std::to_string(pp) + ".");
+  const int total = m * v;
+  auto virtual_action = [&](int r, int k, bool forward) {
+    const int in_group = k % (pp * v);
+    int chunk = in_group / pp;
+    if (!forward) chunk = v - 1 - chunk;
+    const int mb = (k / (pp * v)) * pp + k % pp;
+    return compute(s, r, chunk, forward ? Kind::F : Kind::B, mb);
+  };
+  RankLists out(pp);
+  for (int r = 0; r < pp; ++r) {
+    const int warmup = std::min((pp - r - 1) * 2 + (v - 1) * pp, total);
+    auto& list = out[r];
+    for (int k = 0; k < warmup; ++k) list.push_back(virtual_action(r, k, true));
+    for (int k = 0; k < total - warmup; ++k) {
+      list.push_back(virtual_action(r, warmup + k, true));
+      list.push_back(virtual_action(r, k, false));
+    }
+    for (int k = total - warmup; k < total; ++k) list.push_back(virtual_action(r, k, false));
+  }
+  return out;
+}
+
+// ---- zero bubble ZB-H1 ----
+// Qi et al. 2023, "Zero Bubble Pipeline Parallelism", the schedule whose peak memory does not
+// exceed 1F1B's: backward is split into I (input gradient, on the critical path) and W
+// (weight gradient, needed only by the optimizer). Rank r keeps 1F1B's warm-up and its
+// F-I alternation, but holds back r weight gradients: in the steady phase, after F and I it
+// runs the W of the micro-batch r places behind; the held-back W's fill the cool-down, where
+// 1F1B's rank r would wait for gradients. In flight (F done, W not yet) on rank r:
+// (pp - r - 1) + 1 + r = pp, 1F1B's peak on rank 0. With F = I = W the bubble falls from
+// 1F1B's (pp - 1)(F + I + W) to (pp - 1)(F + I - W).
+RankLists zb_h1_schedule(const ScheduleShape& s) {
+  RankLists out(s.pp);
+  const int m = s.microbatches;
+  for (int r = 0; r < s.pp; ++r) {
+    const int warmup = std::min(s.pp - r - 1, m);
+    auto& list = out[r];
+    int next_w = 0;  // the next micro-batch whose W is due
+    for (int k = 0; k < warmup; ++k) list.push_back(compute(s, r, 0, Kind::F, k));
+    for (int k = 0; k < m - warmup; ++k) {
+      list.push_back(compute(s, r, 0, Kind::F, warmup + k));
+      list.push_back(compute(s, r, 0, Kind::I, k));
+      if (k - r >= next_w) list.push_back(compute(s, r, 0, Kind::W, next_w++));
+    }
+    for (int k = m - warmup; k < m; ++k) {
+      list.push_back(compute(s, r, 0, Kind::I, k));
+      if (k - r >= next_w) list.push_back(compute(s, r, 0, Kind::W, next_w++));
+    }
+    while (next_w < m) list.push_back(compute(s, r, 0, Kind::W, next_w++));
+  }
+  return out;
+}
+
+// ---- the table ----
+namespace {
+
+constexpr std::array<GeneratorInfo, 5> kGenerators{{
+    {"naive", naive_schedule, false, false, "one micro-batch at a time through all stages"},
+    {"gpipe", gpipe_schedule, false, false, "all forwards, then all backwards (GPipe)"},
+    {"1f1b", one_f_one_b_schedule, false, false,
+     "warm-up forwards, then one forward one backward (PipeDream-flush)"},
+    {"interleaved", interleaved_schedule, true, false,
+     "1F1B over v model chunks per rank (Megatron's virtual pipeline); m a multiple of pp"},
+    {"zb-h1", zb_h1_schedule, false, true,
+     "1F1B with backward split into I and W, W deferred into the bubble (zero bubble H1)"},
+}};
+
+}  // namespace
+
+std::span<const GeneratorInfo> generators() { return kGenerators; }
+
+const GeneratorInfo& find_generator(std::string_view name) {
+  std::string known;
+  for (const GeneratorInfo& g : kGenerators) {
+    if (g.name == name) return g;
+    known += (known.empty() ? "" : ", ") + std::string(g.name);
+  }
+  throw std::invalid_argument("unknown pipeline schedule '" + std::string(name) + "'; choose one of " +
+                              known + ".");
+}
+
+Schedule make_schedule(std::string_view name, const ScheduleShape& shape) {
+  const GeneratorInfo& g = find_generator(name);
+  if (shape.pp < 1)
+    throw std::invalid_argument("a pipeline needs at least 1 rank (got pp " + std::to_string(shape.pp) + ").");
+  if (shape.microbatches < 1)
+    throw std::invalid_argument("a pipeline needs at least 1 micro-batch (got " +
+                                std::to_string(shape.microbatches) + ").");
+  if (shape.chunks < 1)
+    throw std::invalid_argument("the chunk count per rank must be at least 1 (got " +
+                                std::to_string(shape.chunks) + ").");
+  if (!g.multi_chunk && shape.chunks != 1)
+    throw std::invalid_argument("schedule " + std::string(g.name) + " runs one chunk per rank (got " +
+                                std::to_string(shape.chunks) + "); use interleaved for several.");
+  return Schedule{std::string(g.name), shape, false, g.generate(shape)};
+}
+
+}  // namespace meshtrain::pipeline

@@ -1,0 +1,73 @@
+// Pipeline schedules as data: per rank, the ordered list of actions it performs for one step
+// (one flush of m micro-batches), and the generators that write them.
+//
+// Placement. A schedule has pp ranks and v model chunks per rank, so pp * v stages. Stage s
+// lives on rank s % pp as that rank's chunk s / pp (Megatron's virtual pipeline: rank r holds
+// stages r, r + pp, r + 2 pp, ...). With v = 1 this is one stage per rank, stage r on rank r.
+//
+// Generators emit compute actions only (F, B, I, W); passes.h adds the communication
+// (add_send_recv), checks the order (validate) and proves it runs (dry_run in simulate.h).
+//
+// Adding a schedule: write one function `RankLists my_schedule(const ScheduleShape&)` in
+// generators.cpp and add one row to the table there. Nothing else changes: the CLI, the
+// passes and the simulator find it by name through find_generator().
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meshtrain/pipeline/action.h"
+
+namespace meshtrain::pipeline {
+
+using RankLists = std::vector<std::vector<Action>>;  // [rank][position]
+
+// What a generator is asked for: pp ranks, m micro-batches, v chunks per rank.
+struct ScheduleShape {
+  int pp = 1;
+  int microbatches = 1;
+  int chunks = 1;
+  int stages() const { return pp * chunks; }
+  int rank_of(int stage) const { return stage % pp; }
+  int chunk_of(int stage) const { return stage / pp; }
+  int stage_of(int rank, int chunk) const { return chunk * pp + rank; }
+};
+
+struct Schedule {
+  std::string name;        // the generator's name ("1f1b"), or "custom" for hand-made lists
+  ScheduleShape shape;
+  bool has_comm = false;   // true once add_send_recv ran: F/B then need their RECVs
+  RankLists ranks;         // ranks[r]: rank r's actions in the order it performs them
+};
+
+using GeneratorFn = RankLists (*)(const ScheduleShape&);
+
+// One row of the generator table.
+struct GeneratorInfo {
+  std::string_view name;         // "gpipe", "1f1b", ...
+  GeneratorFn generate;
+  bool multi_chunk;              // accepts chunks > 1 (otherwise chunks must be 1)
+  bool splits_backward;          // emits I + W instead of B
+  std::string_view description;  // one line for --help and docs
+};
+
+// All generators, in the order the docs list them.
+std::span<const GeneratorInfo> generators();
+// The row named `name`; throws std::invalid_argument listing the known names otherwise.
+const GeneratorInfo& find_generator(std::string_view name);
+
+// Checks the shape against the generator's constraints (pp >= 1, m >= 1, chunks, and
+// interleaved's "m a multiple of pp"), then generates. Throws std::invalid_argument with a
+// sentence saying what to change.
+Schedule make_schedule(std::string_view name, const ScheduleShape& shape);
+
+// ---- the generators (also reachable through the table) ----
+RankLists naive_schedule(const ScheduleShape& shape);
+RankLists gpipe_schedule(const ScheduleShape& shape);
+RankLists one_f_one_b_schedule(const ScheduleShape& shape);
+RankLists interleaved_schedule(const ScheduleShape& shape);
+RankLists zb_h1_schedule(const ScheduleShape& shape);
+
+}  // namespace meshtrain::pipeline
