@@ -35,6 +35,7 @@ std::string format_lists(const Schedule& schedule, const std::optional<Fault>& m
   width += 2;
   std::string out = pad("step", 6);
   for (int r = 0; r < ranks; ++r) out += pad("rank " + std::to_string(r), width);
+  while (!out.empty() && out.back() == ' ') out.pop_back();
   out += "\n";
   for (std::size_t i = 0; i < rows; ++i) {
     std::string line = pad(std::to_string(i), 6);
@@ -55,6 +56,7 @@ std::string format_timeline(const Timeline& timeline, double quantum) {
   width += 1;
   std::string out = pad("time", 8);
   for (int c = 0; c < columns; ++c) out += pad(std::to_string(c), width);
+  while (!out.empty() && out.back() == ' ') out.pop_back();
   out += "\n";
   for (int r = 0; r < ranks; ++r) {
     std::vector<std::string> cells(columns, ".");
