@@ -56,7 +56,10 @@ bool is_backward(Kind k) { return k == Kind::B || k == Kind::I; }
 
 std::string to_string(const Action& a) {
   std::string s = std::to_string(a.stage) + to_string(a.kind) + std::to_string(a.microbatch);
-  if (a.chunk != 0) s += "c" + std::to_string(a.chunk);
+  if (a.chunk != 0) {
+    s += 'c';
+    s += std::to_string(a.chunk);
+  }
   return s;
 }
 

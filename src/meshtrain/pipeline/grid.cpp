@@ -21,11 +21,18 @@ std::string format_lists(const Schedule& schedule, const std::optional<Fault>& m
   for (int r = 0; r < ranks; ++r) {
     for (int p = 0; p < static_cast<int>(schedule.ranks[r].size()); ++p) {
       std::string cell = to_string(schedule.ranks[r][p]);
-      if (mark && mark->rank == r && mark->position == p) cell = "[" + cell + "]";
+      if (mark && mark->rank == r && mark->position == p) {
+        cell.insert(cell.begin(), '[');
+        cell += ']';
+      }
       cols[r].push_back(cell);
     }
-    if (mark && mark->rank == r && mark->position == static_cast<int>(schedule.ranks[r].size()))
-      cols[r].push_back("[" + to_string(mark->action) + "?]");
+    if (mark && mark->rank == r && mark->position == static_cast<int>(schedule.ranks[r].size())) {
+      std::string cell = "[";  // appended piece by piece: GCC 12 misreports "[" + string (-Wrestrict)
+      cell += to_string(mark->action);
+      cell += "?]";
+      cols[r].push_back(cell);
+    }
   }
   std::size_t width = 6, rows = 0;
   for (const auto& c : cols) {
