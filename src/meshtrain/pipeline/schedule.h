@@ -9,8 +9,9 @@
 // (add_send_recv), checks the order (validate) and proves it runs (dry_run in simulate.h).
 //
 // Adding a schedule: write one function `RankLists my_schedule(const ScheduleShape&)` in
-// generators.cpp and add one row to the table there. Nothing else changes: the CLI, the
-// passes and the simulator find it by name through find_generator().
+// generators.cpp and add one row to the table there. Nothing else changes: callers reach it
+// by name through make_schedule() / find_generator(), and the passes and the simulator work
+// on any list.
 #pragma once
 
 #include <span>
