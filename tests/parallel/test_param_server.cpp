@@ -206,30 +206,45 @@ TEST(ParamServer, AsynchronousFinishesAndLearns) {
 // with a CommError naming the silent worker; a worker that exits without saying done fails the
 // server at once.
 TEST(ParamServer, SilentOrVanishedWorkerFailsTheServer) {
-  auto serve = [](comm::Communicator& w, int64_t sleep_ms) {
+  // The silent worker stays alive until the server has failed (an event, not a guessed sleep),
+  // so the server's deadline is what ends the run however the threads are scheduled.
+  std::mutex m;
+  std::condition_variable cv;
+  bool server_failed = false;
+  auto serve = [&](comm::Communicator& w, bool silent) {
     const auto layout = parallel::PSLayout::make(1, 1, 8);
     if (w.rank() == 1) {
       std::vector<float> values(8, 0.f), grad(8, 0.f);
       parallel::ParameterServer ps(w, layout, 0, values, grad, {.staleness = 0, .budget = 10},
                                    [](int64_t) { return parallel::PSUpdate{}; });
-      ps.serve();
+      try {
+        ps.serve();
+      } catch (...) {
+        std::lock_guard g(m);
+        server_failed = true;
+        cv.notify_all();
+        throw;
+      }
       return;
     }
     parallel::PSWorker client(w, layout, 0);
     std::vector<float> values(8);
     ASSERT_TRUE(client.pull(0, values));
-    if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    if (silent) {
+      std::unique_lock lk(m);  // 60 s: hang guard only
+      cv.wait_for(lk, std::chrono::seconds(60), [&] { return server_failed; });
+    }
   };
   comm::ThreadsOptions opts;
   opts.timeout = std::chrono::milliseconds(300);
   try {
-    comm::run_threads(2, [&](comm::Communicator& w) { serve(w, 2000); }, opts);
+    comm::run_threads(2, [&](comm::Communicator& w) { serve(w, true); }, opts);
     FAIL() << "a silent worker went unnoticed";
   } catch (const comm::CommError& e) {
     EXPECT_EQ(e.kind(), comm::ErrorKind::timeout) << e.what();
     EXPECT_EQ(e.ranks(), std::vector<int>{0}) << e.what();
   }
-  EXPECT_THROW(comm::run_threads(2, [&](comm::Communicator& w) { serve(w, 0); }, opts), comm::CommError);
+  EXPECT_THROW(comm::run_threads(2, [&](comm::Communicator& w) { serve(w, false); }, opts), comm::CommError);
 }
 
 // ---- bad input ----
