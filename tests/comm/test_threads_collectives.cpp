@@ -61,8 +61,8 @@ TEST(ThreadsComm, AsyncCollectivesProgressWithoutWaitAndCompleteInOrder) {
     std::vector<float> a(100000, 1.0f), b(1000, 2.0f);
     mc::Work wa = c.all_reduce_async(a);
     mc::Work wb = c.all_reduce_async(b, {.op = ReduceOp::max});
-    // Progress happens on the communicator's thread: poll without waiting.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    // Progress happens on the communicator's thread: poll without waiting (60 s: hang guard).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (!(wa.is_completed() && wb.is_completed()) && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     EXPECT_TRUE(wa.is_completed());

@@ -147,13 +147,14 @@ std::map<int, long> thread_ticks() {
   return ticks;
 }
 
-// Runs `callers` std::threads, each doing 384^3 products with budget `budget` for `ms`
-// milliseconds (long enough for many 10 ms scheduler ticks), and
+// Runs `callers` std::threads, each doing `products` 384^3 products with budget `budget`, and
 // returns how many threads of the process did a real share of the work: those whose CPU
-// time grew by at least a quarter of the busiest one's (robust to other load on the
-// machine). Callers wait for a final sample before exiting, since OpenMP pool threads of a
-// caller end with it.
-int busy_threads(int callers, int budget, int ms) {
+// time grew by at least a quarter of the busiest one's. The work is a fixed count, not a
+// time window, so each working thread's CPU time is the same on an idle or a loaded machine
+// (load stretches the wall time, not the CPU time); it is long enough for many 10 ms
+// scheduler ticks. Callers wait for a final sample before exiting, since OpenMP pool threads
+// of a caller end with it.
+int busy_threads(int callers, int budget, int products) {
   const int64_t n = 384;
   auto A = randn(n * n, 1), B = randn(n * n, 2);
   const auto before = thread_ticks();
@@ -163,8 +164,7 @@ int busy_threads(int callers, int budget, int ms) {
   for (int c = 0; c < callers; ++c)
     ts.emplace_back([&] {
       std::vector<float> C(n * n);
-      const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-      while (std::chrono::steady_clock::now() < end)
+      for (int i = 0; i < products; ++i)
         gemm(Trans::N, Trans::N, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n,
              {budget});
       ++finished;
@@ -190,7 +190,8 @@ int busy_threads(int callers, int budget, int ms) {
 // size); one rank with two threads: two threads work; one rank with one thread: one.
 TEST(Gemm, ThreadBudgetDecidesBusyThreads) {
   if (thread_ticks().empty()) GTEST_SKIP() << "no /proc/self/task";
-  EXPECT_EQ(busy_threads(1, 1, 600), 1);
-  EXPECT_EQ(busy_threads(1, 2, 600), 2);
-  EXPECT_EQ(busy_threads(2, 1, 600), 2);
+  // About 0.4 s of one core per call on this machine's class (113 MFLOP a product).
+  EXPECT_EQ(busy_threads(1, 1, 400), 1);
+  EXPECT_EQ(busy_threads(1, 2, 400), 2);
+  EXPECT_EQ(busy_threads(2, 1, 400), 2);
 }

@@ -2,27 +2,27 @@
 // 30 steps on a small generated corpus, one kernel thread per rank.
 #pragma once
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "meshtrain/train/trainer.h"
+#include "temp_dir.h"
 
 namespace meshtrain::testing {
 
+// Written once per test process into its own temporary directory (removed at exit).
 inline std::string layout_corpus_path() {
+  static TempDir dir("layout");
   static std::string path = [] {
-    auto p = std::filesystem::temp_directory_path() /
-             ("meshtrain_layout_corpus_" + std::to_string(::getpid()) + ".txt");
+    const std::string p = dir.file("corpus.txt");
     std::ofstream f(p);
     const char* lines[] = {"It is a truth universally acknowledged, that a single man\n",
                            "in possession of a good fortune, must be in want of a wife.\n",
                            "However little known the feelings or views of such a man\n",
                            "may be on his first entering a neighbourhood, this truth\n"};
     for (int i = 0; i < 600; ++i) f << lines[(i * 7) % 4];
-    return p.string();
+    return p;
   }();
   return path;
 }

@@ -7,8 +7,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "meshtrain/comm/threads_backend.h"
+#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/mesh.h"
+#include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/tensor/tensor.h"
 #include "meshtrain/train/trainer.h"
 #include "layout_fixture.h"
+#include "temp_dir.h"
 
 using namespace meshtrain;
 namespace fs = std::filesystem;
@@ -79,20 +85,94 @@ TEST(DataParallel, SingleRankAccumulationAndDefaultBucket) {
   expect_same_curve(options(4, 0, 1, 0));  // one default-size bucket
 }
 
+namespace {
+
+// What each rank really holds after a step, counted by the tensor allocator: the rank thread
+// builds the model, the data-parallel engine and AdamW, runs one step (forward, backward,
+// gradient sync, update, all-gather), drops the step's activations, and reads the live bytes
+// of the storage it allocated. A stage that kept what it should free (full gradients at
+// ZeRO-2, a gathered unit at ZeRO-3, full optimizer state at ZeRO-1) shows up here, whatever
+// DataParallel::memory() reports.
+struct RankBytes {
+  int64_t held = 0;      // live bytes allocated by the rank after the step
+  int64_t leaked = 0;    // live bytes left after everything was destroyed
+  int64_t buckets = 0;   // bucket count, for the uneven-slice tolerance
+};
+
+std::vector<RankBytes> measure_rank_bytes(const model::GPTConfig& cfg, int dp, int zero) {
+  static const train::TokenDataset data = [] {
+    std::vector<uint16_t> t;
+    for (int i = 0; i < 20000; ++i) t.push_back(static_cast<uint16_t>((i * 31 + i / 7) % 256));
+    return train::TokenDataset::from_tokens(std::move(t), 0.1);
+  }();
+  const int64_t B = 8, T = 32, rows = B / dp;
+  std::vector<RankBytes> out(dp);
+  comm::run_threads(dp, [&](comm::Communicator& world) {
+    parallel::DeviceMesh mesh(world, {dp, 1, 1});
+    const int r = mesh.rank();
+    const int64_t before = tensor_bytes_live_thread();
+    {
+      auto gpt = parallel::build_gpt(cfg, 1337, nullptr, {});
+      std::vector<parallel::Unit> units;
+      std::vector<nn::Param*> root;
+      for (nn::Param* p : gpt->params())
+        if (p->name.rfind("h.", 0) != 0) root.push_back(p);
+      units.push_back({gpt.get(), root});
+      for (auto& b : gpt->h) units.push_back({b.get(), b->params()});
+      const int64_t n_units = static_cast<int64_t>(units.size());
+      parallel::DataParallel ddp(std::move(units), mesh.dp_ptr(), {.zero = zero, .bucket_bytes = 64 * 1024});
+      train::AdamW adam(ddp.optimizer_params(), {}, 1);
+      std::vector<int32_t> tok(rows * T), tgt(rows * T);
+      data.batch(train::Split::train, train::DataOrder::random, 1337, 0, B, T, r * rows,
+                 (r + 1) * rows, tok.data(), tgt.data());
+      ddp.begin_step();
+      {
+        nn::Context ctx(1);
+        ctx.hooks = ddp.hooks();
+        gpt->forward(ctx, tok.data(), tgt.data(), rows, T);
+        gpt->backward(ctx);
+      }
+      ddp.finish_grad_sync();
+      adam.step(0, [&](double local) { return ddp.reduce_grad_sq(local); });
+      ddp.finish_optimizer_step();
+      out[r].held = tensor_bytes_live_thread() - before;
+      // Buckets: stage 3 has one per unit; below, at most one per 64 KiB of values plus one.
+      out[r].buckets = zero == 3 ? n_units : 4 * static_cast<int64_t>(cfg.num_params()) / (64 * 1024) + 1;
+    }
+    out[r].leaked = tensor_bytes_live_thread() - before;
+  });
+  return out;
+}
+
+}  // namespace
+
 TEST(DataParallel, ZeroStateBytesFollowTheFormulas) {
   // Per-rank persistent bytes at dp 4: params, grads, optimizer state (float32 Adam, 4 + 4 + 8
   // bytes per parameter), each divided by dp from its stage on. Uneven slices differ from the
-  // exact quotient by less than one element per bucket.
+  // exact quotient by less than one element (16 bytes of state) per bucket.
+  const auto cfg = model::gpt_config("gpt-tiny");
+  const int dp = 4;
+  const double n = static_cast<double>(cfg.num_params());
   for (int zero = 0; zero <= 3; ++zero) {
-    auto o = options(4, zero, 1);
+    const double p = 4 * n / (zero >= 3 ? dp : 1), g = 4 * n / (zero >= 2 ? dp : 1),
+                 s = 8 * n / (zero >= 1 ? dp : 1);
+    auto ranks = measure_rank_bytes(cfg, dp, zero);
+    for (int r = 0; r < dp; ++r) {
+      const double tol = 16.0 * static_cast<double>(ranks[r].buckets);
+      EXPECT_NEAR(static_cast<double>(ranks[r].held), p + g + s, tol)
+          << "zero " << zero << " rank " << r << " holds " << ranks[r].held
+          << " bytes after a step; the formula gives params " << p << " + grads " << g
+          << " + optimizer " << s << " = " << p + g + s << " (excess "
+          << static_cast<double>(ranks[r].held) - (p + g + s) << ")";
+      EXPECT_EQ(ranks[r].leaked, 0) << "zero " << zero << " rank " << r;
+    }
+    // The trainer's per-rank report (printed with --zero) agrees with what is held.
+    auto o = options(dp, zero, 1);
     o.steps = 1;
-    auto r = train::train(o);
-    const double n = static_cast<double>(r.config.num_params());
-    const double p = 4 * n / (zero >= 3 ? 4 : 1), g = 4 * n / (zero >= 2 ? 4 : 1),
-                 s = 8 * n / (zero >= 1 ? 4 : 1);
-    EXPECT_NEAR(r.state_bytes.params, p, 0.01 * p) << "zero " << zero;
-    EXPECT_NEAR(r.state_bytes.grads, g, 0.01 * g) << "zero " << zero;
-    EXPECT_NEAR(r.state_bytes.optimizer, s, 0.01 * s) << "zero " << zero;
+    auto rep = train::train(o).state_bytes;
+    EXPECT_NEAR(static_cast<double>(rep.params + rep.grads + rep.optimizer),
+                static_cast<double>(ranks[0].held), 16.0 * static_cast<double>(ranks[0].buckets))
+        << "zero " << zero;
   }
 }
 
@@ -108,8 +188,8 @@ TEST(DataParallel, BadLayoutsAreRefused) {
 // A checkpoint saved at dp 2 with ZeRO-2 resumes at dp 1 (full logical tensors), and the
 // resumed curve continues the uninterrupted one.
 TEST(DataParallel, CheckpointResumesOnAnotherLayout) {
-  fs::path dir = fs::temp_directory_path() / ("meshtrain_dp_ckpt_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  meshtrain::testing::TempDir tmp("dp_ckpt");
+  const fs::path dir = tmp.path() / "ck";
   const auto& ref = reference_curve();
   auto first = options(2, 2, 1);
   first.steps = 10;
@@ -128,7 +208,6 @@ TEST(DataParallel, CheckpointResumesOnAnotherLayout) {
       EXPECT_LT(std::fabs(r.steps[i].loss - ref[10 + i]) / ref[10 + i], 1e-5)
           << "dp " << dp << " zero " << zero << " step " << 10 + i;
   }
-  fs::remove_all(dir);
 }
 
 // ---- tensor parallelism through the trainer (the layers' own parity tests: test_tp_*.cpp) ----
@@ -145,8 +224,8 @@ TEST(TrainerLayouts, TensorParallelMatchesSingleRank) {
 
 // Saved at tp 2, resumed at dp 2 (and the reverse is the same code path): full logical tensors.
 TEST(TrainerLayouts, CheckpointFromTensorParallelResumesOnDataParallel) {
-  fs::path dir = fs::temp_directory_path() / ("meshtrain_tp_ckpt_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  meshtrain::testing::TempDir tmp("tp_ckpt");
+  const fs::path dir = tmp.path() / "ck";
   const auto& ref = reference_curve();
   auto first = options(1, 0, 1);
   first.tp = 2;
@@ -162,15 +241,13 @@ TEST(TrainerLayouts, CheckpointFromTensorParallelResumesOnDataParallel) {
   ASSERT_EQ(r.steps.size(), 20u);
   for (size_t i = 0; i < r.steps.size(); ++i)
     EXPECT_LT(std::fabs(r.steps[i].loss - ref[10 + i]) / ref[10 + i], 1e-5) << "step " << 10 + i;
-  fs::remove_all(dir);
 }
 
 // A vocabulary tp does not divide (257): refused without --pad-vocab; with it, trained at tp 2
 // and saved, the checkpoint holds the (257, C) table and resumes at tp 1 on the single-rank curve.
 TEST(TrainerLayouts, PaddedVocabularyTrainsAndResumesAtTp1) {
-  fs::path dir = fs::temp_directory_path() / ("meshtrain_pad_ckpt_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  meshtrain::testing::TempDir tmp("pad_ckpt");
+  const fs::path dir = tmp.path();
   const fs::path cfg = dir / "tiny-v257.json";
   std::ofstream(cfg) << R"({"name": "tiny-v257", "n_layer": 4, "n_embd": 128, "n_head": 4,)"
                      << R"( "vocab_size": 257, "block_size": 64})";
@@ -200,7 +277,6 @@ TEST(TrainerLayouts, PaddedVocabularyTrainsAndResumesAtTp1) {
     const float got = i < 6 ? a.steps[i].loss : b.steps[i - 6].loss, want = ref.steps[i].loss;
     EXPECT_LT(std::fabs(got - want) / want, 1e-5) << "step " << i;
   }
-  fs::remove_all(dir);
 }
 
 TEST(TrainerLayouts, ImpossibleTensorParallelLayoutsAreRefused) {

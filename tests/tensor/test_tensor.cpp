@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <set>
+#include <thread>
 
 #include "meshtrain/tensor/rng.h"
 #include "meshtrain/tensor/tensor.h"
@@ -34,6 +35,45 @@ TEST(Tensor, CopySharesCloneIsDeepResizeKeepsCapacity) {
 }
 
 // Known-answer test from the Random123 distribution (kat_vectors, philox4x32_10).
+// Live bytes: storage counts while any tensor or view shares it, is charged to the thread that
+// allocated it, and is debited from that thread's count even when another thread frees it.
+TEST(Tensor, LiveBytesFollowAllocationsPerThread) {
+  const int64_t process0 = tensor_bytes_live(), mine0 = tensor_bytes_live_thread();
+  Tensor a({10, 10});
+  EXPECT_EQ(tensor_bytes_live_thread() - mine0, 400);
+  Tensor v = Tensor::view(a, 10, {5});
+  Tensor shared = a;
+  a = Tensor();
+  EXPECT_EQ(tensor_bytes_live_thread() - mine0, 400);  // still shared by the view and the copy
+  shared.resize({2, 2});                                 // shrinking keeps the storage
+  EXPECT_EQ(tensor_bytes_live_thread() - mine0, 400);
+  shared = Tensor();
+  v = Tensor();
+  EXPECT_EQ(tensor_bytes_live_thread() - mine0, 0);
+
+  Tensor from_other;
+  int64_t other_after_alloc = -1, other_after_free = -1;
+  std::thread([&] {
+    from_other = Tensor::empty({25});
+    other_after_alloc = tensor_bytes_live_thread();
+  }).join();
+  EXPECT_EQ(other_after_alloc, 100);
+  EXPECT_EQ(tensor_bytes_live_thread() - mine0, 0);  // not this thread's
+  EXPECT_EQ(tensor_bytes_live() - process0, 100);
+  Tensor mine = from_other.clone();  // a clone is allocated here
+  EXPECT_EQ(tensor_bytes_live_thread() - mine0, 100);
+  std::thread([&] {
+    Tensor local({3});
+    from_other = Tensor();  // freed on a third thread, after its allocating thread ended
+    other_after_free = tensor_bytes_live_thread();
+  }).join();
+  EXPECT_EQ(other_after_free, 12);  // only `local` was charged to the third thread
+  EXPECT_EQ(tensor_bytes_live() - process0, 100);
+  mine = Tensor();
+  EXPECT_EQ(tensor_bytes_live() - process0, 0);
+  EXPECT_EQ(tensor_bytes_live_thread() - mine0, 0);
+}
+
 TEST(Rng, PhiloxKnownAnswer) {
   auto r = philox4x32({0, 0, 0, 0}, 0);
   EXPECT_EQ(r[0], 0x6627e8d5u);

@@ -58,6 +58,7 @@ struct ParameterServer::Peer {
   comm::Work req_work;
   bool done = false, want_final = false, final_sent = false;
   int64_t pull_clock = -1;  // pending read (-1: none)
+  bool hold_reported = false;  // on_hold was called for the pending read
   Header rep{};
   std::vector<float> vals;
   std::vector<double> rounds;
@@ -170,6 +171,7 @@ void ParameterServer::handle(int w) {
     ++pushed_[w];
   } else if (kind == kPull) {
     p.pull_clock = static_cast<int64_t>(h[1]);
+    p.hold_reported = false;
   } else if (kind == kDone) {
     p.done = true;
     p.want_final = h[5] != 0;
@@ -210,9 +212,12 @@ bool ParameterServer::answer_pulls() {
       p.rep[3] = static_cast<double>(a);
       reply(w, kValues);
     } else {
+      if (!p.hold_reported && opt_.on_hold) opt_.on_hold({w, p.pull_clock, ahead(w, p.pull_clock)});
+      p.hold_reported = true;
       continue;
     }
     p.pull_clock = -1;
+    p.hold_reported = false;
     any = true;
   }
   return any;

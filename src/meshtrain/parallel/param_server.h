@@ -77,6 +77,10 @@ struct PSServerOptions {
   int64_t staleness = 0;  // -1: unbounded
   int64_t budget = 0;     // reads server 0 grants in all
   float push_clip = 0;    // > 0: clip each push to this norm before averaging
+  // Called on the server's thread when the staleness rule first holds back a worker's read
+  // (once per read; `ahead` as in PSRead, from pushes received so far). Optional; lets a test
+  // or a report see the bound act instead of inferring it from timings.
+  std::function<void(const PSRead&)> on_hold = nullptr;
 };
 
 // The optimizer step of a round: `grad` (the server's grad span) holds the round's average;

@@ -1,6 +1,7 @@
 #include "meshtrain/tensor/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -26,6 +27,26 @@ std::string shape_str(const Shape& shape) {
   return os.str();
 }
 
+// ---- live-bytes accounting ----
+
+namespace {
+
+std::atomic<int64_t> g_live_bytes{0};
+
+// The calling thread's counter; shared with the deleters of what it allocated, so storage
+// freed after its thread has ended still finds a counter to debit.
+const std::shared_ptr<std::atomic<int64_t>>& thread_counter() {
+  thread_local auto counter = std::make_shared<std::atomic<int64_t>>(0);
+  return counter;
+}
+
+}  // namespace
+
+int64_t tensor_bytes_live() { return g_live_bytes.load(std::memory_order_relaxed); }
+int64_t tensor_bytes_live_thread() { return thread_counter()->load(std::memory_order_relaxed); }
+
+// ---- storage ----
+
 void Tensor::allocate(int64_t n) {
   capacity_ = n;
   if (n == 0) {
@@ -35,7 +56,15 @@ void Tensor::allocate(int64_t n) {
   size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, bytes);
   if (!p) throw std::bad_alloc();
-  data_ = std::shared_ptr<float[]>(static_cast<float*>(p), [](float* q) { std::free(q); });
+  const int64_t live = n * static_cast<int64_t>(sizeof(float));
+  g_live_bytes.fetch_add(live, std::memory_order_relaxed);
+  auto counter = thread_counter();
+  counter->fetch_add(live, std::memory_order_relaxed);
+  data_ = std::shared_ptr<float[]>(static_cast<float*>(p), [counter, live](float* q) {
+    std::free(q);
+    g_live_bytes.fetch_sub(live, std::memory_order_relaxed);
+    counter->fetch_sub(live, std::memory_order_relaxed);
+  });
 }
 
 Tensor::Tensor(Shape shape) : shape_(std::move(shape)), numel_(shape_numel(shape_)) {

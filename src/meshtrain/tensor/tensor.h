@@ -73,6 +73,14 @@ class Tensor {
   std::shared_ptr<float[]> data_;
 };
 
+// ---- live-bytes accounting ----
+// Bytes of tensor storage allocated and not yet freed (element bytes, alignment padding not
+// counted). Storage is charged to the thread that allocated it until it is freed, whichever
+// thread frees it, so a rank thread's count is what that rank holds (tests measure ZeRO's
+// per-rank memory with it). Both are exact at any moment; each costs one atomic load.
+int64_t tensor_bytes_live();         // the whole process
+int64_t tensor_bytes_live_thread();  // storage allocated by the calling thread
+
 // Largest absolute element-wise difference; the shapes must match.
 float max_abs_diff(const Tensor& a, const Tensor& b);
 

@@ -110,6 +110,8 @@ void run_server(comm::Communicator& world, std::shared_ptr<comm::Communicator> s
   so.staleness = o.staleness;
   so.budget = o.steps * o.dp;
   if (o.staleness != 0) so.push_clip = ac.grad_clip, ac.grad_clip = 0;  // clipped per push instead
+  std::vector<parallel::PSRead> holds;
+  if (j == 0) so.on_hold = [&holds](const parallel::PSRead& h) { holds.push_back(h); };
   AdamW adam(ptrs, ac, o.threads);
   auto norm_reduce = [&](double local) {
     if (!servers) return local;
@@ -128,6 +130,7 @@ void run_server(comm::Communicator& world, std::shared_ptr<comm::Communicator> s
   ps.serve();
   if (j == 0) {
     sh.log.reads = ps.reads();
+    sh.log.holds = std::move(holds);
     sh.log.pushes = ps.pushes();
     sh.log.samples = 0;
     for (int64_t p : ps.pushes()) sh.log.samples += p * (o.batch / o.dp);

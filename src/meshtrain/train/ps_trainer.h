@@ -26,6 +26,7 @@ namespace meshtrain::train {
 // process saw).
 struct PSRunLog {
   std::vector<parallel::PSRead> reads;  // every read server 0 granted, in order
+  std::vector<parallel::PSRead> holds;  // every read server 0 held back by the staleness bound
   std::vector<int64_t> pushes;          // per worker
   std::vector<int64_t> round_pushes;    // per round of server 0 (worker 0's view)
   int64_t samples = 0;                  // rows of gradient the servers applied
