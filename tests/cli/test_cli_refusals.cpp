@@ -238,9 +238,12 @@ TEST_P(CliRefusal, ExitsWithASentence) {
   // Refusals come before any step; the guard only catches a run that started training.
   const auto r = run_cli(expand(c.args), /*timeout_s=*/c.mpi_np > 0 ? 120 : 60, prefix);
   EXPECT_EQ(r.code, c.code) << r.output;
-  for (const std::string& phrase : c.phrases) EXPECT_NE(r.output.find(expand(phrase)), std::string::npos)
-      << "'" << phrase << "' missing in: " << r.output;
-  if (!c.absent.empty()) EXPECT_EQ(r.output.find(c.absent), std::string::npos) << r.output;
+  for (const std::string& phrase : c.phrases) {
+    EXPECT_NE(r.output.find(expand(phrase)), std::string::npos) << "'" << phrase << "' missing in: " << r.output;
+  }
+  if (!c.absent.empty()) {
+    EXPECT_EQ(r.output.find(c.absent), std::string::npos) << r.output;
+  }
   // Never a crash or a library's raw text, and no training step.
   for (const char* raw : {"terminate called", "std::", "what()", "[json.exception", "bad_alloc", "step     1/"})
     EXPECT_EQ(r.output.find(raw), std::string::npos) << raw << " in: " << r.output;

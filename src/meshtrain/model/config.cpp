@@ -72,7 +72,9 @@ int64_t int_field(const nlohmann::json& j, const char* field, int64_t lo, const 
     throw std::invalid_argument(source + ": field \"" + field + "\" must be " + range + ", " + what);
   };
   if (v.is_number_unsigned()) {
-    if (v.get<uint64_t>() > static_cast<uint64_t>(GPTConfig::kMaxField)) fail("got " + v.dump());
+    // nlohmann stores every non-negative integer as unsigned, 0 included.
+    if (v.get<uint64_t>() < static_cast<uint64_t>(lo) || v.get<uint64_t>() > static_cast<uint64_t>(GPTConfig::kMaxField))
+      fail("got " + v.dump());
     return static_cast<int64_t>(v.get<uint64_t>());
   }
   if (v.is_number_integer()) {
