@@ -18,8 +18,10 @@
 #include <vector>
 
 #include "meshtrain/cli/commands.h"
+#include "meshtrain/cli/options.h"
 #include "meshtrain/comm/select.h"
 #include "meshtrain/comm/world.h"
+#include "meshtrain/train/validate.h"
 
 namespace meshtrain::cli {
 
@@ -263,16 +265,28 @@ void add_bench_comm_command(CLI::App& bench) {
       ->check(CLI::IsMember({"threads", "mpi"}));
   cmd->add_option("--op", args->op, "all_reduce, reduce_scatter, all_gather, broadcast, all_to_all or sendrecv")
       ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "sendrecv"}));
-  cmd->add_option("--world", args->world, "ranks (threads backend; default 2; under mpirun: the mpirun size)");
+  cmd->add_option("--world", args->world, "ranks (threads backend; default 2; under mpirun: the mpirun size)")
+      ->check(integer<int>(1));
   cmd->add_option("--sizes", args->sizes, "bytes: a range LO:HI doubling (4K:256M), or a list (4K,64M)");
   cmd->add_option("--algo", args->algo, "auto, ring, rhd, tree, direct or native (mpi)")
       ->check(CLI::IsMember({"auto", "ring", "rhd", "tree", "direct", "native"}));
-  cmd->add_option("--iters", args->iters, "timed iterations per size");
-  cmd->add_option("--warmup", args->warmup, "untimed iterations per size");
-  cmd->add_option("--reps", args->reps, "repetitions of the timed loop; the best is reported");
-  cmd->add_option("--chunk", args->chunk, "pipelining segment in bytes (0: the backend default)");
+  cmd->add_option("--iters", args->iters, "timed iterations per size")->check(integer<int>(1));
+  cmd->add_option("--warmup", args->warmup, "untimed iterations per size")->check(integer<int>(0));
+  cmd->add_option("--reps", args->reps, "repetitions of the timed loop; the best is reported")->check(integer<int>(1));
+  cmd->add_option("--chunk", args->chunk, "pipelining segment in bytes (0: the backend default)")->check(integer<std::size_t>());
   cmd->add_option("--timeout", args->timeout_s, "per-operation deadline in seconds");
-  cmd->callback([args] { run_bench(*args); });
+  cmd->callback([args] {
+    // The flags alone (run_bench checks the rest): --world (at least 1 when given) is capped
+    // like train's ranks (train/validate.h).
+    try {
+      if (args->world > 0) meshtrain::train::check_ranks("--world", args->world, 0, meshtrain::train::Machine::probe());
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    if (!(args->timeout_s > 0) || !std::isfinite(args->timeout_s))
+      throw UsageError("--timeout must be a finite number of seconds above 0");
+    run_bench(*args);
+  });
 }
 
 }  // namespace meshtrain::cli

@@ -1,13 +1,16 @@
 // `meshtrain generate`: sample text from a checkpoint with a byte-level vocabulary (or print
 // token ids for larger vocabularies, which need a tokenizer meshtrain does not ship).
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
 #include "meshtrain/cli/commands.h"
+#include "meshtrain/cli/options.h"
 #include "meshtrain/kernels/crossentropy.h"
 #include "meshtrain/model/gpt.h"
 #include "meshtrain/tensor/rng.h"
 #include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/validate.h"
 
 namespace meshtrain::cli {
 
@@ -27,6 +30,15 @@ int32_t sample(const float* probs, int64_t V, float u) {
   for (int64_t i = 0; i < V; ++i)
     if ((c += probs[i]) > u) return static_cast<int32_t>(i);
   return static_cast<int32_t>(V - 1);
+}
+
+// The flags alone, before the checkpoint is read (train/validate.h for the thread cap).
+void check_options(const GenerateOptions& o) {
+  if (o.tokens < 1) throw std::invalid_argument("--tokens must be at least 1, got " + std::to_string(o.tokens));
+  train::check_threads("--threads", o.threads, train::Machine::probe(), /*zero_means_auto=*/false);
+  if (!(o.temperature > 0) || !std::isfinite(o.temperature))
+    throw std::invalid_argument("--temperature must be a finite number above 0, got " + std::to_string(o.temperature));
+  if (o.prompt.empty()) throw std::invalid_argument("--prompt must not be empty");
 }
 
 void generate(const GenerateOptions& o) {
@@ -71,12 +83,13 @@ void add_generate_command(CLI::App& app) {
   CLI::App* c = app.add_subcommand("generate", "Sample text from a checkpoint");
   c->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (or one step folder)")->required();
   c->add_option("--prompt", opt->prompt, "Text to continue");
-  c->add_option("--tokens", opt->tokens, "Tokens to sample")->capture_default_str();
+  c->add_option("--tokens", opt->tokens, "Tokens to sample")->check(integer<int64_t>(1))->capture_default_str();
   c->add_option("--temperature", opt->temperature, "Softmax temperature")->capture_default_str();
-  c->add_option("--seed", opt->seed, "Sampling seed")->capture_default_str();
-  c->add_option("--threads", opt->threads, "Kernel threads")->capture_default_str();
+  c->add_option("--seed", opt->seed, "Sampling seed")->check(integer<uint64_t>())->capture_default_str();
+  c->add_option("--threads", opt->threads, "Kernel threads")->check(integer<int>(1))->capture_default_str();
   c->callback([opt] {
     try {
+      check_options(*opt);
       generate(*opt);
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());

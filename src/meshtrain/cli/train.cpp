@@ -5,9 +5,11 @@
 #include <string>
 
 #include "meshtrain/cli/commands.h"
+#include "meshtrain/cli/options.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/trainer.h"
+#include "meshtrain/train/validate.h"
 
 namespace meshtrain::cli {
 
@@ -22,46 +24,45 @@ void add_train_command(CLI::App& app) {
   c->add_option("--data", opt->data, "Text file (byte tokens) or uint16 token file (.bin)");
   c->add_option("--data-order", *order, "random (windows drawn from seed and step) or sequential (llm.c order)")->capture_default_str();
   c->add_option("--val-fraction", opt->val_fraction, "Share of the tokens held out for validation (the end of the file)")->capture_default_str();
-  c->add_option("--dp", opt->dp, "Data-parallel ranks")->capture_default_str();
-  c->add_option("--tp", opt->tp, "Tensor-parallel ranks")->capture_default_str();
-  c->add_option("--pp", opt->pp, "Pipeline stages")->capture_default_str();
+  c->add_option("--dp", opt->dp, "Data-parallel ranks")->check(integer<int>(1))->capture_default_str();
+  c->add_option("--tp", opt->tp, "Tensor-parallel ranks")->check(integer<int>(1))->capture_default_str();
+  c->add_option("--pp", opt->pp, "Pipeline stages")->check(integer<int>(1))->capture_default_str();
   c->add_flag("--sequence-parallel", opt->sequence_parallel, "With --tp: split layernorm and residual regions along the sequence");
   c->add_flag("--pad-vocab", opt->pad_vocab, "With --tp: split a vocabulary tp does not divide by padding it (left out of the loss)");
-  c->add_option("--microbatches", opt->microbatches, "Micro-batches per step (gradient accumulation)")->capture_default_str();
+  c->add_option("--microbatches", opt->microbatches, "Micro-batches per step (gradient accumulation)")->check(integer<int>(1))->capture_default_str();
   c->add_option("--schedule", opt->schedule, "Pipeline schedule: gpipe, 1f1b, interleaved, zb")->capture_default_str();
-  c->add_option("--zero", opt->zero, "ZeRO stage 0..3")->capture_default_str();
-  c->add_option("--bucket-mb", *bucket_mb, "Data-parallel gradient bucket size in MiB (default 4)");
-  c->add_option("--ps-servers", opt->ps_servers, "Parameter-server ranks (0: none); the world is --dp workers plus these")->capture_default_str();
+  c->add_option("--zero", opt->zero, "ZeRO stage 0..3")->check(integer<int>(0))->capture_default_str();
+  CLI::Option* bucket_flag = c->add_option("--bucket-mb", *bucket_mb, "Data-parallel gradient bucket size in MiB (default 4)");
+  c->add_option("--ps-servers", opt->ps_servers, "Parameter-server ranks (0: none); the world is --dp workers plus these")->check(integer<int>(0))->capture_default_str();
   c->add_option("--staleness", *staleness, "Parameter server: steps a worker may run ahead of the slowest (0: synchronous; inf or -1: asynchronous)")->capture_default_str();
   c->add_option("--slow-worker", opt->slow_worker_factor, "Test flag: worker 0 sleeps so its step takes this many times longer")->capture_default_str();
   c->add_option("--backend", opt->backend, "Communication backend: threads or mpi")->capture_default_str();
-  c->add_option("--steps", opt->steps, "Optimizer steps")->capture_default_str();
-  c->add_option("--batch", opt->batch, "Global batch size B (default: the model's)");
-  c->add_option("--seq", opt->seq, "Sequence length T (default: the model's)");
+  c->add_option("--steps", opt->steps, "Optimizer steps")->check(integer<int64_t>(1))->capture_default_str();
+  c->add_option("--batch", opt->batch, "Global batch size B (default: the model's)")->check(integer<int64_t>(1));
+  c->add_option("--seq", opt->seq, "Sequence length T (default: the model's)")->check(integer<int64_t>(1));
   c->add_option("--lr", opt->adam.lr, "Peak learning rate")->capture_default_str();
   c->add_option("--min-lr", opt->adam.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
-  c->add_option("--warmup", opt->adam.warmup_steps, "Linear warm-up steps")->capture_default_str();
+  c->add_option("--warmup", opt->adam.warmup_steps, "Linear warm-up steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_option("--weight-decay", opt->adam.weight_decay, "AdamW weight decay (2-D weights only)")->capture_default_str();
   c->add_option("--beta2", opt->adam.beta2, "AdamW beta2")->capture_default_str();
   c->add_option("--grad-clip", opt->adam.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
-  c->add_option("--seed", opt->seed, "Seed of the initialisation and the data order")->capture_default_str();
-  c->add_option("--threads", opt->threads, "Kernel threads per rank (0: cores / ranks)")->capture_default_str();
-  c->add_option("--eval-every", opt->eval_every, "Validation loss every K steps (0: only at the end)")->capture_default_str();
-  c->add_option("--eval-batches", opt->eval_batches, "Batches averaged for the validation loss")->capture_default_str();
+  c->add_option("--seed", opt->seed, "Seed of the initialisation and the data order")->check(integer<uint64_t>())->capture_default_str();
+  c->add_option("--threads", opt->threads, "Kernel threads per rank (0: cores / ranks)")->check(integer<int>(0))->capture_default_str();
+  c->add_option("--eval-every", opt->eval_every, "Validation loss every K steps (0: only at the end)")->check(integer<int64_t>(0))->capture_default_str();
+  c->add_option("--eval-batches", opt->eval_batches, "Batches averaged for the validation loss")->check(integer<int64_t>(1))->capture_default_str();
   c->add_option("--metrics", opt->metrics, "Write one JSON line per step to this file");
   c->add_option("--trace", opt->trace, "Write a Chrome trace (Perfetto) of every rank to this file");
   c->add_option("--checkpoint-dir", opt->checkpoint_dir, "Directory for checkpoints");
-  c->add_option("--checkpoint-every", opt->checkpoint_every, "Save a checkpoint every K steps (and at the end)")->capture_default_str();
-  c->add_option("--keep-checkpoints", opt->keep_checkpoints, "Keep only the newest N checkpoints (0: all)")->capture_default_str();
+  c->add_option("--checkpoint-every", opt->checkpoint_every, "Save a checkpoint every K steps (and at the end)")->check(integer<int64_t>(0))->capture_default_str();
+  c->add_option("--keep-checkpoints", opt->keep_checkpoints, "Keep only the newest N checkpoints (0: all)")->check(integer<int>(0))->capture_default_str();
   c->add_flag("--resume", opt->resume, "Continue from the newest checkpoint in --checkpoint-dir");
   c->add_flag("--save-initial", opt->save_initial, "Also save the initial weights as step 0");
-  c->add_option("--log-every", opt->log_every, "Progress line every N steps")->capture_default_str();
+  c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([opt, order, bucket_mb, staleness] {
+  c->callback([opt, order, bucket_mb, bucket_flag, staleness] {
     train::TrainOptions o = *opt;
     try {
-      if (*bucket_mb < 0) throw std::invalid_argument("--bucket-mb must be positive");
-      o.bucket_bytes = static_cast<int64_t>(*bucket_mb * 1024 * 1024);
+      if (bucket_flag->count() > 0) o.bucket_bytes = train::bucket_bytes_from_mb(*bucket_mb);
       o.data_order = train::parse_data_order(*order);
       if (*staleness == "inf" || *staleness == "unbounded") {
         o.staleness = -1;

@@ -1,6 +1,10 @@
 #include "meshtrain/model/config.h"
 
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 
 namespace meshtrain::model {
@@ -31,13 +35,24 @@ void GPTConfig::validate() const {
   auto bad = [&](const std::string& what) {
     throw std::invalid_argument("model " + name + ": " + what);
   };
-  if (n_layer < 1) bad("n_layer must be at least 1");
-  if (n_embd < 1 || n_head < 1) bad("n_embd and n_head must be positive");
+  auto in_range = [&](const char* field, int64_t v, int64_t lo) {
+    if (v < lo || v > kMaxField)
+      bad(std::string(field) + " must be between " + std::to_string(lo) + " and " + std::to_string(kMaxField) +
+          ", got " + std::to_string(v));
+  };
+  in_range("n_layer", n_layer, 1);
+  in_range("n_embd", n_embd, 1);
+  in_range("n_head", n_head, 1);
+  in_range("vocab_size", vocab_size, 2);
+  in_range("block_size", block_size, 1);
+  in_range("batch", batch, 1);
+  in_range("seq", seq, 1);
   if (n_embd % n_head != 0)
     bad("n_embd " + std::to_string(n_embd) + " is not divisible by n_head " +
         std::to_string(n_head) + "; pick n_head dividing it");
-  if (vocab_size < 2) bad("vocab_size must be at least 2");
-  if (block_size < 1) bad("block_size must be at least 1");
+  if (seq > block_size)
+    bad("seq (the default sequence length) " + std::to_string(seq) + " is longer than block_size " +
+        std::to_string(block_size) + "; lower seq or raise block_size");
 }
 
 nlohmann::json GPTConfig::to_json() const {
@@ -46,16 +61,75 @@ nlohmann::json GPTConfig::to_json() const {
           {"batch", batch},         {"seq", seq}};
 }
 
-GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
+namespace {
+
+// One integer field of a config object: a JSON integer (or a float with an integral value)
+// within [lo, GPTConfig::kMaxField].
+int64_t int_field(const nlohmann::json& j, const char* field, int64_t lo, const std::string& source) {
+  const nlohmann::json& v = j.at(field);
+  const std::string range = "an integer from " + std::to_string(lo) + " to " + std::to_string(GPTConfig::kMaxField);
+  auto fail = [&](const std::string& what) {
+    throw std::invalid_argument(source + ": field \"" + field + "\" must be " + range + ", " + what);
+  };
+  if (v.is_number_unsigned()) {
+    // nlohmann stores every non-negative integer as unsigned, 0 included.
+    if (v.get<uint64_t>() < static_cast<uint64_t>(lo) || v.get<uint64_t>() > static_cast<uint64_t>(GPTConfig::kMaxField))
+      fail("got " + v.dump());
+    return static_cast<int64_t>(v.get<uint64_t>());
+  }
+  if (v.is_number_integer()) {
+    if (v.get<int64_t>() < lo || v.get<int64_t>() > GPTConfig::kMaxField) fail("got " + v.dump());
+    return v.get<int64_t>();
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!(d >= static_cast<double>(lo) && d <= static_cast<double>(GPTConfig::kMaxField))) fail("got " + v.dump());
+    if (d != std::floor(d)) fail("not the fraction " + v.dump());
+    return static_cast<int64_t>(d);
+  }
+  fail("not the " + std::string(v.type_name()) + " " + v.dump());
+  return 0;  // not reached
+}
+
+}  // namespace
+
+GPTConfig GPTConfig::from_json(const nlohmann::json& j, const std::string& source) {
+  static const char* required[] = {"n_layer", "n_embd", "n_head", "vocab_size", "block_size"};
+  static const char* optional[] = {"name", "batch", "seq"};
+  const std::string fields = "n_layer, n_embd, n_head, vocab_size, block_size (required) and name, batch, seq";
+  if (!j.is_object())
+    throw std::invalid_argument(source + " must be a JSON object with the fields " + fields + ", not " +
+                                (j.is_array() ? "an array" : "a " + std::string(j.type_name())));
+  for (auto& [key, value] : j.items()) {
+    auto known = [&](const char* k) { return key == k; };
+    if (std::none_of(std::begin(required), std::end(required), known) &&
+        std::none_of(std::begin(optional), std::end(optional), known))
+      throw std::invalid_argument(source + ": unknown field \"" + key + "\"; the fields are " + fields);
+  }
+  std::string missing;
+  for (const char* k : required)
+    if (!j.contains(k)) missing += std::string(missing.empty() ? "" : ", ") + k;
+  if (!missing.empty()) throw std::invalid_argument(source + ": missing field(s) " + missing + "; the fields are " + fields);
   GPTConfig c;
-  c.name = j.value("name", c.name);
-  c.n_layer = j.value("n_layer", c.n_layer);
-  c.n_embd = j.value("n_embd", c.n_embd);
-  c.n_head = j.value("n_head", c.n_head);
-  c.vocab_size = j.value("vocab_size", c.vocab_size);
-  c.block_size = j.value("block_size", c.block_size);
-  c.batch = j.value("batch", c.batch);
-  c.seq = j.value("seq", std::min(c.block_size, c.seq));
+  if (j.contains("name")) {
+    if (!j["name"].is_string())
+      throw std::invalid_argument(source + ": field \"name\" must be a string, not " + j["name"].dump());
+    c.name = j["name"].get<std::string>();
+  }
+  c.n_layer = int_field(j, "n_layer", 1, source);
+  c.n_embd = int_field(j, "n_embd", 1, source);
+  c.n_head = int_field(j, "n_head", 1, source);
+  c.vocab_size = int_field(j, "vocab_size", 2, source);
+  c.block_size = int_field(j, "block_size", 1, source);
+  c.batch = j.contains("batch") ? int_field(j, "batch", 1, source) : c.batch;
+  c.seq = j.contains("seq") ? int_field(j, "seq", 1, source) : std::min(c.block_size, c.seq);
+  if (c.n_embd % c.n_head != 0)
+    throw std::invalid_argument(source + ": n_embd " + std::to_string(c.n_embd) + " is not divisible by n_head " +
+                                std::to_string(c.n_head) + "; pick an n_head that divides it");
+  if (c.seq > c.block_size)
+    throw std::invalid_argument(source + ": field \"seq\" (the default sequence length) " + std::to_string(c.seq) +
+                                " is longer than block_size " + std::to_string(c.block_size) +
+                                "; lower seq or raise block_size");
   c.validate();
   return c;
 }
@@ -84,15 +158,33 @@ GPTConfig gpt_config(const std::string& name) {
 std::vector<std::string> gpt_config_names() { return {"gpt-tiny", "gpt-small", "gpt2-124m"}; }
 
 GPTConfig gpt_config_from_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::invalid_argument("cannot open model config file '" + path + "'");
+  const std::string source = "model config file " + path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw std::invalid_argument(source + " is a directory; give --config a JSON file");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::invalid_argument("cannot open model config file " + path + "; check the --config path");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   nlohmann::json j;
   try {
-    f >> j;
-  } catch (const std::exception& e) {
-    throw std::invalid_argument("model config file '" + path + "' is not valid JSON: " + e.what());
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // The position as line and column; the library's own text stays out of the message.
+    const size_t at = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
+    const size_t line = 1 + static_cast<size_t>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n'));
+    const size_t nl = text.rfind('\n', at == 0 ? 0 : at - 1);
+    const size_t column = nl == std::string::npos || at == 0 ? at + 1 : at - nl;
+    throw std::invalid_argument(source + " is not valid JSON: " +
+                                (text.find_first_not_of(" \t\r\n") == std::string::npos
+                                     ? std::string("it is empty")
+                                     : "syntax error at line " + std::to_string(line) + ", column " + std::to_string(column)) +
+                                "; it must be an object such as {\"n_layer\": 4, \"n_embd\": 128, ...}");
   }
-  return GPTConfig::from_json(j);
+  try {
+    return GPTConfig::from_json(j, source);
+  } catch (const nlohmann::json::exception&) {
+    throw std::invalid_argument(source + " could not be read as a model config; check its fields");
+  }
 }
 
 }  // namespace meshtrain::model

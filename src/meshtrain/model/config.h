@@ -10,6 +10,9 @@
 namespace meshtrain::model {
 
 struct GPTConfig {
+  // Largest value of any integer field (2^31 - 1).
+  static constexpr int64_t kMaxField = 2147483647;
+
   std::string name = "custom";
   int64_t n_layer = 4;
   int64_t n_embd = 128;   // C
@@ -30,17 +33,23 @@ struct GPTConfig {
   // log-sum-exp, ln_2 input and statistics, MLP input, GELU input and output), plus the final
   // layernorm, its output and the (V) logits with their log-sum-exp.
   double activation_bytes(int64_t B, int64_t T) const;
-  // Throws std::invalid_argument with a sentence when the shape is impossible.
+  // Throws std::invalid_argument with a sentence when the shape is impossible (every integer
+  // field 1..kMaxField, vocab_size at least 2, n_head dividing n_embd, seq <= block_size).
   void validate() const;
 
   nlohmann::json to_json() const;
-  static GPTConfig from_json(const nlohmann::json& j);
+  // Strict: an object with the required fields n_layer, n_embd, n_head, vocab_size, block_size
+  // and the optional name, batch (default 12) and seq (default min(64, block_size)); unknown
+  // keys, non-integers (2.7, "four") and values outside 1..kMaxField are refused with a
+  // std::invalid_argument that starts with `source` and names the field as the JSON spells it.
+  static GPTConfig from_json(const nlohmann::json& j, const std::string& source = "model config");
 };
 
 // gpt-tiny, gpt-small, gpt2-124m; throws std::invalid_argument listing the names otherwise.
 GPTConfig gpt_config(const std::string& name);
 std::vector<std::string> gpt_config_names();
-// Reads a JSON file with the fields of GPTConfig (missing fields keep gpt-tiny's values).
+// Reads a JSON file with the fields of GPTConfig (from_json's rules); every problem, including
+// malformed JSON, is a std::invalid_argument naming the file (and the field).
 GPTConfig gpt_config_from_file(const std::string& path);
 
 }  // namespace meshtrain::model

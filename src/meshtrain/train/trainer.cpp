@@ -19,6 +19,7 @@
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/trace/trace.h"
 #include "meshtrain/train/ps_trainer.h"
+#include "meshtrain/train/validate.h"
 
 namespace meshtrain::train {
 
@@ -27,43 +28,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::invalid_argument bad(const std::string& msg) { return std::invalid_argument(msg); }
-
-// ---- option checks ----
-
-void check_layout(const TrainOptions& o) {
-  if (o.dp < 1 || o.tp < 1 || o.pp < 1)
-    throw bad("--dp, --tp and --pp must each be at least 1");
-  if (o.microbatches < 1) throw bad("--microbatches must be at least 1");
-  static const char* schedules[] = {"gpipe", "1f1b", "interleaved", "zb"};
-  if (std::find_if(std::begin(schedules), std::end(schedules),
-                   [&](const char* s) { return o.schedule == s; }) == std::end(schedules))
-    throw bad("--schedule must be gpipe, 1f1b, interleaved or zb, not '" + o.schedule + "'");
-  if (o.zero < 0 || o.zero > 3) throw bad("--zero must be 0, 1, 2 or 3");
-  if (o.ps_servers < 0) throw bad("--ps-servers must be 0 (no parameter server) or a positive number of server ranks");
-  if (o.staleness < -1)
-    throw bad("--staleness must be 0 (synchronous), a positive bound, or inf (unbounded, asynchronous; also -1)");
-  if (!(o.slow_worker_factor >= 1)) throw bad("--slow-worker must be at least 1 (the factor worker 0's step is slowed by)");
-  if (o.ps_servers > 0 && o.zero > 0)
-    throw bad("ZeRO and the parameter server are two ways to shard; choose one (drop --zero or --ps-servers)");
-  if (o.backend != "threads" && o.backend != "mpi")
-    throw bad("--backend must be threads or mpi, not '" + o.backend + "'");
-  if (o.backend == "mpi" && !comm::have_mpi())
-    throw bad("this build has no mpi backend (OpenMPI was not found when it was configured); use --backend threads");
-  if (o.backend == "mpi" && !comm::launched_by_mpirun())
-    throw bad("--backend mpi needs the program to be started by mpirun (mpirun -np N meshtrain train ...)");
-  // The drivers of these land with their issues; until then say so instead of pretending.
-  if (o.tp > 1 && o.zero > 0)
-    throw bad("ZeRO (--zero > 0) together with tensor parallelism is not supported yet; use --zero 0 with --tp, or --tp 1");
-  if (o.sequence_parallel && o.tp == 1) throw bad("--sequence-parallel needs --tp 2 or more");
-  if (o.pp > 1) throw bad("pipeline parallelism (--pp > 1) is not available in this build yet; run with --pp 1");
-  if (o.batch % o.dp != 0)
-    throw bad("--batch " + std::to_string(o.batch) + " is not divisible by --dp " +
-              std::to_string(o.dp) + "; every data-parallel rank takes an equal slice of the batch");
-  if ((o.batch / o.dp) % o.microbatches != 0)
-    throw bad("each data-parallel rank's " + std::to_string(o.batch / o.dp) +
-              " rows are not divisible by --microbatches " + std::to_string(o.microbatches));
-  if (o.bucket_bytes < 0) throw bad("--bucket-mb must be positive");
-}
 
 // ---- one rank ----
 
@@ -468,26 +432,15 @@ nlohmann::json step_json(const StepRecord& r) {
 model::GPTConfig resolve_options(TrainOptions& o) {
   model::GPTConfig cfg =
       o.config_file.empty() ? model::gpt_config(o.model) : model::gpt_config_from_file(o.config_file);
-  if (o.batch < 0) o.batch = cfg.batch;
-  if (o.seq < 0) o.seq = cfg.seq;
-  if (o.batch < 1) throw bad("--batch must be at least 1 (got " + std::to_string(o.batch) + ")");
-  if (o.seq < 1 || o.seq > cfg.block_size)
-    throw bad("--seq must be between 1 and the model's " + std::to_string(cfg.block_size) +
-              " positions (got " + std::to_string(o.seq) + ")");
-  if (o.steps < 1) throw bad("--steps must be at least 1");
-  if (o.data.empty()) throw bad("--data is required: a text file or a uint16 token file (.bin)");
+  // -1: the model's recommended shape; any other value is checked as given.
+  if (o.batch == -1) o.batch = cfg.batch;
+  if (o.seq == -1) o.seq = cfg.seq;
   if (comm::launched_by_mpirun()) o.backend = "mpi";
-  check_layout(o);
-  if (o.tp > 1) parallel::validate_tp(cfg, o.tp, {.sequence_parallel = o.sequence_parallel, .pad_vocab = o.pad_vocab}, o.seq);
-  if (!(o.adam.lr > 0)) throw bad("--lr must be positive");
-  if (o.eval_batches < 1) throw bad("--eval-batches must be at least 1");
-  if (o.checkpoint_every < 0) throw bad("--checkpoint-every must be 0 (never) or positive");
-  if ((o.checkpoint_every > 0 || o.resume || o.save_initial) && o.checkpoint_dir.empty())
-    throw bad("--checkpoint-every, --resume and --save-initial need --checkpoint-dir DIR");
+  const Machine machine = Machine::probe();
+  validate_options(o, cfg, machine);  // train/validate.h: every flag, before any rank starts
   if (o.threads == 0) {
-    int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    int local_ranks = o.backend == "mpi" ? 1 : o.dp * o.tp * o.pp + o.ps_servers;
-    o.threads = std::max(1, cores / local_ranks);
+    int64_t local_ranks = o.backend == "mpi" ? 1 : int64_t{o.dp} * o.tp * o.pp + o.ps_servers;
+    o.threads = static_cast<int>(std::max<int64_t>(1, machine.cores / local_ranks));
   }
   if (o.adam.decay_steps == 0) o.adam.decay_steps = o.steps;
   return cfg;
@@ -497,10 +450,7 @@ TrainResult train(TrainOptions o) {
   TrainResult res;
   res.config = resolve_options(o);
   TokenDataset data = TokenDataset::open(o.data, o.val_fraction, o.seq);
-  if (data.vocab_size() > res.config.vocab_size)
-    throw bad("the data file " + o.data + " has token ids up to " +
-              std::to_string(data.vocab_size() - 1) + " but the model's vocabulary is " +
-              std::to_string(res.config.vocab_size) + "; use a model with a larger vocab_size");
+  validate_dataset(o, res.config, data);  // vocabulary and split lengths (train/validate.h)
   if (o.ps_servers > 0) return train_parameter_server(o, res.config, data);  // train/ps_trainer.h
   if (o.resume && !o.checkpoint_dir.empty() && latest_checkpoint(o.checkpoint_dir))
     load_checkpoint(o.checkpoint_dir);  // refuse a corrupt checkpoint before any rank starts

@@ -47,8 +47,8 @@ struct TrainOptions {
   double slow_worker_factor = 1.0;  // test flag: worker 0 sleeps so its step takes this many times longer
   // run
   int64_t steps = 500;
-  int64_t batch = -1;  // global batch B (-1: the model's default)
-  int64_t seq = -1;    // T (-1: the model's default)
+  int64_t batch = -1;  // global batch B (-1: the model's default; other values below 1 are refused)
+  int64_t seq = -1;    // T (-1: the model's default; other values below 1 are refused)
   uint64_t seed = 1337;
   AdamWConfig adam;
   int threads = 0;  // kernel threads per rank (0: cores / ranks)
@@ -101,7 +101,8 @@ struct TrainResult {
   StateBytes state_bytes;
 };
 
-// Resolves defaults (batch, seq, threads, decay_steps) and checks the options; throws
+// Reads the model config, resolves defaults (batch and seq when -1, threads when 0,
+// decay_steps) and runs the validation pass of train/validate.h against this machine; throws
 // std::invalid_argument with a sentence saying what to change.
 model::GPTConfig resolve_options(TrainOptions& opt);
 

@@ -1,0 +1,39 @@
+// Option parsing helpers shared by the subcommands.
+//
+// integer<T>() is a CLI11 check for integer flags: the value must be a plain decimal integer
+// that fits T (no fraction, exponent or hex, and no minus sign for an unsigned T). CLI11's own
+// conversion would clamp `--steps 99999999999999999999999` and wrap `--seed -1`; this refuses
+// both with a sentence (exit 2, as every ParseError). `lo` raises the smallest value accepted.
+#pragma once
+
+#include <charconv>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include <CLI/CLI.hpp>
+
+namespace meshtrain::cli {
+
+template <class T>
+CLI::Validator integer(T lo = std::numeric_limits<T>::min()) {
+  static_assert(std::is_integral_v<T>);
+  return CLI::Validator(
+      [lo](std::string& text) -> std::string {
+        const std::string range =
+            "an integer from " + std::to_string(lo) + " to " + std::to_string(std::numeric_limits<T>::max());
+        const char* begin = text.data() + (text.size() > 1 && text[0] == '+' ? 1 : 0);
+        const char* end = text.data() + text.size();
+        T v{};
+        auto [ptr, ec] = std::from_chars(begin, end, v);
+        if (ec == std::errc::result_out_of_range || (ec == std::errc() && ptr == end && v < lo) ||
+            (std::is_unsigned_v<T> && !text.empty() && text[0] == '-' &&
+             text.find_first_not_of("0123456789", 1) == std::string::npos && text.size() > 1))
+          return "'" + text + "' is out of range; give " + range;
+        if (ec != std::errc() || ptr != end) return "'" + text + "' is not a whole number; give " + range;
+        return {};
+      },
+      "", "integer");
+}
+
+}  // namespace meshtrain::cli

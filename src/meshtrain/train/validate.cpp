@@ -1,0 +1,335 @@
+// The validation pass of train/validate.h: option ranges, cross-option rules, threads and
+// memory against the machine, output paths.
+#include "meshtrain/train/validate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "meshtrain/comm/world.h"
+#include "meshtrain/parallel/mesh.h"
+#include "meshtrain/parallel/tensor_parallel.h"
+
+namespace meshtrain::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+[[noreturn]] void bad(const std::string& msg) { throw std::invalid_argument(msg); }
+
+std::string num(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+// ---- the machine ----
+
+// A byte count from a /proc or /sys file ("max" or a missing file: none).
+int64_t read_limit(const char* path) {
+  std::ifstream f(path);
+  std::string text;
+  if (!(f >> text) || text == "max") return 0;
+  try {
+    size_t used = 0;
+    unsigned long long v = std::stoull(text, &used);
+    // cgroup v1 writes a huge page-aligned number for "no limit".
+    if (used != text.size() || v >= (1ull << 60)) return 0;
+    return static_cast<int64_t>(v);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+int64_t mem_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  long long kib = 0;
+  while (f >> key >> kib) {
+    std::getline(f, unit);
+    if (key == "MemAvailable:") return static_cast<int64_t>(kib) * 1024;
+  }
+  return 0;
+}
+
+// ---- option ranges ----
+
+void at_least(const char* flag, int64_t v, int64_t lo, const std::string& meaning = "") {
+  if (v < lo)
+    bad(std::string(flag) + " must be at least " + std::to_string(lo) + meaning + ", got " + std::to_string(v));
+}
+
+void finite(const char* flag, double v, const std::string& rule) {
+  if (!std::isfinite(v)) bad(std::string(flag) + " must be a finite number " + rule + ", got " + num(v));
+}
+
+void check_ranges(const TrainOptions& o, const model::GPTConfig& cfg) {
+  if (o.data.empty()) bad("--data is required: a text file or a uint16 token file (.bin)");
+  at_least("--steps", o.steps, 1);
+  at_least("--batch", o.batch, 1);
+  if (o.seq < 1 || o.seq > cfg.block_size)
+    bad("--seq must be between 1 and the model's " + std::to_string(cfg.block_size) +
+        " positions (block_size), got " + std::to_string(o.seq));
+  const AdamWConfig& a = o.adam;
+  finite("--lr", a.lr, "above 0");
+  if (!(a.lr > 0)) bad("--lr must be a finite number above 0, got " + num(a.lr));
+  finite("--min-lr", a.min_lr, "of at least 0");
+  if (a.min_lr < 0) bad("--min-lr must be at least 0, got " + num(a.min_lr));
+  at_least("--warmup", a.warmup_steps, 0, " (steps of linear warm-up)");
+  finite("--weight-decay", a.weight_decay, "of at least 0");
+  if (a.weight_decay < 0) bad("--weight-decay must be at least 0 (0: no decay), got " + num(a.weight_decay));
+  if (!(a.beta2 >= 0 && a.beta2 < 1))
+    bad("--beta2 must be at least 0 and below 1 (AdamW's second-moment decay, e.g. 0.99), got " + num(a.beta2));
+  if (!(a.beta1 >= 0 && a.beta1 < 1)) bad("AdamW beta1 must be at least 0 and below 1, got " + num(a.beta1));
+  if (!(a.eps > 0) || !std::isfinite(a.eps)) bad("AdamW eps must be a finite number above 0, got " + num(a.eps));
+  finite("--grad-clip", a.grad_clip, "of at least 0");
+  if (a.grad_clip < 0) bad("--grad-clip must be at least 0 (0: no clipping), got " + num(a.grad_clip));
+  if (!(o.val_fraction > 0 && o.val_fraction < 1))
+    bad("--val-fraction must be above 0 and below 1 (the validation loss needs held-out tokens), got " +
+        num(o.val_fraction));
+  at_least("--eval-every", o.eval_every, 0, " (0: only at the end)");
+  at_least("--eval-batches", o.eval_batches, 1);
+  at_least("--checkpoint-every", o.checkpoint_every, 0, " (0: never)");
+  at_least("--keep-checkpoints", o.keep_checkpoints, 0, " (0: keep all)");
+  at_least("--log-every", o.log_every, 0, " (0: no progress lines)");
+  at_least("--threads", o.threads, 0, " (0: cores / ranks)");
+}
+
+// The layout flags and the rules between them.
+void check_layout(const TrainOptions& o) {
+  if (o.dp < 1 || o.tp < 1 || o.pp < 1) bad("--dp, --tp and --pp must each be at least 1");
+  if (o.microbatches < 1) bad("--microbatches must be at least 1");
+  static const char* schedules[] = {"gpipe", "1f1b", "interleaved", "zb"};
+  if (std::find_if(std::begin(schedules), std::end(schedules),
+                   [&](const char* s) { return o.schedule == s; }) == std::end(schedules))
+    bad("--schedule must be gpipe, 1f1b, interleaved or zb, not '" + o.schedule + "'");
+  if (o.zero < 0 || o.zero > 3) bad("--zero must be 0, 1, 2 or 3");
+  if (o.ps_servers < 0) bad("--ps-servers must be 0 (no parameter server) or a positive number of server ranks");
+  if (o.staleness < -1)
+    bad("--staleness must be 0 (synchronous), a positive bound, or inf (unbounded, asynchronous; also -1)");
+  if (!(o.slow_worker_factor >= 1) || !std::isfinite(o.slow_worker_factor))
+    bad("--slow-worker must be a finite factor of at least 1 (the factor worker 0's step is slowed by)");
+  if (o.slow_worker_factor != 1 && o.ps_servers == 0)
+    bad("--slow-worker slows a parameter-server worker; add --ps-servers N or drop --slow-worker");
+  if (o.ps_servers > 0 && o.zero > 0)
+    bad("ZeRO and the parameter server are two ways to shard; choose one (drop --zero or --ps-servers)");
+  if (o.ps_servers > 0 && (o.tp > 1 || o.pp > 1))
+    bad("the parameter server runs whole-model workers; use --tp 1 --pp 1 with --ps-servers");
+  if (o.ps_servers > 0 && (o.checkpoint_every > 0 || o.resume || o.save_initial))
+    bad("the parameter server does not write or read checkpoints yet; drop --checkpoint-every, "
+        "--resume and --save-initial, or run without --ps-servers");
+  if (o.backend != "threads" && o.backend != "mpi") bad("--backend must be threads or mpi, not '" + o.backend + "'");
+  if (o.backend == "mpi" && !comm::have_mpi())
+    bad("this build has no mpi backend (OpenMPI was not found when it was configured); use --backend threads");
+  if (o.backend == "mpi" && !comm::launched_by_mpirun())
+    bad("--backend mpi needs the program to be started by mpirun (mpirun -np N meshtrain train ...)");
+  // The drivers of these land with their issues; until then say so instead of pretending.
+  if (o.tp > 1 && o.zero > 0)
+    bad("ZeRO (--zero > 0) together with tensor parallelism is not supported yet; use --zero 0 with --tp, or --tp 1");
+  if (o.sequence_parallel && o.tp == 1) bad("--sequence-parallel needs --tp 2 or more");
+  if (o.pp > 1) bad("pipeline parallelism (--pp > 1) is not available in this build yet; run with --pp 1");
+  if (o.batch % o.dp != 0)
+    bad("--batch " + std::to_string(o.batch) + " is not divisible by --dp " + std::to_string(o.dp) +
+        "; every data-parallel rank takes an equal slice of the batch");
+  if ((o.batch / o.dp) % o.microbatches != 0)
+    bad("each data-parallel rank's " + std::to_string(o.batch / o.dp) +
+        " rows are not divisible by --microbatches " + std::to_string(o.microbatches));
+  if (o.bucket_bytes < 0) bad("--bucket-mb must be a positive number of MiB");
+  if ((o.checkpoint_every > 0 || o.resume || o.save_initial) && o.checkpoint_dir.empty())
+    bad("--checkpoint-every, --resume and --save-initial need --checkpoint-dir DIR");
+}
+
+// Ranks of the run that live in this process (threads backend: all of them).
+int64_t local_ranks(const TrainOptions& o) {
+  if (o.backend == "mpi") return 1;
+  return static_cast<int64_t>(o.dp) * o.tp * o.pp + o.ps_servers;
+}
+
+void check_memory(const TrainOptions& o, const model::GPTConfig& cfg, const Machine& m) {
+  if (m.memory_bytes <= 0) return;
+  MemoryEstimate e = estimate_memory(o, cfg);
+  if (e.total() <= static_cast<double>(m.memory_bytes)) return;
+  bad("this run needs at least " + format_bytes(e.total()) + " of memory in this process (" +
+      std::to_string(e.ranks) + " rank(s): parameters " + format_bytes(e.params) + ", gradients " +
+      format_bytes(e.grads) + ", Adam state " + format_bytes(e.optimizer) + ", activations " +
+      format_bytes(e.activations) + ", tokens " + format_bytes(e.data) + ") but the machine has " +
+      format_bytes(static_cast<double>(m.memory_bytes)) + " available (" + m.memory_source +
+      "); use a smaller model, --batch or --seq, more --microbatches, or --zero to shard the state");
+}
+
+}  // namespace
+
+// ---- the machine ----
+
+Machine Machine::probe() {
+  Machine m;
+  m.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  m.memory_bytes = mem_available();
+  m.memory_source = "MemAvailable in /proc/meminfo";
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    int64_t limit = read_limit(path);
+    if (limit > 0 && (m.memory_bytes == 0 || limit < m.memory_bytes)) {
+      m.memory_bytes = limit;
+      m.memory_source = std::string("the cgroup memory limit in ") + path;
+    }
+  }
+  return m;
+}
+
+// ---- memory ----
+
+MemoryEstimate estimate_memory(const TrainOptions& o, const model::GPTConfig& cfg) {
+  // In double: a config can ask for more than int64 counts.
+  const double C = static_cast<double>(cfg.n_embd), L = static_cast<double>(cfg.n_layer);
+  const double V = static_cast<double>(cfg.vocab_size), P = static_cast<double>(cfg.block_size);
+  const double n = V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C;  // GPTConfig::num_params
+  const double per_token = 4.0 * (L * (16 * C + static_cast<double>(cfg.n_head) + 4) + 2 * C + 2 + V + 1);
+  const double dp = std::max(1, o.dp), tp = std::max(1, o.tp);
+  const double B = static_cast<double>(std::max<int64_t>(o.batch, 1)), T = static_cast<double>(std::max<int64_t>(o.seq, 1));
+  MemoryEstimate e;
+  e.ranks = static_cast<int>(std::min<int64_t>(local_ranks(o), std::numeric_limits<int>::max()));
+  const double ranks = e.ranks;
+  if (o.ps_servers > 0) {
+    // Workers hold the whole model's values and gradients; servers hold the values, gradients
+    // and Adam moments of their shards (all of the model over all servers).
+    const double workers = o.backend == "mpi" ? 1 : dp;
+    e.params = 4 * n * workers + (o.backend == "mpi" ? 0 : 4 * n);
+    e.grads = 4 * n * workers + (o.backend == "mpi" ? 0 : 4 * n);
+    e.optimizer = o.backend == "mpi" ? 0 : 8 * n;
+    e.activations = per_token * (B / dp) * T * workers;
+  } else {
+    e.params = 4 * n / tp / (o.zero >= 3 ? dp : 1) * ranks;
+    e.grads = 4 * n / tp / (o.zero >= 2 ? dp : 1) * ranks;
+    e.optimizer = 8 * n / tp / (o.zero >= 1 ? dp : 1) * ranks;
+    e.activations = per_token * (B / dp / std::max(1, o.microbatches)) * T / tp * ranks;
+  }
+  // The token file, held once per process as uint16 (a text file: one token per byte).
+  std::error_code ec;
+  if (!o.data.empty() && fs::is_regular_file(o.data, ec)) {
+    const double size = static_cast<double>(fs::file_size(o.data, ec));
+    if (!ec) e.data = fs::path(o.data).extension() == ".bin" ? size : 2 * size;
+  }
+  return e;
+}
+
+std::string format_bytes(double bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 6) bytes /= 1024, ++u;
+  char buf[64];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  else if (bytes < 10000) std::snprintf(buf, sizeof buf, "%.1f %s", bytes, units[u]);
+  else std::snprintf(buf, sizeof buf, "%.3g %s", bytes, units[u]);
+  return buf;
+}
+
+// ---- threads ----
+
+void check_threads(const std::string& flag, int64_t threads, const Machine& m, bool zero_means_auto) {
+  const int64_t cap = static_cast<int64_t>(kThreadsPerCore) * m.cores;
+  if (threads < 0 || (threads == 0 && !zero_means_auto))
+    bad(flag + " must be " + (zero_means_auto ? "0 (automatic) or " : "") + "a number of kernel threads from 1 to " +
+        std::to_string(cap) + ", got " + std::to_string(threads));
+  if (threads > cap)
+    bad(flag + " " + std::to_string(threads) + " is more than " + std::to_string(kThreadsPerCore) + " x the " +
+        std::to_string(m.cores) + " core(s) of this machine; use at most " + std::to_string(cap) +
+        (zero_means_auto ? " (or 0: cores / ranks)" : ""));
+}
+
+void check_ranks(const std::string& what, int64_t ranks, int64_t threads_per_rank, const Machine& m) {
+  const int64_t cap = static_cast<int64_t>(kRanksPerCore) * m.cores;
+  if (ranks > cap)
+    bad(what + " would run " + std::to_string(ranks) + " ranks as threads of this process, more than " +
+        std::to_string(kRanksPerCore) + " x the " + std::to_string(m.cores) + " core(s) of this machine = " +
+        std::to_string(cap) + "; use fewer ranks, or --backend mpi to spread them over processes");
+  if (threads_per_rank > 0 && ranks * threads_per_rank > cap)
+    bad(std::to_string(ranks) + " rank(s) x --threads " + std::to_string(threads_per_rank) + " = " +
+        std::to_string(ranks * threads_per_rank) + " kernel threads in this process, more than " +
+        std::to_string(kRanksPerCore) + " x the " + std::to_string(m.cores) + " core(s) of this machine = " +
+        std::to_string(cap) + "; lower --threads (0: cores / ranks) or the number of ranks");
+}
+
+int64_t bucket_bytes_from_mb(double mb) {
+  constexpr double kMaxMb = 1024.0 * 1024.0;  // 1 TiB
+  const double bytes = mb * 1024.0 * 1024.0;
+  if (!std::isfinite(mb) || !(bytes >= 4) || mb > kMaxMb)
+    bad("--bucket-mb must be a size in MiB from 4 bytes (0.000004) to 1 TiB (1048576), got " + num(mb));
+  return static_cast<int64_t>(bytes);
+}
+
+// ---- output paths ----
+
+void check_output_file(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    bad(flag + " " + path + " is a directory; give the path of a file to write");
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  if (!fs::exists(dir, ec))
+    bad(flag + " " + path + ": the directory " + dir.string() + " does not exist; create it or choose another path");
+  if (!fs::is_directory(dir, ec))
+    bad(flag + " " + path + ": " + dir.string() + " is not a directory; choose another path");
+  if (::access(dir.c_str(), W_OK) != 0)
+    bad(flag + " " + path + ": the directory " + dir.string() + " is not writable; choose another path");
+  if (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0)
+    bad(flag + " " + path + " exists and is not writable; choose another path");
+}
+
+void check_output_dir(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  std::error_code ec;
+  fs::path p = fs::absolute(path, ec);
+  if (fs::exists(p, ec) && !fs::is_directory(p, ec))
+    bad(flag + " " + path + " is a file, not a directory; give a directory (it is created if missing)");
+  fs::path up = p;
+  while (!fs::exists(up, ec) && up.has_parent_path() && up.parent_path() != up) up = up.parent_path();
+  if (!fs::is_directory(up, ec))
+    bad(flag + " " + path + ": " + up.string() + " is a file, so the directory cannot be created; choose another path");
+  if (::access(up.c_str(), W_OK) != 0)
+    bad(flag + " " + path + ": " + up.string() + " is not writable; choose another path");
+}
+
+// ---- the pass ----
+
+void validate_options(const TrainOptions& o, const model::GPTConfig& cfg, const Machine& m) {
+  check_ranges(o, cfg);
+  check_layout(o);
+  if (o.tp > 1)
+    parallel::validate_tp(cfg, o.tp, {.sequence_parallel = o.sequence_parallel, .pad_vocab = o.pad_vocab}, o.seq);
+  check_threads("--threads", o.threads, m, /*zero_means_auto=*/true);
+  check_ranks(o.ps_servers > 0 ? "--dp and --ps-servers" : "--dp, --tp and --pp", local_ranks(o), o.threads, m);
+  check_memory(o, cfg, m);
+  if (o.batch > (int64_t{1} << 24))
+    bad("--batch " + std::to_string(o.batch) + " is more than the 16777216 rows per batch the data order supports");
+  check_output_file("--metrics", o.metrics);
+  check_output_file("--trace", o.trace);
+  check_output_dir("--checkpoint-dir", o.checkpoint_dir);
+}
+
+void validate_dataset(const TrainOptions& o, const model::GPTConfig& cfg, const TokenDataset& data) {
+  if (data.vocab_size() > cfg.vocab_size)
+    bad("the data file " + o.data + " has token ids up to " + std::to_string(data.vocab_size() - 1) +
+        " but the model's vocabulary is " + std::to_string(cfg.vocab_size) +
+        "; use a model with a larger vocab_size");
+  const int64_t n_val = data.num_tokens(Split::val), n_train = data.num_tokens(Split::train);
+  if (n_val < o.seq + 1)
+    bad("--val-fraction " + num(o.val_fraction) + " leaves " + std::to_string(n_val) + " validation tokens of " +
+        o.data + ", fewer than --seq + 1 = " + std::to_string(o.seq + 1) +
+        "; raise --val-fraction, lower --seq or use a longer file");
+  if (o.data_order == DataOrder::sequential && n_train < o.batch * o.seq + 1)
+    bad("the training split of " + o.data + " has " + std::to_string(n_train) +
+        " tokens, fewer than the --batch x --seq + 1 = " + std::to_string(o.batch * o.seq + 1) +
+        " one batch of --data-order sequential needs; lower --batch or --seq, or use a longer file");
+}
+
+}  // namespace meshtrain::train
