@@ -1,11 +1,41 @@
 // meshtrain: the command-line program. main() wires the subcommands (cli/*.cpp) together and
 // turns errors into exit codes: 2 for bad input, 1 for failures while running.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "meshtrain/cli/commands.h"
+#include "meshtrain/comm/error.h"
+#include "meshtrain/comm/threads_backend.h"
+
+namespace {
+
+// Threads backend: a rank failed (e.g. a missed deadline) while other ranks are still busy
+// outside communication (a slow or stuck computation) 3 s later. Waiting for them could take
+// minutes, so report the failure now and end the process; _Exit skips the destructors that
+// the running ranks may still use. Output is flushed line by line (metrics, progress) or
+// written atomically (checkpoints), so nothing written is lost.
+void end_with_stuck_ranks(std::exception_ptr first, const std::vector<int>& stuck) {
+  std::string what = "a rank failed";
+  try {
+    if (first) std::rethrow_exception(first);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  std::fflush(stdout);
+  std::fprintf(stderr, "meshtrain: error: %s (ending the process: rank(s) %s still busy outside communication)\n",
+               what.c_str(), meshtrain::comm::format_ranks(stuck).c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
+  meshtrain::comm::set_stuck_ranks_handler(end_with_stuck_ranks);
   CLI::App app{"meshtrain: train neural networks across many workers (DP x TP x PP)"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
@@ -28,6 +58,11 @@ int main(int argc, char** argv) {
   } catch (const meshtrain::cli::UsageError& e) {
     std::fprintf(stderr, "meshtrain: %s\n", e.what());
     return 2;
+  } catch (const meshtrain::comm::ThreadStartError& e) {
+    // A resource limit of this machine, met while running: exit 1, saying what to lower.
+    std::fprintf(stderr, "meshtrain: error: %s; lower the number of ranks (--dp x --tp x --pp plus --ps-servers, "
+                 "or --world of bench comm) or raise the limit on threads (ulimit -u) and memory\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
     return 1;
