@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,15 @@
 
 namespace {
 
+// The error line of a failure while running; a refused rank thread also says what to lower.
+std::string describe(const std::exception& e) {
+  std::string m = e.what();
+  if (dynamic_cast<const meshtrain::comm::ThreadStartError*>(&e))
+    m += "; lower the number of ranks (--dp x --tp x --pp plus --ps-servers, or --world of bench comm) or raise "
+         "the limit on threads (ulimit -u) and memory";
+  return m;
+}
+
 // Threads backend: a rank failed (e.g. a missed deadline) while other ranks are still busy
 // outside communication (a slow or stuck computation) 3 s later. Waiting for them could take
 // minutes, so report the failure now and end the process; _Exit skips the destructors that
@@ -19,17 +29,20 @@ namespace {
 // written atomically (checkpoints), so nothing written is lost.
 void end_with_stuck_ranks(std::exception_ptr first, const std::vector<int>& stuck) {
   std::string what = "a rank failed";
+  int code = 1;
   try {
     if (first) std::rethrow_exception(first);
+  } catch (const std::invalid_argument& e) {
+    what = e.what(), code = 2;  // bad input found by a rank (the subcommands map it to exit 2)
   } catch (const std::exception& e) {
-    what = e.what();
+    what = describe(e);
   } catch (...) {
   }
   std::fflush(stdout);
-  std::fprintf(stderr, "meshtrain: error: %s (ending the process: rank(s) %s still busy outside communication)\n",
-               what.c_str(), meshtrain::comm::format_ranks(stuck).c_str());
+  std::fprintf(stderr, "meshtrain: %s%s (ending the process: rank(s) %s still busy outside communication)\n",
+               code == 1 ? "error: " : "", what.c_str(), meshtrain::comm::format_ranks(stuck).c_str());
   std::fflush(stderr);
-  std::_Exit(1);
+  std::_Exit(code);
 }
 
 }  // namespace
@@ -58,13 +71,9 @@ int main(int argc, char** argv) {
   } catch (const meshtrain::cli::UsageError& e) {
     std::fprintf(stderr, "meshtrain: %s\n", e.what());
     return 2;
-  } catch (const meshtrain::comm::ThreadStartError& e) {
-    // A resource limit of this machine, met while running: exit 1, saying what to lower.
-    std::fprintf(stderr, "meshtrain: error: %s; lower the number of ranks (--dp x --tp x --pp plus --ps-servers, "
-                 "or --world of bench comm) or raise the limit on threads (ulimit -u) and memory\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
+    // Includes a refused rank thread: a limit of this machine met while running (exit 1).
+    std::fprintf(stderr, "meshtrain: error: %s\n", describe(e).c_str());
     return 1;
   }
   return 0;
