@@ -91,7 +91,8 @@ struct Board {
 class Fabric {
  public:
   explicit Fabric(int world)
-      : world(world), boxes(world), bells(world), status(new std::atomic<int>[world]), blocked(new std::atomic<int>[world]) {
+      : world(world), boxes(world), bells(world), status(new std::atomic<int>[world]),
+        blocked(new std::atomic<int>[world]) {
     for (int i = 0; i < world; ++i) status[i] = 0, blocked[i] = 0;
     std::vector<int> all(world);
     for (int i = 0; i < world; ++i) all[i] = i;
@@ -472,12 +473,12 @@ struct RunState {
   }
 };
 
-void rank_main(const std::shared_ptr<Fabric>& f, RunState& run, int r, const std::function<void(Communicator&)>& fn,
-               const ThreadsOptions& opts) {
+void rank_main(const std::shared_ptr<Fabric>& f, const std::shared_ptr<Board>& board, RunState& run, int r,
+               const std::function<void(Communicator&)>& fn, const ThreadsOptions& opts) {
   Fabric& fabric = *f;
   int how = 1;
   {
-    auto t = std::make_shared<ThreadsTransport>(f, 0, fabric.boards[0], r);
+    auto t = std::make_shared<ThreadsTransport>(f, 0, board, r);
     Communicator comm(t, opts.name, {opts.timeout, opts.debug});
     try {
       fn(comm);
@@ -530,11 +531,12 @@ void set_stuck_ranks_handler(StuckRanksHandler h, Timeout grace) {
 void run_threads(int world, const std::function<void(Communicator&)>& fn, const ThreadsOptions& opts) {
   if (world < 1) throw std::invalid_argument("run_threads: world must be at least 1, got " + std::to_string(world));
   auto fabric = std::make_shared<Fabric>(world);
+  const std::shared_ptr<Board> board = fabric->boards[0];  // read before ranks may split (boards grows)
   RunState run;
   std::vector<std::thread> threads;
   threads.reserve(world);
   for (int r = 0; r < world; ++r) {
-    std::function<void()> body = [f = fabric, &run, &fn, &opts, r] { rank_main(f, run, r, fn, opts); };
+    std::function<void()> body = [f = fabric, &board, &run, &fn, &opts, r] { rank_main(f, board, run, r, fn, opts); };
     {
       std::lock_guard g(run.m);
       ++run.running;
