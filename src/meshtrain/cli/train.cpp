@@ -1,11 +1,14 @@
 // `meshtrain train`: the flags of DESIGN "Interfaces", mapped onto train::TrainOptions.
 // Bad input (unknown model, missing data file, impossible layout, corrupt checkpoint) exits 2
 // with the sentence the trainer raised; failures while training exit 1.
+#include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/cli/options.h"
+#include "meshtrain/comm/communicator.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/trainer.h"
@@ -37,6 +40,10 @@ void add_train_command(CLI::App& app) {
   c->add_option("--staleness", *staleness, "Parameter server: steps a worker may run ahead of the slowest (0: synchronous; inf or -1: asynchronous)")->capture_default_str();
   c->add_option("--slow-worker", opt->slow_worker_factor, "Test flag: worker 0 sleeps so its step takes this many times longer")->capture_default_str();
   c->add_option("--backend", opt->backend, "Communication backend: threads or mpi")->capture_default_str();
+  auto comm_timeout = std::make_shared<double>(0.0);
+  CLI::Option* comm_timeout_opt = c->add_option(
+      "--comm-timeout", *comm_timeout,
+      "Deadline of every communication in seconds (default: MESHTRAIN_COMM_TIMEOUT_S, else 300)");
   c->add_option("--steps", opt->steps, "Optimizer steps")->check(integer<int64_t>(1))->capture_default_str();
   c->add_option("--batch", opt->batch, "Global batch size B (default: the model's)")->check(integer<int64_t>(1));
   c->add_option("--seq", opt->seq, "Sequence length T (default: the model's)")->check(integer<int64_t>(1));
@@ -59,9 +66,16 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--save-initial", opt->save_initial, "Also save the initial weights as step 0");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([opt, order, bucket_mb, bucket_flag, staleness] {
+  c->callback([opt, order, bucket_mb, bucket_flag, staleness, comm_timeout, comm_timeout_opt] {
     train::TrainOptions o = *opt;
     try {
+      if (comm_timeout_opt->count() > 0) {
+        const double s = *comm_timeout;
+        if (!(s > 0 && s <= 604'800))  // also refuses nan
+          throw std::invalid_argument("--comm-timeout must be a number of seconds above 0 and at most 604800 (a week), not " +
+                                      comm_timeout_opt->as<std::string>());
+        comm::Communicator::set_default_timeout(comm::Timeout(std::max<int64_t>(1, static_cast<int64_t>(s * 1000))));
+      }
       if (bucket_flag->count() > 0) o.bucket_bytes = train::bucket_bytes_from_mb(*bucket_mb);
       o.data_order = train::parse_data_order(*order);
       if (*staleness == "inf" || *staleness == "unbounded") {

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <stdexcept>
+#include <system_error>
 
 #include "meshtrain/comm/algorithms.h"
 #include "meshtrain/comm/reduce.h"
@@ -17,9 +19,11 @@ namespace meshtrain::comm {
 // ---- settings ----
 namespace {
 std::int64_t initial_timeout_ms() {
+  // A value that is not a positive number of seconds up to a week is ignored (the CLI's
+  // --comm-timeout checks and overrides it).
   if (const char* s = std::getenv("MESHTRAIN_COMM_TIMEOUT_S")) {
     const double v = std::atof(s);
-    if (v > 0) return static_cast<std::int64_t>(v * 1000);
+    if (v > 0 && v <= 604'800) return std::max<std::int64_t>(1, static_cast<std::int64_t>(v * 1000));
   }
   return 300'000;
 }
@@ -163,7 +167,16 @@ Work Communicator::issue(const char* op, Timeout timeout, Body body, bool async)
   }
   auto w = std::make_shared<QueuedWork>(op, name_, seq, stats_);
   queue_.push_back(std::make_shared<Job>(Job{std::move(body), op, seq, w}));
-  if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
+  if (!progress_.joinable()) {
+    try {
+      progress_ = std::thread([this] { progress_loop(); });
+    } catch (const std::system_error& e) {
+      queue_.pop_back();
+      --coll_seq_;
+      throw std::runtime_error("could not start the progress thread of communicator '" + name_ + "' (rank " +
+                               std::to_string(rank_) + "): " + e.code().message());
+    }
+  }
   lk.unlock();
   qcv_.notify_all();
   Work work(w);

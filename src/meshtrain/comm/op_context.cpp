@@ -44,7 +44,12 @@ void OpContext::wait(RequestPtr& r) {
     std::vector<int> missing = t_.not_arrived(seq_);
     std::ostringstream why;
     why << "deadline passed while waiting for rank " << peer;
-    if (missing.empty()) missing = {peer};
+    if (missing.empty()) {
+      missing = t_.late_ranks(peer);
+      if (missing != std::vector<int>{peer})
+        why << "; rank " << peer << " was itself waiting for " << format_ranks(missing)
+            << ", which did not post its side (busy outside communication)";
+    }
     CommError e(ErrorKind::timeout, op_, group_, seq_, std::move(missing), why.str());
     t_.abort(std::string("rank ") + std::to_string(t_.rank()) + " of '" + group_ + "': " + e.what());
     throw e;

@@ -51,7 +51,12 @@ class P2PWork final : public WorkImpl {
         std::ostringstream why;
         why << "no matching " << (op_[0] == 's' ? "receive" : "send") << " from rank " << peer_ << " within "
             << (t.count() > 0 ? t : timeout_).count() << " ms";
-        throw CommError(ErrorKind::timeout, op_, group_, seq_, {peer_}, why.str());
+        // The peer may itself have been waiting for a rank busy outside communication: blame that one.
+        std::vector<int> late = t_->late_ranks(peer_);
+        if (late != std::vector<int>{peer_})
+          why << "; rank " << peer_ << " was itself waiting for " << format_ranks(late)
+              << ", which did not post its side (busy outside communication)";
+        throw CommError(ErrorKind::timeout, op_, group_, seq_, std::move(late), why.str());
       }
       done_ = true;
     }

@@ -12,13 +12,20 @@
 // Waits spin for a few microseconds (MESHTRAIN_COMM_SPIN_US: 20, or 2 when ranks outnumber
 // cores), then yield the core for up to MESHTRAIN_COMM_YIELD_US (100), then sleep on the rank's
 // doorbell, waking at least every 20 ms to check deadlines.
+//
+// Blame: after a missed deadline on a message, the fabric follows who waits for whom (posted
+// receives wait for their source; a blocked sender for its destination) from the silent peer
+// to the ranks that wait for nobody: those are busy outside communication and did not post
+// their side, so the error names them rather than a peer that was itself waiting.
 #include "meshtrain/comm/threads_backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
-#include <thread>
+#include <new>
+#include <system_error>
 #include <tuple>
 
 #include "meshtrain/comm/reduce.h"
@@ -83,8 +90,10 @@ struct Board {
 // ---- Fabric ----
 class Fabric {
  public:
-  explicit Fabric(int world) : world(world), boxes(world), bells(world), status(new std::atomic<int>[world]) {
-    for (int i = 0; i < world; ++i) status[i] = 0;
+  explicit Fabric(int world)
+      : world(world), boxes(world), bells(world), status(new std::atomic<int>[world]),
+        blocked(new std::atomic<int>[world]) {
+    for (int i = 0; i < world; ++i) status[i] = 0, blocked[i] = 0;
     std::vector<int> all(world);
     for (int i = 0; i < world; ++i) all[i] = i;
     boards[0] = std::make_shared<Board>(all);
@@ -193,6 +202,36 @@ class Fabric {
     return true;
   }
 
+  // Diagnostics after world rank `me` missed a deadline waiting on world rank `peer`: the
+  // running ranks reached from `peer` along wait-for edges that wait for nobody themselves
+  // (sorted). Empty when every rank reached waits for another (a deadlock or mismatched
+  // messages). Locks the mailboxes one at a time; only for error paths.
+  std::vector<int> late(int me, int peer) {
+    std::vector<std::vector<int>> waits_for(world);
+    std::vector<char> waiting(world, 0);
+    for (int r = 0; r < world; ++r) waiting[r] = blocked[r].load() > 0;
+    for (int d = 0; d < world; ++d) {
+      std::lock_guard lk(boxes[d].m);
+      for (const Entry* e : boxes[d].recvs) waits_for[d].push_back(e->src), waiting[d] = 1;
+      for (const Entry* e : boxes[d].sends)
+        if (blocked[e->src].load() > 0) waits_for[e->src].push_back(d);
+    }
+    std::vector<char> seen(world, 0);
+    std::vector<int> queue{peer}, out;
+    seen[peer] = seen[me] = 1;
+    for (std::size_t i = 0; i < queue.size(); ++i) {
+      const int v = queue[i];
+      if (!waiting[v]) {
+        if (status[v].load() == 0) out.push_back(v);
+        continue;
+      }
+      for (int u : waits_for[v])
+        if (!seen[u]) seen[u] = 1, queue.push_back(u);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   std::pair<int, std::shared_ptr<Board>> context_for(int parent, std::uint64_t split_id, int color,
                                                      const std::vector<int>& world_members) {
     std::lock_guard g(cm);
@@ -209,7 +248,8 @@ class Fabric {
   const int world;
   std::vector<Mailbox> boxes;
   std::vector<Bell> bells;
-  std::unique_ptr<std::atomic<int>[]> status;  // 0 running, 1 returned, 2 threw
+  std::unique_ptr<std::atomic<int>[]> status;   // 0 running, 1 returned, 2 threw (or never started)
+  std::unique_ptr<std::atomic<int>[]> blocked;  // threads of the rank inside wait_until
   std::atomic<bool> aborted{false};
   std::mutex am;
   std::string abort_reason;
@@ -254,6 +294,11 @@ class ThreadsRequest final : public Request {
   bool wait_until(Clock::time_point deadline) override {
     // Spin briefly (the peer usually answers within microseconds), then yield for a while (on a
     // crowded machine the peer may be waiting for this very core), then sleep on the doorbell.
+    struct Blocked {
+      std::atomic<int>& n;
+      explicit Blocked(std::atomic<int>& c) : n(c) { n.fetch_add(1); }
+      ~Blocked() { n.fetch_sub(1); }
+    } blocked(f_->blocked[owner_]);
     const auto t0 = Clock::now();
     const auto spin_end = t0 + f_->spin, yield_end = t0 + f_->yield;
     for (unsigned i = 1;; ++i) {
@@ -360,6 +405,15 @@ class ThreadsTransport final : public Transport {
       if (board_->entered[i].load() < seq + 1) out.push_back(i);
     return out;
   }
+  std::vector<int> late_ranks(int peer) const override {
+    std::vector<int> out;
+    for (int w : f_->late(me(), world(peer))) {
+      auto it = std::find(board_->members.begin(), board_->members.end(), w);
+      if (it != board_->members.end()) out.push_back(static_cast<int>(it - board_->members.begin()));
+    }
+    if (out.empty()) out.push_back(peer);
+    return out;
+  }
   void abort(const std::string& reason) override { f_->abort(reason, {}); }
 
  private:
@@ -394,48 +448,141 @@ std::string what_of(std::exception_ptr e) {
 }  // namespace
 
 // ---- run_threads ----
+namespace {
+
+// What the rank threads share with run_threads' caller, which outlives them: it joins them all
+// (only a stuck-ranks handler that ends the process leaves earlier).
+struct RunState {
+  std::mutex m;
+  std::condition_variable cv;
+  std::exception_ptr first;
+  int running = 0;  // threads started and not yet finished
+  void fail(std::exception_ptr e) {
+    {
+      std::lock_guard g(m);
+      if (!first) first = std::move(e);
+    }
+    cv.notify_all();
+  }
+  void finished() {
+    {
+      std::lock_guard g(m);
+      --running;
+    }
+    cv.notify_all();
+  }
+};
+
+void rank_main(const std::shared_ptr<Fabric>& f, const std::shared_ptr<Board>& board, RunState& run, int r,
+               const std::function<void(Communicator&)>& fn, const ThreadsOptions& opts) {
+  Fabric& fabric = *f;
+  int how = 1;
+  {
+    auto t = std::make_shared<ThreadsTransport>(f, 0, board, r);
+    Communicator comm(t, opts.name, {opts.timeout, opts.debug});
+    try {
+      fn(comm);
+    } catch (...) {
+      auto e = std::current_exception();
+      run.fail(e);
+      how = 2;
+      // Abort first, so waiters see the reason rather than only "rank r threw". A CommError
+      // passes on the ranks it blames; a mismatch needs no abort (every rank got the verdict).
+      std::vector<int> blamed{r};
+      bool abort = true;
+      try {
+        std::rethrow_exception(e);
+      } catch (const CommError& ce) {
+        blamed = ce.ranks();
+        abort = ce.kind() != ErrorKind::mismatch;
+      } catch (...) {
+      }
+      if (abort) fabric.abort("rank " + std::to_string(r) + " failed: " + what_of(e), blamed);
+      fabric.finish(r, 2);
+    }
+  }
+  if (how == 1) fabric.finish(r, 1);
+  run.finished();
+}
+
+std::string start_failure(const std::exception& e) {
+  if (auto* se = dynamic_cast<const std::system_error*>(&e)) return se->code().message();
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return "out of memory";
+  return e.what();
+}
+
+std::mutex g_stuck_m;
+StuckRanksHandler g_stuck_handler;
+Timeout g_stuck_grace = std::chrono::seconds(3);
+
+}  // namespace
+
+ThreadStartError::ThreadStartError(int rank, int world, const std::string& reason)
+    : std::runtime_error("could not start the thread of rank " + std::to_string(rank) + " of " +
+                         std::to_string(world) + ": " + reason),
+      rank_(rank), world_(world) {}
+
+void set_stuck_ranks_handler(StuckRanksHandler h, Timeout grace) {
+  std::lock_guard g(g_stuck_m);
+  g_stuck_handler = std::move(h);
+  g_stuck_grace = grace.count() > 0 ? grace : std::chrono::seconds(3);
+}
+
 void run_threads(int world, const std::function<void(Communicator&)>& fn, const ThreadsOptions& opts) {
   if (world < 1) throw std::invalid_argument("run_threads: world must be at least 1, got " + std::to_string(world));
   auto fabric = std::make_shared<Fabric>(world);
-  std::mutex em;
-  std::exception_ptr first;
+  const std::shared_ptr<Board> board = fabric->boards[0];  // read before ranks may split (boards grows)
+  RunState run;
   std::vector<std::thread> threads;
   threads.reserve(world);
   for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      int how = 1;
+    std::function<void()> body = [f = fabric, &board, &run, &fn, &opts, r] { rank_main(f, board, run, r, fn, opts); };
+    {
+      std::lock_guard g(run.m);
+      ++run.running;
+    }
+    try {
+      threads.push_back(opts.start_thread ? opts.start_thread(r, std::move(body)) : std::thread(std::move(body)));
+    } catch (const std::exception& e) {
       {
-        auto t = std::make_shared<ThreadsTransport>(fabric, 0, fabric->boards[0], r);
-        Communicator comm(t, opts.name, {opts.timeout, opts.debug});
-        try {
-          fn(comm);
-        } catch (...) {
-          auto e = std::current_exception();
-          {
-            std::lock_guard g(em);
-            if (!first) first = e;
-          }
-          how = 2;
-          // Abort first, so waiters see the reason rather than only "rank r threw". A CommError
-          // passes on the ranks it blames; a mismatch needs no abort (every rank got the verdict).
-          std::vector<int> blamed{r};
-          bool abort = true;
-          try {
-            std::rethrow_exception(e);
-          } catch (const CommError& ce) {
-            blamed = ce.ranks();
-            abort = ce.kind() != ErrorKind::mismatch;
-          } catch (...) {
-          }
-          if (abort) fabric->abort("rank " + std::to_string(r) + " failed: " + what_of(e), blamed);
-          fabric->finish(r, 2);
-        }
+        std::lock_guard g(run.m);
+        --run.running;
       }
-      if (how == 1) fabric->finish(r, 1);
-    });
+      // Ranks r.. never run: mark them failed, so a started rank waiting on one fails at once,
+      // and abort the fabric, so every started rank fails at its next operation.
+      const ThreadStartError err(r, world, start_failure(e));
+      run.fail(std::make_exception_ptr(err));
+      for (int q = r; q < world; ++q) fabric->status[q].store(2);
+      fabric->abort(err.what(), {r});
+      break;
+    }
   }
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
+  // Watchdog: after the first failure, ranks in a wait stop within milliseconds; ranks still
+  // running after the grace are busy outside communication, and the handler decides.
+  {
+    std::unique_lock lk(run.m);
+    run.cv.wait(lk, [&] { return run.running == 0 || run.first; });
+    if (run.running > 0) {
+      StuckRanksHandler handler = opts.on_stuck;
+      Timeout grace = opts.stuck_grace;
+      {
+        std::lock_guard g(g_stuck_m);
+        if (!handler) handler = g_stuck_handler;
+        if (grace.count() <= 0) grace = g_stuck_grace;
+      }
+      if (handler && !run.cv.wait_for(lk, grace, [&] { return run.running == 0; })) {
+        std::vector<int> stuck;
+        for (int r = 0; r < static_cast<int>(threads.size()); ++r)
+          if (fabric->status[r].load() == 0) stuck.push_back(r);
+        const std::exception_ptr first = run.first;
+        lk.unlock();
+        if (!stuck.empty()) handler(first, stuck);
+      }
+    }
+  }
+  for (auto& t : threads)
+    if (t.joinable()) t.join();
+  if (run.first) std::rethrow_exception(run.first);
 }
 
 }  // namespace meshtrain::comm

@@ -7,20 +7,55 @@
 // throws or returns while others still wait on it makes their waits fail at once (peer_failed);
 // a rank that never arrives makes them fail at their deadline (timeout). Either way the whole
 // fabric is then aborted, so no rank waits out a second deadline.
+//
+// Limits and failure modes:
+// - A thread that cannot be started (std::thread throws: the process reached its limit on
+//   threads or memory) aborts the ranks already started, joins them and throws ThreadStartError.
+// - A rank busy outside communication (in compute) sees an abort only at its next operation.
+//   When ranks are still running `stuck_grace` after the first failure, the stuck-ranks
+//   handler (ThreadsOptions::on_stuck, else the process-wide one) is called on the caller's
+//   thread with the first error and those ranks; it may end the process (meshtrain's CLI prints
+//   the error and exits 1). Without a handler, or if it returns, run_threads keeps waiting.
 #pragma once
 
+#include <exception>
 #include <functional>
+#include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "meshtrain/comm/communicator.h"
 
 namespace meshtrain::comm {
 
+// Gets the first failure of the run and the world ranks still running.
+using StuckRanksHandler = std::function<void(std::exception_ptr first, const std::vector<int>& stuck)>;
+
 struct ThreadsOptions {
   Timeout timeout{0};       // per-operation deadline (0: the global default)
   int debug = -1;           // collective signature checks (-1: MESHTRAIN_COMM_DEBUG)
   std::string name = "world";
+  StuckRanksHandler on_stuck{};  // empty: the process-wide handler (set_stuck_ranks_handler)
+  Timeout stuck_grace{0};      // 0: the process-wide grace (3 s unless set)
+  // Test hook: starts one rank's thread (empty: std::thread). May throw as std::thread does.
+  std::function<std::thread(int rank, std::function<void()> body)> start_thread{};
 };
+
+// A rank's thread could not be started; the ranks already started were stopped and joined.
+class ThreadStartError : public std::runtime_error {
+ public:
+  ThreadStartError(int rank, int world, const std::string& reason);
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+
+ private:
+  int rank_, world_;
+};
+
+// The handler used when ThreadsOptions::on_stuck is empty, and its grace (> 0). Process-wide
+// (like Communicator::set_default_timeout): ending a process is the program's decision.
+void set_stuck_ranks_handler(StuckRanksHandler h, Timeout grace = std::chrono::seconds(3));
 
 void run_threads(int world, const std::function<void(Communicator&)>& fn, const ThreadsOptions& opts = {});
 

@@ -85,6 +85,11 @@ class Transport {
   virtual void note_entered(std::uint64_t seq) { (void)seq; }
   virtual std::vector<int> not_arrived(std::uint64_t seq) const { (void)seq; return {}; }
 
+  // Diagnostics: a wait on `peer` missed its deadline; the members to blame. A backend that can
+  // see who waits for whom (threads) names the ranks holding `peer` up when `peer` was itself
+  // waiting; otherwise (and by default) {peer}. Never empty.
+  virtual std::vector<int> late_ranks(int peer) const { return {peer}; }
+
   // Diagnostics: the operation about to block (the mpi backend prints it if the launcher
   // terminates the process while it waits, e.g. because a peer process died). op == nullptr:
   // the wait is over.

@@ -131,9 +131,15 @@ void ParameterServer::serve() {
       continue;
     }
     if (comm::Clock::now() - last > world_.timeout()) {
-      std::vector<int> silent;
+      // Silent: the active workers not waiting for a read (they did not send their next
+      // request); a worker whose read this server holds back is waiting, not late.
+      std::vector<int> silent, active;
       for (int w = 0; w < layout_.workers; ++w)
-        if (!peers_[w].done) silent.push_back(w);
+        if (!peers_[w].done) {
+          active.push_back(w);
+          if (peers_[w].pull_clock < 0) silent.push_back(w);
+        }
+      if (silent.empty()) silent = active;
       throw comm::CommError(comm::ErrorKind::timeout, "ps_serve", world_.name(), static_cast<uint64_t>(version_),
                             silent,
                             "parameter server " + std::to_string(index_) + " heard no request within " +
