@@ -45,14 +45,9 @@ void GPTConfig::validate() const {
   in_range("n_head", n_head, 1);
   in_range("vocab_size", vocab_size, 2);
   in_range("block_size", block_size, 1);
-  in_range("batch", batch, 1);
-  in_range("seq", seq, 1);
   if (n_embd % n_head != 0)
     bad("n_embd " + std::to_string(n_embd) + " is not divisible by n_head " +
         std::to_string(n_head) + "; pick n_head dividing it");
-  if (seq > block_size)
-    bad("seq (the default sequence length) " + std::to_string(seq) + " is longer than block_size " +
-        std::to_string(block_size) + "; lower seq or raise block_size");
 }
 
 nlohmann::json GPTConfig::to_json() const {

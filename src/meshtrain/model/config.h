@@ -33,8 +33,9 @@ struct GPTConfig {
   // log-sum-exp, ln_2 input and statistics, MLP input, GELU input and output), plus the final
   // layernorm, its output and the (V) logits with their log-sum-exp.
   double activation_bytes(int64_t B, int64_t T) const;
-  // Throws std::invalid_argument with a sentence when the shape is impossible (every integer
-  // field 1..kMaxField, vocab_size at least 2, n_head dividing n_embd, seq <= block_size).
+  // Throws std::invalid_argument with a sentence when the shape is impossible (every shape
+  // field 1..kMaxField, vocab_size at least 2, n_head dividing n_embd). batch and seq are only
+  // the recommended training shape: from_json checks them, the trainer checks what it runs.
   void validate() const;
 
   nlohmann::json to_json() const;
