@@ -85,8 +85,10 @@ TEST(Trainer, ResumeEqualsUninterrupted) {
   first.steps = 7;
   train::train(first);
   // The newest checkpoint is step 7 (saved at the end); resume from step 5's instead to also
-  // exercise a checkpoint older than the end of the run.
+  // exercise a checkpoint older than the end of the run (resume takes the newest valid step
+  // folder, so step 7's goes).
   ASSERT_TRUE(fs::exists(dir / "ckpt" / "step_00000005"));
+  fs::remove_all(dir / "ckpt" / "step_00000007");
   std::ofstream(dir / "ckpt" / "latest") << "step_00000005\n";
 
   auto second = tiny_options(data);

@@ -2,6 +2,9 @@
 // token ids for larger vocabularies, which need a tokenizer meshtrain does not ship).
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <memory>
+#include <new>
 #include <stdexcept>
 
 #include "meshtrain/cli/commands.h"
@@ -41,19 +44,58 @@ void check_options(const GenerateOptions& o) {
   if (o.prompt.empty()) throw std::invalid_argument("--prompt must not be empty");
 }
 
-void generate(const GenerateOptions& o) {
-  train::CheckpointData ck = train::load_checkpoint(o.checkpoint);
-  if (!ck.config.contains("model"))
-    throw std::invalid_argument("checkpoint " + o.checkpoint + " has no model config");
-  model::GPTConfig cfg = model::GPTConfig::from_json(ck.config["model"]);
-  model::GPT gpt(cfg, 0);
-  std::map<std::string, Tensor*> by_name;
-  for (nn::Param* p : gpt.params()) by_name[p->name] = &p->value;
-  for (auto& [name, t] : ck.model)
-    if (auto it = by_name.find(name); it != by_name.end()) it->second->copy_from(t);
-  if (o.prompt.empty()) throw std::invalid_argument("--prompt must not be empty");
-  if (!(o.temperature > 0)) throw std::invalid_argument("--temperature must be positive");
+// The model of a checkpoint: its index config, checked against the saved tensors (every name
+// and shape, nothing missing or extra) before the model is built, so a checkpoint whose
+// contents disagree with its index is refused naming the tensor instead of sampling from
+// random or scrambled weights, and a config far larger than what was saved allocates nothing.
+std::unique_ptr<model::GPT> load_model(const std::string& path) {
+  train::CheckpointData ck = train::load_checkpoint_model(path);
+  if (!ck.config.contains("model") || !ck.config["model"].is_object())
+    throw train::CheckpointError("checkpoint " + path + " has no model config in its index; it was not written by "
+                                 "meshtrain train");
+  model::GPTConfig cfg;
+  try {
+    cfg = model::GPTConfig::from_json(ck.config["model"], "the index of checkpoint " + path);
+  } catch (const nlohmann::json::exception& e) {
+    throw train::CheckpointError("checkpoint " + path + ": the model config in its index is malformed (" + e.what() +
+                                 ")");
+  } catch (const std::invalid_argument& e) {
+    throw train::CheckpointError("checkpoint " + path + ": the model config in its index is impossible (" +
+                                 e.what() + ")");
+  }
+  std::map<std::string, const Tensor*> saved;
+  for (auto& [name, t] : ck.model) saved[name] = &t;
+  // First what is cheap to check, so that a config far larger than what was saved (n_embd or
+  // n_layer in the millions) is refused before its tensor list is even built.
+  const Shape wte{cfg.vocab_size, cfg.n_embd};
+  auto wte_it = saved.find("wte.weight");
+  if (wte_it == saved.end())
+    throw train::CheckpointError("checkpoint " + path + " lacks tensor wte.weight; the checkpoint does not match its index");
+  if (wte_it->second->shape() != wte)
+    throw train::CheckpointError("checkpoint " + path + ": tensor wte.weight has shape " +
+                                 shape_str(wte_it->second->shape()) + " but its index config needs " + shape_str(wte) +
+                                 "; the checkpoint does not match its index");
+  for (int64_t i = 0; i < cfg.n_layer; ++i)
+    if (!saved.count("h." + std::to_string(i) + ".ln_1.weight"))
+      throw train::CheckpointError("checkpoint " + path + " lacks tensor h." + std::to_string(i) +
+                                   ".ln_1.weight, which its index config (n_layer " + std::to_string(cfg.n_layer) +
+                                   ") needs; the checkpoint does not match its index");
+  train::check_tensor_set("checkpoint " + path, model::gpt_param_shapes(cfg), ck.model);
+  auto gpt = std::make_unique<model::GPT>(cfg, 0);
+  for (nn::Param* p : gpt->params()) p->value.copy_from(*saved.at(p->name));
+  return gpt;
+}
 
+void generate(const GenerateOptions& o) {
+  std::unique_ptr<model::GPT> model;
+  try {
+    model = load_model(o.checkpoint);
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error("not enough memory to load the model of checkpoint " + o.checkpoint +
+                             "; use a machine with more memory");
+  }
+  model::GPT& gpt = *model;
+  const model::GPTConfig& cfg = gpt.config();
   std::vector<int32_t> ctx_tokens(o.prompt.begin(), o.prompt.end());
   for (auto& t : ctx_tokens) t = static_cast<unsigned char>(t);
   const bool bytes = cfg.vocab_size <= 256;

@@ -217,4 +217,24 @@ void GPT::collect_params(std::vector<Param*>& out) {
   ln_f.collect_params(out);
 }
 
+std::vector<std::pair<std::string, Shape>> gpt_param_shapes(const GPTConfig& cfg) {
+  const int64_t C = cfg.n_embd;
+  std::vector<std::pair<std::string, Shape>> out = {{"wte.weight", {cfg.vocab_size, C}},
+                                                    {"wpe.weight", {cfg.block_size, C}}};
+  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+    const std::string b = "h." + std::to_string(i);
+    for (auto& [name, shape] : std::vector<std::pair<std::string, Shape>>{
+             {".ln_1.weight", {C}},          {".ln_1.bias", {C}},
+             {".attn.c_attn.weight", {C, 3 * C}}, {".attn.c_attn.bias", {3 * C}},
+             {".attn.c_proj.weight", {C, C}},     {".attn.c_proj.bias", {C}},
+             {".ln_2.weight", {C}},          {".ln_2.bias", {C}},
+             {".mlp.c_fc.weight", {C, 4 * C}},    {".mlp.c_fc.bias", {4 * C}},
+             {".mlp.c_proj.weight", {4 * C, C}},  {".mlp.c_proj.bias", {C}}})
+      out.emplace_back(b + name, shape);
+  }
+  out.emplace_back("ln_f.weight", Shape{C});
+  out.emplace_back("ln_f.bias", Shape{C});
+  return out;
+}
+
 }  // namespace meshtrain::model

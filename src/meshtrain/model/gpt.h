@@ -93,4 +93,9 @@ class GPT : public nn::Module {
   Head head_;
 };
 
+// Names and full shapes of the parameters GPT(cfg) holds, in params() order, computed from the
+// config alone (nothing is allocated): loaders compare a checkpoint with them before building
+// a model.
+std::vector<std::pair<std::string, Shape>> gpt_param_shapes(const GPTConfig& cfg);
+
 }  // namespace meshtrain::model

@@ -108,9 +108,11 @@ Tensor Tensor::view(const Tensor& base, int64_t offset, Shape shape) {
 }
 
 void Tensor::copy_from(const Tensor& other) {
-  if (other.numel_ != numel_)
-    throw std::invalid_argument("copy_from: " + shape_str(other.shape_) + " into " +
-                                shape_str(shape_) + " changes the element count");
+  // The same shape, not only the same element count: a (128, 256) table copied into a
+  // (256, 128) one would scramble every row.
+  if (other.shape_ != shape_)
+    throw std::invalid_argument("copy_from: a tensor of shape " + shape_str(other.shape_) +
+                                " cannot be copied into one of shape " + shape_str(shape_));
   if (numel_ && data() != other.data()) std::memcpy(data(), other.data(), bytes());
 }
 

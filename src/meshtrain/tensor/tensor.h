@@ -42,7 +42,8 @@ class Tensor {
   // so the storage lives while any view does (data-parallel buckets keep each parameter's
   // gradient as a view into one flat buffer).
   static Tensor view(const Tensor& base, int64_t offset, Shape shape);
-  // Copies other's values into this tensor's storage (shapes must have equal element counts).
+  // Copies other's values into this tensor's storage; the shapes must be equal (throws
+  // std::invalid_argument naming both otherwise).
   void copy_from(const Tensor& other);
 
   float* data() { return data_.get(); }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 namespace meshtrain::train {
@@ -216,8 +217,10 @@ std::string save_checkpoint(const std::string& dir, const CheckpointRefs& data, 
     write_file_atomic((fs::path(dir) / kLatestFile).string(), name + "\n");
     if (keep_last > 0) prune(dir, data.step, keep_last);
   } catch (const fs::filesystem_error& e) {
-    throw CheckpointError("cannot save checkpoint " + final_path + ": " + e.what() +
-                          "; check free disk space and permissions");
+    throw CheckpointWriteError("cannot save checkpoint " + final_path + ": " + e.what() +
+                               "; check free disk space and permissions");
+  } catch (const CheckpointError& e) {  // from the file writers: already names file and cause
+    throw CheckpointWriteError("cannot save checkpoint " + final_path + ": " + e.what());
   }
   return final_path;
 }
@@ -244,6 +247,117 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
     throw CheckpointError("checkpoint directory " + dir + ": `latest` names " + name +
                           ", which does not exist; restore it or point `latest` at another step");
   return folder.string();
+}
+
+CheckpointData load_checkpoint_model(const std::string& path) try {
+  const std::string folder = resolve_step_folder(path);
+  const nlohmann::json index = read_index(folder);
+  verify_file(folder, index, kModelFile);
+  CheckpointData out;
+  out.step = index["step"].get<int64_t>();
+  out.config = index["config"];
+  out.state = index["state"];
+  out.model = read_checked(folder, kModelFile);
+  return out;
+} catch (const fs::filesystem_error& e) {
+  throw CheckpointError("cannot load checkpoint " + path + ": " + e.what());
+}
+
+std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto step = parse_step_folder(e.path().filename().string());
+    if (step && e.is_directory(ec)) out.emplace_back(*step, e.path().string());
+  }
+  if (ec) throw CheckpointError("cannot list checkpoint directory " + dir + ": " + ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void verify_checkpoint(const std::string& folder) try {
+  const nlohmann::json index = read_index(folder);
+  for (const char* f : {kModelFile, kOptimizerFile}) verify_file(folder, index, f);
+} catch (const fs::filesystem_error& e) {
+  throw CheckpointError("cannot read checkpoint " + folder + ": " + e.what());
+}
+
+ResumePoint find_resume_point(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec))
+    throw CheckpointError("--checkpoint-dir " + dir + " does not exist, so there is nothing to resume; "
+                          "check the path (a run without --resume creates the directory)");
+  if (!fs::is_directory(dir, ec))
+    throw CheckpointError("--checkpoint-dir " + dir + " is not a directory; give the directory the run saved its "
+                          "checkpoints in");
+  // What `latest` says (a hint only: the folders decide).
+  const fs::path latest_path = fs::path(dir) / kLatestFile;
+  const bool have_latest = fs::exists(latest_path, ec);
+  std::optional<std::string> latest;
+  if (have_latest && fs::is_regular_file(latest_path, ec)) {
+    std::string name = read_text(latest_path.string());
+    while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+    if (parse_step_folder(name)) latest = name;
+  }
+  const auto folders = step_folders(dir);
+  ResumePoint rp;
+  if (folders.empty()) {
+    if (latest)
+      throw CheckpointError("checkpoint directory " + dir + ": `latest` names " + *latest +
+                            " but no step folder is there; restore the checkpoints, or delete `latest` to start "
+                            "from step 0");
+    rp.notes.push_back("no checkpoint in " + dir + " yet; starting from step 0");
+    return rp;
+  }
+  std::string first_problem;
+  for (auto it = folders.rbegin(); it != folders.rend(); ++it) {
+    const std::string name = fs::path(it->second).filename().string();
+    try {
+      verify_checkpoint(it->second);
+    } catch (const CheckpointError& e) {
+      if (first_problem.empty()) first_problem = e.what();
+      rp.notes.push_back("skipping " + name + ", which is not a valid checkpoint (" + e.what() + ")");
+      continue;
+    }
+    rp.folder = it->second;
+    rp.step = it->first;
+    break;
+  }
+  if (!rp.folder)
+    throw CheckpointError("none of the " + std::to_string(folders.size()) + " step folder(s) in " + dir +
+                          " is a valid checkpoint (newest: " + first_problem +
+                          "); repair or remove them, or use another --checkpoint-dir");
+  const std::string chosen = fs::path(*rp.folder).filename().string();
+  if (!have_latest)
+    rp.notes.push_back("`latest` is missing in " + dir + "; resuming from the newest valid step folder, " + chosen);
+  else if (!latest)
+    rp.notes.push_back("`latest` in " + dir + " does not name a step folder; resuming from the newest valid one, " +
+                       chosen);
+  else if (*latest != chosen)
+    rp.notes.push_back("`latest` in " + dir + " names " + *latest + " but the newest valid step folder is " +
+                       chosen + "; resuming from " + chosen);
+  return rp;
+}
+
+void check_tensor_set(const std::string& source, const std::vector<std::pair<std::string, Shape>>& expected,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::map<std::string, const Tensor*> got;
+  for (const auto& [n, t] : tensors) got[n] = &t;
+  for (const auto& [name, shape] : expected) {
+    auto it = got.find(name);
+    if (it == got.end())
+      throw CheckpointError(source + " lacks tensor " + name + " " + shape_str(shape) +
+                            ", which its index config needs; the checkpoint does not match its index");
+    if (it->second->shape() != shape)
+      throw CheckpointError(source + ": tensor " + name + " has shape " + shape_str(it->second->shape()) +
+                            " but its index config needs " + shape_str(shape) +
+                            "; the checkpoint does not match its index");
+    got.erase(it);
+  }
+  if (!got.empty())
+    throw CheckpointError(source + " holds tensor " + got.begin()->first +
+                          ", which its index config has no place for; the checkpoint does not match its index");
 }
 
 CheckpointData load_checkpoint(const std::string& path) try {

@@ -25,6 +25,12 @@
 // before parsing any tensor; any problem throws CheckpointError naming the checkpoint, the
 // file and what to do. Nothing partially loaded is ever returned.
 //
+// Resume (find_resume_point): the newest step folder that verifies, whatever `latest` says.
+// `latest` can be missing or older than the newest folder when a save failed between
+// installing the folder and replacing `latest` (a full disk): the complete folder is used.
+// Invalid folders are skipped with a note; folders that exist but of which none verifies are
+// an error (never a silent restart from step 0).
+//
 // Limits: one writer per directory (rank 0 saves; callers gather full tensors first);
 // the tensors are held in memory while saving and loading.
 #pragma once
@@ -32,6 +38,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +47,13 @@
 #include "meshtrain/train/safetensors.h"
 
 namespace meshtrain::train {
+
+// A save that failed (full disk, permissions, I/O error). Not derived from CheckpointError:
+// while a run is going it is a failure of the run (the CLI exits 1), not a bad input.
+class CheckpointWriteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // ---- data ----
 
@@ -66,7 +80,8 @@ struct CheckpointRefs {
 std::string step_folder_name(int64_t step);
 
 // Saves into DIR/step_XXXXXXXX (replacing one of the same step) and points DIR/latest at it;
-// returns the folder's path. keep_last > 0 then deletes older step folders (lower step numbers
+// returns the folder's path. Any failure throws CheckpointWriteError; if it happens after the
+// folder is installed (writing `latest`), the folder is complete and find_resume_point finds it. keep_last > 0 then deletes older step folders (lower step numbers
 // than this one) beyond the newest keep_last - 1 of them; folders with higher steps are kept.
 std::string save_checkpoint(const std::string& dir, const CheckpointData& data, int keep_last = 0);
 std::string save_checkpoint(const std::string& dir, const CheckpointRefs& data, int keep_last = 0);
@@ -79,6 +94,34 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 
 // Loads a checkpoint; `path` is a checkpoint DIR (uses `latest`) or a step folder.
 CheckpointData load_checkpoint(const std::string& path);
+// The same without the optimizer state (step, config, state and model; only index.json and
+// model.safetensors are verified and read): what sampling needs.
+CheckpointData load_checkpoint_model(const std::string& path);
+
+// Complete step folders of DIR (named step_XXXXXXXX; *.tmp folders are not), by step, oldest
+// first. Empty when DIR does not exist or is not a directory.
+std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& dir);
+
+// Verifies a step folder without parsing its tensors: index.json (form and CRC) and the size
+// and CRC32 of every file it lists. Throws CheckpointError saying what is wrong.
+void verify_checkpoint(const std::string& folder);
+
+// Where a run with --resume continues.
+struct ResumePoint {
+  std::optional<std::string> folder;  // nullopt: DIR holds no step folder (start at step 0)
+  int64_t step = 0;
+  std::vector<std::string> notes;  // sentences for the user: `latest` missing or stale, folders skipped
+};
+// The newest step folder of DIR that verifies (see the top of this file). Throws
+// CheckpointError when DIR does not exist or is not a directory, when step folders exist but
+// none verifies, or when `latest` names a folder while DIR holds none.
+ResumePoint find_resume_point(const std::string& dir);
+
+// Checks that `tensors` (from `source`, e.g. "checkpoint runs/x/step_00000100") hold exactly
+// the names of `expected` with those shapes: nothing missing, nothing extra, no other shape.
+// Throws CheckpointError naming the first offending tensor.
+void check_tensor_set(const std::string& source, const std::vector<std::pair<std::string, Shape>>& expected,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors);
 
 // Model weights only: from a checkpoint DIR or step folder (verifying index.json and
 // model.safetensors), or from a bare safetensors file (e.g. GPT-2 from the Hugging Face hub),

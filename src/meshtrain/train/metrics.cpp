@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -63,6 +64,42 @@ void MetricsWriter::write(const nlohmann::json& line) {
   std::string s = line.dump() + "\n";
   std::fwrite(s.data(), 1, s.size(), f_);
   std::fflush(f_);
+}
+
+MetricsTrim trim_metrics_for_resume(const std::string& path, int64_t step) {
+  namespace fs = std::filesystem;
+  MetricsTrim t;
+  std::error_code ec;
+  if (path.empty() || !fs::exists(path, ec)) return t;
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read metrics file '" + path + "' to continue it");
+  std::map<int64_t, std::string> by_step;  // the last line of each kept step
+  std::string line;
+  int64_t lines = 0;
+  while (std::getline(in, line)) {
+    ++lines;
+    // A line cut by a kill does not parse and is dropped with the rest.
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+    const int64_t s = j["step"].get<int64_t>();
+    if (s >= 1 && s <= step) by_step[s] = line;
+  }
+  t.kept = static_cast<int64_t>(by_step.size());
+  t.dropped = lines - t.kept;
+  if (t.dropped == 0) return t;
+  t.backup = path + ".old";
+  fs::copy_file(path, t.backup, fs::copy_options::overwrite_existing, ec);
+  if (ec) throw std::runtime_error("cannot keep the metrics file '" + path + "' as " + t.backup + ": " + ec.message());
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    for (const auto& [s, l] : by_step) out << l << '\n';
+    out.flush();
+    if (!out) throw std::runtime_error("cannot write '" + tmp + "' (rewriting the metrics file to continue it)");
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) throw std::runtime_error("cannot replace the metrics file '" + path + "': " + ec.message());
+  return t;
 }
 
 void configure_allocator() {

@@ -3,6 +3,7 @@
 // machine's measured SGEMM rate, the reference for MFU.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -34,6 +35,17 @@ class MetricsWriter {
  private:
   std::FILE* f_ = nullptr;
 };
+
+// Prepares the metrics file of a resumed run that continues after `step` completed steps:
+// keeps one line per step for steps 1..`step` (the last one written for a step, so lines a
+// killed run wrote twice collapse), drops the rest (steps the resumed run will write again),
+// and rewrites the file atomically; the run then appends. When anything is dropped, the file
+// as it was is first copied to PATH.old. Nothing happens when PATH is empty or absent.
+struct MetricsTrim {
+  int64_t kept = 0, dropped = 0;
+  std::string backup;  // PATH.old when written
+};
+MetricsTrim trim_metrics_for_resume(const std::string& path, int64_t step);
 
 // Uses glibc's malloc settings that suit training: large blocks are kept for reuse instead of
 // being returned to the kernel and faulted in again every step (a step frees and reallocates

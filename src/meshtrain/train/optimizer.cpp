@@ -36,6 +36,9 @@ double AdamW::step(int64_t step, const std::function<double(double)>& norm_reduc
   double sq = local_grad_sq();
   if (norm_reduce) sq = norm_reduce(sq);
   double norm = std::sqrt(sq);
+  // A non-finite norm means a gradient overflowed or is NaN: apply nothing (no moment, no
+  // weight, no update count changes) and let the caller stop the run on the returned norm.
+  if (!std::isfinite(norm)) return norm;
   float scale = 1.f;
   if (cfg_.grad_clip > 0 && norm > cfg_.grad_clip) scale = static_cast<float>(cfg_.grad_clip / norm);
   ++t_;
@@ -72,7 +75,7 @@ void AdamW::load_state_tensors(const std::vector<std::pair<std::string, Tensor>>
       std::string name = prefix + params_[i]->name;
       auto it = by_name.find(name);
       if (it == by_name.end()) throw std::runtime_error("optimizer state lacks " + name);
-      if (it->second->numel() != dst->numel())
+      if (it->second->shape() != dst->shape())
         throw std::runtime_error("optimizer state " + name + " has shape " +
                                  shape_str(it->second->shape()) + ", expected " +
                                  shape_str(dst->shape()));

@@ -39,6 +39,8 @@ class AdamW {
   double local_grad_sq() const;
   // One update at 0-based `step`; returns the global gradient norm before clipping.
   // `norm_reduce` maps the local sum of squares to the global one (identity if empty).
+  // When that norm is not finite (NaN or inf) nothing is applied: weights, moments and the
+  // update count stay as they were, and the caller sees the norm.
   double step(int64_t step, const std::function<double(double)>& norm_reduce = {});
 
   // State for checkpoints: exp_avg.<name>, exp_avg_sq.<name> (local parts) and the step count.

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -238,6 +239,17 @@ void WorkerLoop::run() {
       model_.gpt->backward(ctx, 1.0f / static_cast<float>(M));
     }
     const double sq = kernels::sum_squares(model_.grads.data(), model_.grads.numel(), o_.threads);
+    // A non-finite loss or gradient is never pushed: this worker stops the run, and the
+    // failure it raises ends every other rank's wait (the world aborts with this reason), so
+    // no server applies anything of this step.
+    if (!std::isfinite(loss) || !std::isfinite(sq)) {
+      const double v = std::isfinite(loss) ? std::sqrt(sq) : loss;
+      throw TrainingDiverged("training stopped at step " + std::to_string(clock + 1) + ": worker " +
+                             std::to_string(w_) + "'s " + (std::isfinite(loss) ? "gradient norm" : "loss") + " is " +
+                             (std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf") +
+                             " (the run diverged); it was not pushed, so nothing of it reached the weights; "
+                             "lower --lr (or lengthen --warmup)");
+    }
     if (w_ == 0 && o_.slow_worker_factor > 1) {
       // Test flag: a slower machine. Sleeping leaves the core to the other ranks.
       std::this_thread::sleep_for((Clock::now() - t0) * (o_.slow_worker_factor - 1));

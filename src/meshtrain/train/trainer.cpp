@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +39,7 @@ struct Shared {
   const TokenDataset& data;
   TrainResult& res;
   trace::Recorder* recorder;  // null without --trace
+  const CheckpointData* resume = nullptr;  // --resume: the verified checkpoint to continue from
 };
 
 class RankTrainer {
@@ -92,6 +95,7 @@ class RankTrainer {
   float evaluate();
   void save(int64_t step);
   int64_t restore();
+  [[noreturn]] void diverged(int64_t step, const char* what, double value) const;
   StateBytes state_bytes();
   void print_header();
 
@@ -103,6 +107,7 @@ class RankTrainer {
   std::unique_ptr<model::GPT> gpt_;
   std::unique_ptr<parallel::DataParallel> ddp_;
   std::unique_ptr<AdamW> adam_;
+  std::optional<int64_t> saved_step_;  // the newest checkpoint this run saved or resumed from
 };
 
 // ---- evaluation: every dp rank takes its rows of each validation batch ----
@@ -146,7 +151,10 @@ void RankTrainer::save(int64_t step) {
       v[i] = parallel::full_tensor(*params[i], v[i], mesh_.tp_group());
     }
   }
-  if (!lead_) return;
+  if (!lead_) {
+    saved_step_ = step;
+    return;
+  }
   CheckpointRefs refs;
   refs.step = step;
   refs.config = run_config(sh_.cfg, o_);
@@ -157,17 +165,14 @@ void RankTrainer::save(int64_t step) {
     refs.optimizer.emplace_back("exp_avg_sq." + params[i]->name, &v[i]);
   }
   save_checkpoint(o_.checkpoint_dir, refs, o_.keep_checkpoints);
+  saved_step_ = step;
 }
 
+// Sets this rank's part of the model and optimizer from the checkpoint train() chose and
+// checked (configuration and tensor set) before the ranks started.
 int64_t RankTrainer::restore() {
   const std::string& dir = o_.checkpoint_dir;
-  CheckpointData ck = load_checkpoint(dir);
-  nlohmann::json want = run_config(sh_.cfg, o_);
-  for (const char* key : {"model", "batch", "seq", "seed", "data_order"})
-    if (ck.config.value(key, nlohmann::json()) != want[key])
-      throw bad("cannot resume from " + dir + ": it was saved with " + key + " = " +
-                ck.config.value(key, nlohmann::json()).dump() + ", this run has " +
-                want[key].dump() + "; use the same value or another --checkpoint-dir");
+  const CheckpointData& ck = *sh_.resume;
   std::map<std::string, const Tensor*> model, opt;
   for (auto& [n, t] : ck.model) model[n] = &t;
   for (auto& [n, t] : ck.optimizer) opt[n] = &t;
@@ -199,7 +204,23 @@ int64_t RankTrainer::restore() {
   }
   adam_->load_moments(m, v);
   adam_->set_updates(ck.state.value("updates", ck.step));
+  saved_step_ = ck.step;
   return ck.step;
+}
+
+void RankTrainer::diverged(int64_t step, const char* what, double value) const {
+  std::string msg = "training stopped at step " + std::to_string(step + 1) + ": the " + what + " is " +
+                    (std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf") +
+                    " (the run diverged); nothing of this step was applied to the weights";
+  if (!o_.checkpoint_dir.empty()) {
+    if (saved_step_)
+      msg += " and the latest checkpoint stays " + step_folder_name(*saved_step_) + " in " + o_.checkpoint_dir;
+    else
+      msg += " and no checkpoint had been saved yet";
+  }
+  msg += "; lower --lr (or lengthen --warmup)";
+  if (saved_step_) msg += " and continue with --resume";
+  throw TrainingDiverged(msg);
 }
 
 StateBytes RankTrainer::state_bytes() {
@@ -287,13 +308,11 @@ void RankTrainer::run() {
   const bool talk = lead_ && !o_.quiet;
 
   int64_t start = 0;
-  if (o_.resume) {
-    if (latest_checkpoint(o_.checkpoint_dir)) {
-      start = restore();
-      if (talk) std::printf("resumed from %s at step %lld\n", o_.checkpoint_dir.c_str(), static_cast<long long>(start));
-    } else if (talk) {
-      std::printf("no checkpoint in %s yet; starting from step 0\n", o_.checkpoint_dir.c_str());
-    }
+  if (sh_.resume) {
+    start = restore();
+    if (talk)
+      std::printf("resumed from %s at step %lld\n",
+                  (o_.checkpoint_dir + "/" + step_folder_name(start)).c_str(), static_cast<long long>(start));
   }
   if (o_.save_initial && start == 0) save(0);
   if (lead_) res.start_step = start, res.state_bytes = state_bytes();
@@ -302,7 +321,8 @@ void RankTrainer::run() {
   const double peak_gflops = measured_gemm_gflops(o_.threads) * mesh_.world().size();
   if (talk) print_header();
   std::unique_ptr<MetricsWriter> metrics;
-  if (lead_) metrics = std::make_unique<MetricsWriter>(o_.metrics, /*append=*/start > 0);
+  // --resume: train() kept the file's lines up to `start`; continue it.
+  if (lead_) metrics = std::make_unique<MetricsWriter>(o_.metrics, /*append=*/o_.resume);
   std::vector<int32_t> tok(rows * T), tgt(rows * T);
   auto reduce_sq = [this](double local) {
     // Tensor parallelism: split gradients summed over tp, replicated ones counted once.
@@ -338,12 +358,18 @@ void RankTrainer::run() {
     }
     StepRecord r;
     r.step = step;
+    // A non-finite loss or gradient norm stops the run before anything of the step is applied.
+    // Both values are the same on every rank (the loss is averaged over dp and equal over tp,
+    // the norm is global), so every rank stops here together, with no collective left open.
+    const double mean_loss = dp_mean(loss);
+    if (!std::isfinite(mean_loss)) diverged(step, "loss", mean_loss);
+    r.loss = static_cast<float>(mean_loss);
     {
       trace::Recorder::Span s(rec, rank, trace::Track::compute, "optimizer", "optimizer");
-      r.grad_norm = adam_->step(step, reduce_sq);
+      r.grad_norm = adam_->step(step, reduce_sq);  // applies nothing on a non-finite norm
       if (ddp_) ddp_->finish_optimizer_step();
     }
-    r.loss = static_cast<float>(dp_mean(loss));
+    if (!std::isfinite(r.grad_norm)) diverged(step, "gradient norm", r.grad_norm);
     r.lr = lr_at(o_.adam, step);
     r.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     r.tokens_per_s = static_cast<double>(B * T) / (r.step_ms / 1e3);
@@ -416,6 +442,60 @@ void write_trace(const trace::Recorder& rec, const TrainOptions& o) {
   std::printf("\n");
 }
 
+void note(const std::string& text) {
+  std::fprintf(stderr, "meshtrain: note: %s\n", text.c_str());
+  std::fflush(stderr);
+}
+
+// --resume: chooses and loads the checkpoint (train/checkpoint.h: the newest valid step folder),
+// checks it belongs to this run, and trims the metrics file to its step. Without --resume, a
+// run that will save refuses a directory holding step folders. `lead` prints the notes.
+std::optional<CheckpointData> prepare_checkpoints(const TrainOptions& o, const model::GPTConfig& cfg, bool lead) {
+  const std::string& dir = o.checkpoint_dir;
+  if (!o.resume) {
+    if (o.checkpoint_every == 0 && !o.save_initial) return std::nullopt;
+    const auto folders = step_folders(dir);
+    if (!folders.empty())
+      throw CheckpointError("--checkpoint-dir " + dir + " already holds checkpoints (" +
+                            std::to_string(folders.size()) + " step folder(s), the newest " +
+                            std::filesystem::path(folders.back().second).filename().string() +
+                            ") and a new run never overwrites them; use --resume to continue that run, or "
+                            "another directory");
+    return std::nullopt;
+  }
+  ResumePoint rp = find_resume_point(dir);
+  if (lead)
+    for (const std::string& n : rp.notes) note(n);
+  std::optional<CheckpointData> ck;
+  if (rp.folder) {
+    ck = load_checkpoint(*rp.folder);
+    const nlohmann::json want = run_config(cfg, o);
+    for (const char* key : {"model", "batch", "seq", "seed", "data_order"})
+      if (ck->config.value(key, nlohmann::json()) != want[key])
+        throw bad("cannot resume from " + *rp.folder + ": it was saved with " + key + " = " +
+                  ck->config.value(key, nlohmann::json()).dump() + ", this run has " + want[key].dump() +
+                  "; use the same value or another --checkpoint-dir");
+    const auto shapes = model::gpt_param_shapes(cfg);
+    std::vector<std::pair<std::string, Shape>> moments;
+    for (const auto& [name, shape] : shapes) moments.emplace_back("exp_avg." + name, shape);
+    for (const auto& [name, shape] : shapes) moments.emplace_back("exp_avg_sq." + name, shape);
+    check_tensor_set("checkpoint " + *rp.folder + " (model.safetensors)", shapes, ck->model);
+    check_tensor_set("checkpoint " + *rp.folder + " (optimizer.safetensors)", moments, ck->optimizer);
+  }
+  if (lead && !o.metrics.empty()) {
+    const int64_t step = ck ? ck->step : 0;
+    const MetricsTrim t = trim_metrics_for_resume(o.metrics, step);
+    if (t.dropped > 0)
+      note("metrics file " + o.metrics + ": " +
+           (step == 0 ? std::string("this run starts from step 0, so its ") + std::to_string(t.dropped) +
+                            " line(s) were removed"
+                      : "kept its lines of steps 1-" + std::to_string(step) + " and removed " +
+                            std::to_string(t.dropped) + " line(s) of later steps (this run writes them again) or cut short") +
+           "; the file as it was is kept as " + t.backup);
+  }
+  return ck;
+}
+
 }  // namespace
 
 nlohmann::json step_json(const StepRecord& r) {
@@ -452,15 +532,17 @@ TrainResult train(TrainOptions o) {
   TokenDataset data = TokenDataset::open(o.data, o.val_fraction, o.seq);
   validate_dataset(o, res.config, data);  // vocabulary and split lengths (train/validate.h)
   if (o.ps_servers > 0) return train_parameter_server(o, res.config, data);  // train/ps_trainer.h
-  if (o.resume && !o.checkpoint_dir.empty() && latest_checkpoint(o.checkpoint_dir))
-    load_checkpoint(o.checkpoint_dir);  // refuse a corrupt checkpoint before any rank starts
   if (o.backend == "mpi" && comm::mpi_world()->size() != o.dp * o.tp * o.pp)
     throw bad("mpirun started " + std::to_string(comm::mpi_world()->size()) +
               " processes but the layout " + parallel::MeshShape{o.dp, o.tp, o.pp}.str() +
               " needs " + std::to_string(o.dp * o.tp * o.pp) + "; make dp * tp * pp equal -np");
+  const bool lead = o.backend != "mpi" || comm::mpi_world()->rank() == 0;
+  // Checkpoints are settled before any rank starts: what to resume from (verified, and
+  // matching this run), or that a new run will not overwrite another run's step folders.
+  std::optional<CheckpointData> resume = prepare_checkpoints(o, res.config, lead);
   std::unique_ptr<trace::Recorder> recorder;
   if (!o.trace.empty()) recorder = std::make_unique<trace::Recorder>();
-  Shared sh{o, res.config, data, res, recorder.get()};
+  Shared sh{o, res.config, data, res, recorder.get(), resume ? &*resume : nullptr};
   const int world = o.dp * o.tp * o.pp;
   comm::Backend backend = o.backend == "mpi" ? comm::Backend::mpi : comm::Backend::threads;
   comm::run_world(backend, backend == comm::Backend::mpi ? 0 : world, [&](comm::Communicator& w) {

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -101,13 +102,26 @@ struct TrainResult {
   StateBytes state_bytes;
 };
 
+// A non-finite loss or gradient norm: the run stops at that step (what() names it) without
+// applying it; no checkpoint of that state is saved, so the last one stays `latest`.
+class TrainingDiverged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Reads the model config, resolves defaults (batch and seq when -1, threads when 0,
 // decay_steps) and runs the validation pass of train/validate.h against this machine; throws
 // std::invalid_argument with a sentence saying what to change.
 model::GPTConfig resolve_options(TrainOptions& opt);
 
 // Runs training as configured. Bad input throws std::invalid_argument, DataError or
-// CheckpointError before any step runs.
+// CheckpointError before any step runs (among them: --resume with a missing directory or with
+// step folders none of which verifies; a new run, without --resume, into a directory that
+// already holds step folders). While running: TrainingDiverged, CheckpointWriteError (a save
+// failed), CommError.
+// --resume continues from the newest valid step folder (train/checkpoint.h) and keeps the
+// metrics file's lines up to that step (train/metrics.h), printing a note to stderr for
+// anything it chose or skipped.
 TrainResult train(TrainOptions opt);
 
 }  // namespace meshtrain::train
