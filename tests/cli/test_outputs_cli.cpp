@@ -179,8 +179,8 @@ void check_bench_table(const std::string& op, int world, double bus_factor, int 
     EXPECT_EQ(f[6], "ok");
     const double us = std::stod(f[3]), algbw = std::stod(f[4]), busbw = std::stod(f[5]);
     EXPECT_GT(us, 0.0);
-    EXPECT_GT(algbw, 0.0);
-    // algbw = bytes / time (GB/s = bytes / us / 1e3), both printed rounded.
+    // algbw = bytes / time (GB/s = bytes / us / 1e3), both printed rounded (a loaded machine can
+    // make a 4 KiB operation slow enough to print 0.000).
     EXPECT_NEAR(algbw, static_cast<double>(count * 4) / us / 1e3, 0.0015 + 0.01 * algbw);
     EXPECT_NEAR(busbw, algbw * bus_factor, 0.0015 + 0.001 * busbw);
     EXPECT_GT(std::stod(f[7]), 0.0);  // the memcpy peer figure
