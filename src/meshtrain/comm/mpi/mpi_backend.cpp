@@ -76,7 +76,9 @@ void on_sigterm(int sig) {
 // send may only progress inside MPI calls of the sender. Without this, on a loaded machine the
 // abort of the first failed process could kill a peer before that peer had seen the notice and
 // named its failed operation.
-constexpr auto kReportGrace = std::chrono::seconds(2);
+// 10 s: answering takes a peer only a scheduling slot, but on an oversubscribed machine (three
+// processes and a training run on 2 cores) 2 s was seen to pass before a waiting peer ran.
+constexpr auto kReportGrace = std::chrono::seconds(10);
 
 void finish_reporting() {
   static char byte = 1;
