@@ -37,8 +37,11 @@ void OpContext::wait(RequestPtr& r) {
     done = r->wait_until(deadline_);
   } catch (const PeerFailure& e) {
     // Name the ranks known to have failed; else those that never entered this operation.
+    // Say what this rank itself was waiting for: when two ranks wait on a third that left, the
+    // one whose deadline fires first blames its neighbour, and only this line names the third.
     std::vector<int> missing = e.ranks.empty() ? t_.not_arrived(seq_) : e.ranks;
-    fail(ErrorKind::peer_failed, std::move(missing), e.what());
+    fail(ErrorKind::peer_failed, std::move(missing),
+         std::string(e.what()) + "; this rank was waiting for rank " + std::to_string(peer));
   }
   if (!done) {
     std::vector<int> missing = t_.not_arrived(seq_);
