@@ -10,6 +10,7 @@ PACKAGES=(
   ocl-icd-opencl-dev opencl-c-headers              # oneDNN's CMake package requires OpenCL
   libopenmpi-dev openmpi-bin                       # the mpi backend
   libgtest-dev libgmock-dev libbenchmark-dev       # tests and benchmarks
+  libxml2-dev                                      # tests read the SVG swimlanes back
   nlohmann-json3-dev libcli11-dev zlib1g-dev
   fortunes                                         # the text corpus of the quick start
   python3

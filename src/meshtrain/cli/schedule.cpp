@@ -1,0 +1,178 @@
+// `meshtrain schedule`: the ideal pipeline schedule, without running anything. Generates the
+// per-rank action lists with the pipeline generators, adds the communication, validates them,
+// dry-runs them for deadlocks, simulates them with per-kind costs and prints the lists, a
+// per-rank summary (busy time, bubble fraction, peak micro-batches in flight) and the step
+// time; --svg also draws the simulated swimlane (pipeline/svg.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+#include "meshtrain/cli/commands.h"
+#include "meshtrain/cli/options.h"
+#include "meshtrain/pipeline/grid.h"
+#include "meshtrain/pipeline/passes.h"
+#include "meshtrain/pipeline/schedule.h"
+#include "meshtrain/pipeline/simulate.h"
+#include "meshtrain/pipeline/svg.h"
+
+namespace meshtrain::cli {
+
+namespace {
+
+namespace mp = meshtrain::pipeline;
+
+struct ScheduleOptions {
+  int pp = 4;
+  int microbatches = 8;
+  std::string schedule = "1f1b";
+  int chunks = 1;  // 2 when not given and the schedule takes several
+  std::string costs;
+  std::string svg;
+};
+
+// Above this many (stage, micro-batch) pairs the lists and the picture are unreadable anyway.
+constexpr long kMaxPairs = 65536;
+
+// "F=1,B=2,I=1,W=1,send=0,transfer=0", any subset, over the defaults of mp::Costs.
+mp::Costs parse_costs(const std::string& text) {
+  mp::Costs c;
+  if (text.empty()) return c;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    pos = comma + 1;
+    const std::size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    double* field = key == "F" ? &c.F : key == "B" ? &c.B : key == "I" ? &c.I : key == "W" ? &c.W
+                  : key == "send" ? &c.send : key == "transfer" ? &c.transfer : nullptr;
+    if (eq == std::string::npos || !field)
+      throw UsageError("--costs takes KIND=NUMBER items separated by commas, KIND one of F, B, I, W, send, "
+                       "transfer (e.g. F=1,B=2); '" + item + "' is not one.");
+    const std::string value = item.substr(eq + 1);
+    std::size_t used = 0;
+    double v = NAN;
+    try {
+      v = std::stod(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    const bool compute = field != &c.send && field != &c.transfer;
+    if (value.empty() || used != value.size() || !std::isfinite(v) || (compute ? !(v > 0) : v < 0))
+      throw UsageError("--costs: " + key + " must be a finite number " + (compute ? "above 0" : "of at least 0") +
+                       ", not '" + value + "'.");
+    *field = v;
+  }
+  return c;
+}
+
+std::string fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+// Cost figures as they were given: 1, 2.5, 0.125.
+std::string short_num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+void run_schedule(const ScheduleOptions& o, bool chunks_given) {
+  // ---- the shape, refused in words ----
+  const mp::GeneratorInfo* gen = nullptr;
+  try {
+    gen = &mp::find_generator(o.schedule);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--schedule: ") + e.what());
+  }
+  const int chunks = chunks_given ? o.chunks : (gen->multi_chunk ? 2 : 1);
+  if (double(o.pp) * chunks * o.microbatches > kMaxPairs)
+    throw UsageError("--pp x --chunks x --microbatches is " + fixed(double(o.pp) * chunks * o.microbatches, 0) +
+                     "; keep it at most " + std::to_string(kMaxPairs) + " to draw a schedule.");
+  if (!o.svg.empty()) {
+    const std::filesystem::path dir = std::filesystem::path(o.svg).parent_path();
+    if (!dir.empty() && !std::filesystem::is_directory(dir))
+      throw UsageError("--svg: directory '" + dir.string() + "' does not exist; create it or write elsewhere.");
+  }
+  // The costs are those of a rank's whole share of the model; with v chunks per rank each
+  // chunk's compute action takes 1/v of them, so step times compare across schedules.
+  mp::Costs costs = parse_costs(o.costs);
+  const mp::Costs given = costs;
+  for (double* c : {&costs.F, &costs.B, &costs.I, &costs.W}) *c /= chunks;
+  mp::Schedule plain;
+  try {
+    plain = mp::make_schedule(o.schedule, {o.pp, o.microbatches, chunks});
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+
+  // ---- passes: a generated schedule that fails them is a bug, reported as a failure ----
+  const mp::Schedule sched = mp::add_send_recv(plain);
+  if (auto fault = mp::validate(sched))
+    throw std::runtime_error("the generated " + sched.name + " schedule is invalid: " + fault->to_string() + "\n" +
+                             mp::format_lists(sched, fault));
+  if (auto dead = mp::dry_run(sched))
+    throw std::runtime_error("the generated " + sched.name + " schedule deadlocks:\n" + dead->to_string());
+  const mp::Timeline t = mp::simulate(sched, costs);
+  if (t.deadlock) throw std::runtime_error("the " + sched.name + " schedule deadlocks:\n" + t.deadlock->to_string());
+
+  // ---- the report ----
+  const int pp = sched.shape.pp, m = sched.shape.microbatches;
+  const std::string cost_text = "F=" + short_num(given.F) + " B=" + short_num(given.B) + " I=" +
+                                short_num(given.I) + " W=" + short_num(given.W) + " send=" +
+                                short_num(given.send) + " transfer=" + short_num(given.transfer);
+  std::printf("schedule %s: pp %d, %d micro-batches, %d chunk%s per rank (%d stages) - %s\n", sched.name.c_str(), pp,
+              m, chunks, chunks == 1 ? "" : "s", sched.shape.stages(), std::string(gen->description).c_str());
+  std::printf("simulated with costs %s%s\n\n", cost_text.c_str(),
+              chunks == 1 ? "" : (" per rank (each chunk's action takes 1/" + std::to_string(chunks) + ")").c_str());
+  std::printf("actions per rank, in order (communication added):\n%s\n", mp::format_lists(sched).c_str());
+  std::printf("%-6s %10s %8s %16s\n", "rank", "busy", "bubble", "peak in flight");
+  for (int r = 0; r < pp; ++r)
+    std::printf("%-6d %10s %8s %16d\n", r, short_num(t.busy[r]).c_str(), fixed(t.bubble[r], 4).c_str(),
+                t.peak_in_flight[r]);
+  const double mean_bubble = std::accumulate(t.bubble.begin(), t.bubble.end(), 0.0) / pp;
+  std::printf("\nstep time %s; bubble fraction %s (mean over ranks, %s%%)\n", short_num(t.makespan).c_str(),
+              fixed(mean_bubble, 4).c_str(), fixed(100 * mean_bubble, 1).c_str());
+
+  if (!o.svg.empty()) {
+    mp::Swimlane lane = mp::swimlane_of(
+        sched, t,
+        sched.name + " schedule, pp " + std::to_string(pp) + ", m " + std::to_string(m) + ", v " +
+            std::to_string(chunks) + ": bubble " + fixed(100 * mean_bubble, 1) + "% (simulated)");
+    lane.axis_caption = "time (simulated, costs " + cost_text + ")";
+    lane.boundaries = {0, t.makespan};  // the one step drawn
+    mp::write_svg(lane, o.svg);
+    std::printf("swimlane: %s\n", o.svg.c_str());
+  }
+}
+
+}  // namespace
+
+void add_schedule_command(CLI::App& app) {
+  auto opt = std::make_shared<ScheduleOptions>();
+  std::string names;
+  for (const auto& g : pipeline::generators()) names += (names.empty() ? "" : ", ") + std::string(g.name);
+  CLI::App* c = app.add_subcommand(
+      "schedule", "Print (and draw) the ideal pipeline schedule: action lists, simulated bubble, swimlane SVG");
+  c->add_option("--pp", opt->pp, "Pipeline ranks")->check(integer<int>(1))->capture_default_str();
+  c->add_option("--microbatches", opt->microbatches, "Micro-batches per step")
+      ->check(integer<int>(1))
+      ->capture_default_str();
+  c->add_option("--schedule", opt->schedule, "Pipeline schedule: " + names)->capture_default_str();
+  CLI::Option* chunks = c->add_option("--chunks", opt->chunks,
+                                      "Model chunks per rank (interleaved; default 2 there, else 1)")
+                            ->check(integer<int>(1));
+  c->add_option("--costs", opt->costs,
+                "Simulated time per kind, e.g. F=1,B=2,I=1,W=1,send=0,transfer=0 (these are the defaults)");
+  c->add_option("--svg", opt->svg, "Also draw the simulated swimlane into this SVG file");
+  c->callback([opt, chunks] { run_schedule(*opt, chunks->count() > 0); });
+}
+
+}  // namespace meshtrain::cli
