@@ -107,7 +107,15 @@ TEST(Validate, EveryFlagOutsideItsRangeIsNamed) {
       {"--backend", [](auto& o) { o.backend = "carrier-pigeon"; }},
       {"--checkpoint-dir", [](auto& o) { o.checkpoint_every = 5; }},
       {"--tp", [](auto& o) { o.tp = 3; }},
-      {"--pp", [](auto& o) { o.pp = 2; }},
+      {"--pp", [](auto& o) { o.pp = 5; }},  // 5 stages for gpt-tiny's 4 blocks
+      {"--pp-balance", [](auto& o) { o.pp = 2, o.pp_balance = "3,2"; }},
+      {"--pp-balance", [](auto& o) { o.pp = 2, o.pp_balance = "4,x"; }},
+      {"--pp-balance", [](auto& o) { o.pp_balance = "2,2"; }},  // without --pp
+      {"--chunks", [](auto& o) { o.pp = 2, o.schedule = "interleaved", o.chunks = 3, o.microbatches = 2; }},
+      {"--chunks", [](auto& o) { o.pp = 2, o.schedule = "interleaved"; }},
+      {"--chunks", [](auto& o) { o.pp = 2, o.chunks = 2; }},  // 1f1b runs one chunk
+      {"--zero", [](auto& o) { o.pp = 2, o.zero = 1; }},
+      {"--schedule", [](auto& o) { o.pp = 2, o.schedule = "zb"; }},
       {"--bucket-mb", [](auto& o) { o.dp = 2, o.bucket_bytes = -1; }},
   };
   for (const Bad& b : cases) {

@@ -17,10 +17,15 @@
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/tp_layout.h"
+#include "meshtrain/pipeline/executor.h"
+#include "meshtrain/pipeline/passes.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/trace/trace.h"
 #include "meshtrain/train/ps_trainer.h"
+#include "meshtrain/train/layout.h"
+#include "meshtrain/train/stage_runner.h"
 #include "meshtrain/train/validate.h"
 
 namespace meshtrain::train {
@@ -46,15 +51,43 @@ class RankTrainer {
  public:
   RankTrainer(comm::Communicator& world, Shared& sh)
       : sh_(sh), o_(sh.o), mesh_(world, {o_.dp, o_.tp, o_.pp}), lead_(world.rank() == 0) {
-    gpt_ = parallel::build_gpt(sh.cfg, o_.seed, o_.tp > 1 ? mesh_.tp_ptr() : nullptr,
-                               {.sequence_parallel = o_.sequence_parallel, .pad_vocab = o_.pad_vocab});
-    std::vector<nn::Param*> params = gpt_->params();
+    // This rank's chunks of the model: stages built by composition, split by the layout's layer
+    // factory (model/stage.h); pp == 1 is one stage holding the whole model.
+    const parallel::TPOptions tpo{.sequence_parallel = o_.sequence_parallel, .pad_vocab = o_.pad_vocab};
+    if (o_.tp > 1) parallel::validate_tp(sh.cfg, o_.tp, tpo, 0);
+    auto layout = parallel::gpt_layout(o_.tp > 1 ? mesh_.tp_ptr() : nullptr, tpo);
+    const pipeline::Schedule schedule = make_pipeline_schedule(o_);
+    const auto spans = stage_layers(o_, sh.cfg);
+    const int stages = schedule.shape.stages(), pp_rank = mesh_.coord().pp;
+    for (int c = 0; c < schedule.shape.chunks; ++c) {
+      const int st = schedule.shape.stage_of(pp_rank, c);
+      model::StageSpec spec{spans[st].first, spans[st].end, st == 0, st == stages - 1};
+      stages_.push_back(std::make_unique<model::GPTStage>(sh.cfg, o_.seed, spec, layout));
+    }
+    std::vector<nn::Param*> params = stage_params();
     if (o_.dp > 1 || o_.zero > 0) {
       parallel::DataParallelOptions dpo;
       dpo.zero = o_.zero;
       if (o_.bucket_bytes > 0) dpo.bucket_bytes = o_.bucket_bytes;
       ddp_ = std::make_unique<parallel::DataParallel>(units(), mesh_.dp_ptr(), dpo);
       params = ddp_->optimizer_params();
+    }
+    std::vector<pipeline::StageRunner*> runners;
+    for (auto& stage : stages_) {
+      std::function<void(bool)> sync;
+      if (ddp_) sync = [d = ddp_.get()](bool last) { d->set_sync(last); };
+      runners_.push_back(std::make_unique<GPTStageRunner>(*stage, hooks(), sync,
+                                                          o_.sequence_parallel ? o_.tp : 1));
+      runners.push_back(runners_.back().get());
+    }
+    exec_ = std::make_unique<pipeline::Executor>(schedule, pp_rank, o_.pp > 1 ? &mesh_.pp_group() : nullptr,
+                                                 runners, o_.threads);
+    if (o_.pp > 1) {
+      // The tied token table: the first stage's copy and the last stage's sum their gradients
+      // over this group (one pair per (dp, tp) position).
+      const bool holds_wte = pp_rank == 0 || pp_rank == o_.pp - 1;
+      emb_ = world.split(holds_wte ? mesh_.coord().dp * o_.tp + mesh_.coord().tp : comm::kNoColor, pp_rank,
+                         "embedding");
     }
     adam_ = std::make_unique<AdamW>(params, o_.adam, o_.threads);
     if (trace::Recorder* rec = sh.recorder) {
@@ -75,16 +108,42 @@ class RankTrainer {
   void run();
 
  private:
+  // Data-parallel units in forward order: per stage, its ends (embedding, ln_f) and its blocks.
   std::vector<parallel::Unit> units() {
     std::vector<parallel::Unit> u;
-    std::vector<nn::Param*> root;
-    for (nn::Param* p : gpt_->params())
-      if (p->name.rfind("h.", 0) != 0) root.push_back(p);
-    u.push_back({gpt_.get(), root});
-    for (auto& b : gpt_->h) u.push_back({b.get(), b->params()});
+    for (auto& stage : stages_) {
+      std::vector<nn::Param*> root;
+      for (nn::Param* p : stage->params())
+        if (p->name.rfind("h.", 0) != 0) root.push_back(p);
+      if (!root.empty()) u.push_back({stage.get(), root});
+      for (auto& b : stage->h) u.push_back({b.get(), b->params()});
+    }
     return u;
   }
-  std::vector<nn::Param*> model_params() { return ddp_ ? ddp_->params() : gpt_->params(); }
+  std::vector<nn::Param*> stage_params() {
+    std::vector<nn::Param*> out;
+    for (auto& stage : stages_) stage->collect_params(out);
+    return out;
+  }
+  std::vector<nn::Param*> model_params() { return ddp_ ? ddp_->params() : stage_params(); }
+  // The last stage's copy of the tied token table (pp > 1), which the norm counts once.
+  const nn::Param* wte_copy() {
+    return o_.pp > 1 && stages_.back()->last() ? &stages_.back()->wte : nullptr;
+  }
+  double pp_sum(double v) {
+    if (o_.pp == 1) return v;
+    std::array<double, 1> a{v};
+    mesh_.pp_group().all_reduce(a);
+    return a[0];
+  }
+  // Runs micro-batch losses through the pipeline: the mean over them, on every rank.
+  double pipeline_loss(int64_t n) {
+    double sum = 0;
+    if (stages_.back()->last())
+      for (float l : runners_.back()->losses()) sum += l / static_cast<double>(n);
+    return pp_sum(sum);
+  }
+  void record(const pipeline::StepStats& st);
   nn::Hooks* hooks() { return ddp_ ? ddp_->hooks() : nullptr; }
   double dp_mean(double v) {
     if (o_.dp == 1) return v;
@@ -94,6 +153,9 @@ class RankTrainer {
   }
   float evaluate();
   void save(int64_t step);
+  void gather_stages(const std::vector<nn::Param*>& params, std::vector<Tensor>& values,
+                     std::vector<Tensor>& m, std::vector<Tensor>& v);
+  std::vector<std::string> gathered_names_;  // rank 0: names of the tensors gather_stages appended
   int64_t restore();
   [[noreturn]] void diverged(int64_t step, const char* what, double value) const;
   StateBytes state_bytes();
@@ -104,8 +166,11 @@ class RankTrainer {
   double analytic_mb_ = 0;
   parallel::DeviceMesh mesh_;
   bool lead_;
-  std::unique_ptr<model::GPT> gpt_;
+  std::vector<std::unique_ptr<model::GPTStage>> stages_;  // this rank's chunks, in chunk order
   std::unique_ptr<parallel::DataParallel> ddp_;
+  std::vector<std::unique_ptr<GPTStageRunner>> runners_;
+  std::unique_ptr<pipeline::Executor> exec_;
+  std::shared_ptr<comm::Communicator> emb_;  // pp > 1: first and last stage, for the tied wte
   std::unique_ptr<AdamW> adam_;
   std::optional<int64_t> saved_step_;  // the newest checkpoint this run saved or resumed from
 };
@@ -114,15 +179,17 @@ class RankTrainer {
 
 float RankTrainer::evaluate() {
   const int64_t B = o_.batch, T = o_.seq, rows = B / o_.dp, r0 = mesh_.coord().dp * rows;
-  std::vector<int32_t> tok(rows * T), tgt(rows * T);
-  double sum = 0;
-  for (int64_t j = 0; j < o_.eval_batches; ++j) {
-    sh_.data.batch(Split::val, DataOrder::random, o_.seed, j, B, T, r0, r0 + rows, tok.data(), tgt.data());
-    nn::Context ctx(o_.threads, /*training=*/false);
-    ctx.hooks = hooks();
-    sum += gpt_->forward(ctx, tok.data(), tgt.data(), rows, T);
-  }
-  return static_cast<float>(dp_mean(sum / static_cast<double>(o_.eval_batches)));
+  const int64_t n = o_.eval_batches;
+  std::vector<int32_t> tok(n * rows * T), tgt(n * rows * T);
+  for (int64_t j = 0; j < n; ++j)
+    sh_.data.batch(Split::val, DataOrder::random, o_.seed, j, B, T, r0, r0 + rows, tok.data() + j * rows * T,
+                   tgt.data() + j * rows * T);
+  for (auto& r : runners_) r->set_batches(tok.data(), tgt.data(), rows, T, 1.f);
+  exec_->forward_only(static_cast<int>(n));
+  double sum = 0;  // batch losses in order, as one rank adds them
+  if (stages_.back()->last())
+    for (float l : runners_.back()->losses()) sum += l;
+  return static_cast<float>(dp_mean(pp_sum(sum) / static_cast<double>(n)));
 }
 
 // ---- checkpoints: full logical tensors, gathered over dp, written by rank 0 ----
@@ -151,6 +218,7 @@ void RankTrainer::save(int64_t step) {
       v[i] = parallel::full_tensor(*params[i], v[i], mesh_.tp_group());
     }
   }
+  if (o_.pp > 1) gather_stages(params, values, m, v);
   if (!lead_) {
     saved_step_ = step;
     return;
@@ -159,13 +227,50 @@ void RankTrainer::save(int64_t step) {
   refs.step = step;
   refs.config = run_config(sh_.cfg, o_);
   refs.state = {{"updates", adam_->updates()}, {"data_position", step}};
-  for (size_t i = 0; i < params.size(); ++i) {
-    refs.model.emplace_back(params[i]->name, &values[i]);
-    refs.optimizer.emplace_back("exp_avg." + params[i]->name, &m[i]);
-    refs.optimizer.emplace_back("exp_avg_sq." + params[i]->name, &v[i]);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const std::string& name = i < params.size() ? params[i]->name : gathered_names_[i - params.size()];
+    refs.model.emplace_back(name, &values[i]);
+    refs.optimizer.emplace_back("exp_avg." + name, &m[i]);
+    refs.optimizer.emplace_back("exp_avg_sq." + name, &v[i]);
   }
   save_checkpoint(o_.checkpoint_dir, refs, o_.keep_checkpoints);
   saved_step_ = step;
+}
+
+// Pipeline: the full tensors of the other stages travel to rank 0 (pp rank 0 of the dp 0 / tp 0
+// position; the other positions hold copies). Each pp rank sends value, exp_avg and exp_avg_sq
+// of its parameters in params() order, leaving out the last stage's copy of the tied wte; rank
+// 0 knows every rank's names and shapes from the partition and appends them after its own.
+void RankTrainer::gather_stages(const std::vector<nn::Param*>& params, std::vector<Tensor>& values,
+                                std::vector<Tensor>& m, std::vector<Tensor>& v) {
+  if (mesh_.coord().dp != 0 || mesh_.coord().tp != 0) return;
+  comm::Communicator& pp = mesh_.pp_group();
+  const int tag = 1 << 22;  // below the pipeline executor's range
+  auto span = [](Tensor& t) { return std::span<float>(t.data(), static_cast<size_t>(t.numel())); };
+  if (pp.rank() != 0) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i] == wte_copy()) continue;
+      for (Tensor* t : {&values[i], &m[i], &v[i]}) pp.send(span(*t), 0, {.tag = tag});
+    }
+    return;
+  }
+  gathered_names_.clear();
+  const pipeline::ScheduleShape shape{o_.pp, o_.microbatches, o_.chunks};
+  const auto spans = stage_layers(o_, sh_.cfg);
+  for (int r = 1; r < o_.pp; ++r)
+    for (int c = 0; c < shape.chunks; ++c) {
+      const int st = shape.stage_of(r, c);
+      const bool last = st == shape.stages() - 1;
+      model::StageSpec spec{spans[st].first, spans[st].end, st == 0, last};
+      for (auto& [name, shape_of] : model::stage_param_shapes(sh_.cfg, spec)) {
+        if (last && name == "wte.weight") continue;
+        for (std::vector<Tensor>* list : {&values, &m, &v}) {
+          list->push_back(Tensor::empty(shape_of));
+          pp.recv(span(list->back()), r, {.tag = tag});
+        }
+        gathered_names_.push_back(name);
+      }
+    }
 }
 
 // Sets this rank's part of the model and optimizer from the checkpoint train() chose and
@@ -229,10 +334,34 @@ StateBytes RankTrainer::state_bytes() {
     auto mem = ddp_->memory();
     s.params = mem.param_bytes, s.grads = mem.grad_bytes;
   } else {
-    for (nn::Param* p : gpt_->params()) s.params += p->value.bytes(), s.grads += p->grad.bytes();
+    for (nn::Param* p : stage_params()) s.params += p->value.bytes(), s.grads += p->grad.bytes();
   }
   s.optimizer = adam_->state_bytes();
   return s;
+}
+
+// The executor's actions on the rank's timeline: compute on the compute track, waits for
+// pipeline transfers on the communication track; labelled with the micro-batch.
+void RankTrainer::record(const pipeline::StepStats& st) {
+  trace::Recorder* rec = sh_.recorder;
+  if (!rec) return;
+  const double base = rec->to_us(st.start);
+  for (const pipeline::ActionTiming& t : st.timeline) {
+    const pipeline::Action& a = t.action;
+    std::string name, category;
+    switch (a.kind) {
+      case pipeline::Kind::F: name = "forward ", category = "forward"; break;
+      case pipeline::Kind::B: name = "backward ", category = "backward"; break;
+      case pipeline::Kind::RECV_F: name = "recv activation ", category = "pp-comm"; break;
+      case pipeline::Kind::RECV_B: name = "recv gradient ", category = "pp-comm"; break;
+      default: continue;  // sends are posted, not waited for, here
+    }
+    name += std::to_string(a.microbatch);
+    if (o_.pp > 1) name += " (stage " + std::to_string(a.stage) + ")";
+    const bool comm = category == "pp-comm";
+    rec->add({mesh_.rank(), comm ? trace::Track::comm : trace::Track::compute, name, category,
+              base + t.start_us, base + t.end_us});
+  }
 }
 
 // ---- progress output ----
@@ -265,7 +394,7 @@ void RankTrainer::print_header() {
   if (o_.tp > 1) {
     // Tensor parallelism: this rank holds the replicated parameters whole and 1/tp of the split.
     int64_t rep = 0, split = 0, split_global = 0, padding = 0;
-    for (nn::Param* p : gpt_->params()) {
+    for (nn::Param* p : stage_params()) {
       if (p->shard.is_split()) {
         split += p->value.bytes(), split_global += shape_numel(p->global_shape) * 4;
         if (p->shard.padded)  // rows added so that every rank holds ceil(rows / tp)
@@ -281,8 +410,14 @@ void RankTrainer::print_header() {
                 static_cast<long long>(split_global / o_.tp));
     if (padding)
       std::printf("; the vocabulary is padded by %lld rows to split %lld per rank, the padding on the last rank(s)",
-                  static_cast<long long>(padding), static_cast<long long>(gpt_->config().vocab_size / o_.tp + 1));
+                  static_cast<long long>(padding), static_cast<long long>(cfg.vocab_size / o_.tp + 1));
     std::printf(")\n");
+  }
+  if (o_.pp > 1) {
+    const pipeline::Schedule& sc = exec_->schedule();
+    std::printf("pipeline: %d stages on pp %d (%d chunk(s) per rank), schedule %s, %d micro-batches | %s\n",
+                sc.shape.stages(), o_.pp, sc.shape.chunks, sc.name.c_str(), o_.microbatches,
+                pipeline::to_string(stage_layers(o_, cfg)).c_str());
   }
   if (o_.dp > 1 || o_.zero > 0) {
     // ZeRO's per-rank state against the analytic formula (float32 Adam: 4 + 4 + 8 bytes per
@@ -323,10 +458,18 @@ void RankTrainer::run() {
   std::unique_ptr<MetricsWriter> metrics;
   // --resume: train() kept the file's lines up to `start`; continue it.
   if (lead_) metrics = std::make_unique<MetricsWriter>(o_.metrics, /*append=*/o_.resume);
-  std::vector<int32_t> tok(rows * T), tgt(rows * T);
+  std::vector<int32_t> tok(M * rows * T), tgt(M * rows * T);  // the step's micro-batches
   auto reduce_sq = [this](double local) {
+    if (o_.pp > 1) {
+      // Every parameter once: split ones summed over tp, replicated ones from tp rank 0, the
+      // stages summed over pp, the tied wte counted on the first stage only.
+      std::vector<nn::Param*> counted;
+      for (nn::Param* p : stage_params())
+        if (p != wte_copy()) counted.push_back(p);
+      return pp_sum(parallel::tp_grad_sq(counted, mesh_.tp_group()));
+    }
     // Tensor parallelism: split gradients summed over tp, replicated ones counted once.
-    if (o_.tp > 1) return parallel::tp_grad_sq(gpt_->params(), mesh_.tp_group());
+    if (o_.tp > 1) return parallel::tp_grad_sq(stage_params(), mesh_.tp_group());
     return ddp_ ? ddp_->reduce_grad_sq(local) : local;
   };
   auto t_start = Clock::now();
@@ -335,27 +478,27 @@ void RankTrainer::run() {
     auto t0 = Clock::now();
     comm::CommStats c0 = mesh_.dp_group().stats(), tp0 = mesh_.tp_group().stats();
     if (ddp_) ddp_->begin_step();
-    else gpt_->zero_grad();
-    double loss = 0;
-    const int rank = mesh_.rank();
-    auto* rec = sh_.recorder;
+    else
+      for (auto& stage : stages_) stage->zero_grad();
     for (int64_t mb = 0; mb < M; ++mb) {
       const int64_t r0 = rank_row0 + mb * rows;
-      sh_.data.batch(Split::train, o_.data_order, o_.seed, step, B, T, r0, r0 + rows, tok.data(), tgt.data());
-      nn::Context ctx(o_.threads);
-      ctx.hooks = hooks();
-      if (ddp_) ddp_->set_sync(mb == M - 1);
-      {
-        trace::Recorder::Span s(rec, rank, trace::Track::compute, "forward " + std::to_string(mb), "forward");
-        loss += gpt_->forward(ctx, tok.data(), tgt.data(), rows, T) / static_cast<double>(M);
-      }
-      trace::Recorder::Span s(rec, rank, trace::Track::compute, "backward " + std::to_string(mb), "backward");
-      gpt_->backward(ctx, 1.0f / static_cast<float>(M));
+      sh_.data.batch(Split::train, o_.data_order, o_.seed, step, B, T, r0, r0 + rows, tok.data() + mb * rows * T,
+                     tgt.data() + mb * rows * T);
     }
+    for (auto& r : runners_) r->set_batches(tok.data(), tgt.data(), rows, T, 1.0f / static_cast<float>(M));
+    const pipeline::StepStats pst = exec_->run_step();
+    record(pst);
+    const double loss = pipeline_loss(M);
     if (ddp_) {
-      trace::Recorder::Span s(rec, rank, trace::Track::compute, "wait for gradients", "wait");
+      trace::Recorder::Span s(sh_.recorder, mesh_.rank(), trace::Track::compute, "wait for gradients", "wait");
       ddp_->finish_grad_sync();
     }
+    if (emb_) {  // the tied token table: first stage + last stage
+      nn::Param& wte = stages_[0]->first() ? stages_[0]->wte : stages_.back()->wte;
+      emb_->all_reduce(std::span<float>(wte.grad.data(), static_cast<size_t>(wte.grad.numel())));
+    }
+    const int rank = mesh_.rank();
+    auto* rec = sh_.recorder;
     StepRecord r;
     r.step = step;
     // A non-finite loss or gradient norm stops the run before anything of the step is applied.
@@ -393,6 +536,11 @@ void RankTrainer::run() {
       line["comm_wait_ms"] = r.comm_wait_ms;
     }
     if (o_.tp > 1) line["tp_bytes_sent"] = tp_bytes;
+    if (o_.pp > 1) {
+      line["bubble"] = pst.bubble;
+      line["peak_saved_activation_bytes"] = pst.peak_saved_bytes;
+      line["microbatches_in_flight"] = pst.max_in_flight;
+    }
     if (r.val_loss) line["val_loss"] = *r.val_loss;
     metrics->write(line);
     if (talk && o_.log_every > 0 && ((step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps);

@@ -36,7 +36,9 @@ struct TrainOptions {
   // layout (DESIGN "Interfaces")
   int dp = 1, tp = 1, pp = 1;
   int microbatches = 1;
-  std::string schedule = "1f1b";
+  std::string schedule = "1f1b";  // with --pp > 1: naive, gpipe, 1f1b, interleaved (zb: not run yet)
+  int chunks = 1;                  // model chunks per pp rank (interleaved: 2 or more)
+  std::string pp_balance;          // blocks per stage by hand, "3,3,2,2" (empty: balanced)
   int zero = 0;
   bool sequence_parallel = false;  // with --tp: layernorm/residual regions split along T
   bool pad_vocab = false;          // with --tp: pad a vocabulary tp does not divide

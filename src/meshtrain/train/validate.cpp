@@ -1,6 +1,7 @@
 // The validation pass of train/validate.h: option ranges, cross-option rules, threads and
 // memory against the machine, output paths.
 #include "meshtrain/train/validate.h"
+#include "meshtrain/train/layout.h"
 
 #include <unistd.h>
 
@@ -108,10 +109,11 @@ void check_ranges(const TrainOptions& o, const model::GPTConfig& cfg) {
 void check_layout(const TrainOptions& o) {
   if (o.dp < 1 || o.tp < 1 || o.pp < 1) bad("--dp, --tp and --pp must each be at least 1");
   if (o.microbatches < 1) bad("--microbatches must be at least 1");
-  static const char* schedules[] = {"gpipe", "1f1b", "interleaved", "zb"};
+  static const char* schedules[] = {"naive", "gpipe", "1f1b", "interleaved", "zb", "zb-h1"};
   if (std::find_if(std::begin(schedules), std::end(schedules),
                    [&](const char* s) { return o.schedule == s; }) == std::end(schedules))
-    bad("--schedule must be gpipe, 1f1b, interleaved or zb, not '" + o.schedule + "'");
+    bad("--schedule must be naive, gpipe, 1f1b, interleaved or zb, not '" + o.schedule + "'");
+  if (o.chunks < 1) bad("--chunks must be at least 1 (model chunks per pipeline rank)");
   if (o.zero < 0 || o.zero > 3) bad("--zero must be 0, 1, 2 or 3");
   if (o.ps_servers < 0) bad("--ps-servers must be 0 (no parameter server) or a positive number of server ranks");
   if (o.staleness < -1)
@@ -136,7 +138,16 @@ void check_layout(const TrainOptions& o) {
   if (o.tp > 1 && o.zero > 0)
     bad("ZeRO (--zero > 0) together with tensor parallelism is not supported yet; use --zero 0 with --tp, or --tp 1");
   if (o.sequence_parallel && o.tp == 1) bad("--sequence-parallel needs --tp 2 or more");
-  if (o.pp > 1) bad("pipeline parallelism (--pp > 1) is not available in this build yet; run with --pp 1");
+  if (o.pp > 1 && o.zero > 0)
+    bad("ZeRO (--zero > 0) together with pipeline parallelism is not supported yet; use --zero 0 with --pp, or --pp 1");
+  if (o.pp > 1 && (o.schedule == "zb" || o.schedule == "zb-h1"))
+    bad("--schedule zb splits backward into input and weight gradients, which the pipeline executor does not run "
+        "yet; use gpipe, 1f1b or interleaved (`meshtrain schedule --schedule zb-h1` draws it)");
+  if (o.pp > 1 && o.schedule == "interleaved" && o.chunks < 2)
+    bad("--schedule interleaved runs several model chunks per pipeline rank; add --chunks 2 (or more)");
+  if (o.chunks > 1 && (o.pp == 1 || o.schedule != "interleaved"))
+    bad("--chunks " + std::to_string(o.chunks) + " needs --schedule interleaved and --pp 2 or more; drop --chunks");
+  if (!o.pp_balance.empty() && o.pp == 1) bad("--pp-balance gives blocks per pipeline stage; it needs --pp 2 or more");
   if (o.batch % o.dp != 0)
     bad("--batch " + std::to_string(o.batch) + " is not divisible by --dp " + std::to_string(o.dp) +
         "; every data-parallel rank takes an equal slice of the batch");
@@ -304,6 +315,10 @@ void check_output_dir(const std::string& flag, const std::string& path) {
 void validate_options(const TrainOptions& o, const model::GPTConfig& cfg, const Machine& m) {
   check_ranges(o, cfg);
   check_layout(o);
+  if (o.pp > 1) {  // the schedule's shape and the stage partition, as every rank will build them
+    make_pipeline_schedule(o);
+    stage_layers(o, cfg);
+  }
   if (o.tp > 1)
     parallel::validate_tp(cfg, o.tp, {.sequence_parallel = o.sequence_parallel, .pad_vocab = o.pad_vocab}, o.seq);
   check_threads("--threads", o.threads, m, /*zero_means_auto=*/true);

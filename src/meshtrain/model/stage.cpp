@@ -1,0 +1,195 @@
+#include "meshtrain/model/stage.h"
+
+#include <stdexcept>
+
+#include "meshtrain/kernels/crossentropy.h"
+#include "meshtrain/kernels/embedding.h"
+#include "meshtrain/kernels/gemm.h"
+
+namespace meshtrain::model {
+
+// ---- the plain (single-rank) layout ----
+
+nn::ShardSpec GPTLayout::wte_shard(const GPTConfig&) const { return {}; }
+
+std::unique_ptr<Block> GPTLayout::block(int64_t i, const GPTConfig& cfg, uint64_t seed) const {
+  return std::make_unique<Block>("h." + std::to_string(i), cfg, seed);
+}
+
+Tensor GPTLayout::embed(nn::Context& ctx, const nn::Param& wte, const nn::Param& wpe,
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t V) const {
+  const int64_t C = wte.value.dim(1);
+  Tensor x = Tensor::empty({B, T, C});
+  kernels::embedding_forward(x.data(), tokens, wte.value.data(), wpe.value.data(), B, T, C, 0, V,
+                             ctx.threads);
+  return x;
+}
+
+void GPTLayout::embed_backward(nn::Context& ctx, nn::Param& wte, nn::Param& wpe, const Tensor& dx,
+                               const int32_t* tokens, int64_t B, int64_t T, int64_t V) const {
+  kernels::embedding_backward(wte.grad.data(), wpe.grad.data(), dx.data(), tokens, B, T,
+                              wte.value.dim(1), 0, V, ctx.threads);
+}
+
+GPTLayout::Loss GPTLayout::head(nn::Context& ctx, const void* key, const Tensor& hN,
+                                const nn::Param& wte, const int32_t* targets, int64_t B, int64_t T,
+                                int64_t V) const {
+  const int64_t C = hN.dim(2), N = B * T;
+  Tensor logits = Tensor::empty({N, V});
+  kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, V, C, 1.f, hN.data(), C,
+                wte.value.data(), C, 0.f, logits.data(), V, {ctx.threads});
+  Tensor losses = Tensor::empty({N}), lse = Tensor::empty({N});
+  kernels::crossentropy_forward(losses.data(), lse.data(), logits.data(), targets, N, V,
+                                ctx.threads);
+  Loss out;
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[i] >= 0) out.sum += losses[i], ++out.valid;
+  if (ctx.training) {
+    ctx.save(key, {hN, logits, lse});
+    auto& t = ctx.ints(key);
+    t.assign(targets, targets + N);
+    t.push_back(static_cast<int32_t>(out.valid));
+  }
+  return out;
+}
+
+Tensor GPTLayout::head_backward(nn::Context& ctx, const void* key, nn::Param& wte,
+                                float grad_scale, int64_t V) const {
+  auto& s = ctx.saved(key);
+  Tensor hN = s[0], logits = s[1], lse = s[2];
+  std::vector<int32_t> targets = std::move(ctx.ints(key));
+  const int64_t valid = targets.back();
+  targets.pop_back();
+  ctx.release(key);
+  const int64_t N = logits.dim(0), C = hN.dim(2);
+  // dloss_i = grad_scale / valid for every counted row (the loss is a mean).
+  Tensor dloss = Tensor::empty({N});
+  dloss.fill(valid ? grad_scale / static_cast<float>(valid) : 0.f);
+  kernels::crossentropy_backward_inplace(logits.data(), lse.data(), targets.data(), dloss.data(),
+                                         N, V, ctx.threads);
+  Tensor& dlogits = logits;  // (N, V)
+  // Tied output projection: dwte += dlogits^T hN; dh = dlogits wte.
+  kernels::gemm(kernels::Trans::T, kernels::Trans::N, V, C, N, 1.f, dlogits.data(), V,
+                hN.data(), C, 1.f, wte.grad.data(), C, {ctx.threads});
+  Tensor dh = Tensor::empty(hN.shape());
+  kernels::gemm(kernels::Trans::N, kernels::Trans::N, N, C, V, 1.f, dlogits.data(), V,
+                wte.value.data(), C, 0.f, dh.data(), C, {ctx.threads});
+  return dh;
+}
+
+Tensor GPTLayout::final_norm_backward(nn::Context& ctx, nn::LayerNorm& ln_f, const Tensor& dy) const {
+  return ln_f.backward(ctx, dy);
+}
+
+std::shared_ptr<const GPTLayout> plain_layout() {
+  static const auto layout = std::make_shared<const GPTLayout>();
+  return layout;
+}
+
+// ---- GPTStage ----
+
+GPTStage::GPTStage(const GPTConfig& cfg, uint64_t seed, StageSpec spec,
+                   std::shared_ptr<const GPTLayout> layout)
+    : cfg_(cfg), spec_(spec), layout_(std::move(layout)) {
+  cfg_.validate();
+  if (spec_.end_layer < 0) spec_.end_layer = cfg.n_layer;
+  if (spec_.first_layer < 0 || spec_.first_layer > spec_.end_layer || spec_.end_layer > cfg.n_layer)
+    throw std::invalid_argument("GPTStage: blocks " + std::to_string(spec_.first_layer) + ".." +
+                                std::to_string(spec_.end_layer) + " outside the model's " +
+                                std::to_string(cfg.n_layer) + " layers");
+  // The same names and draws as model::GPT, so every stage holds what the whole model holds.
+  if (spec_.embedding || spec_.head) {
+    wte = nn::Param("wte.weight", {cfg.vocab_size, cfg.n_embd}, layout_->wte_shard(cfg));
+    nn::init_normal(wte, seed, 0.02f);
+  }
+  if (spec_.embedding) {
+    wpe = nn::Param("wpe.weight", {cfg.block_size, cfg.n_embd});
+    nn::init_normal(wpe, seed, 0.02f);
+  }
+  for (int64_t i = spec_.first_layer; i < spec_.end_layer; ++i) h.push_back(layout_->block(i, cfg, seed));
+  if (spec_.head) ln_f = std::make_unique<nn::LayerNorm>("ln_f", cfg.n_embd);
+}
+
+Tensor GPTStage::forward(nn::Context& ctx, const Tensor& x_in, const int32_t* tokens,
+                         const int32_t* targets, int64_t B, int64_t T, float* loss) {
+  const int64_t V = cfg_.vocab_size;
+  ctx.pre_forward(this);
+  Tensor x = x_in;
+  if (spec_.embedding) {
+    if (T > cfg_.block_size)
+      throw std::invalid_argument("sequence length " + std::to_string(T) + " exceeds the model's " +
+                                  std::to_string(cfg_.block_size) + " positions");
+    for (int64_t i = 0; i < B * T; ++i)
+      if (tokens[i] < 0 || tokens[i] >= V)
+        throw std::invalid_argument("token id " + std::to_string(tokens[i]) +
+                                    " outside the vocabulary of " + std::to_string(V));
+    layout_->check_seq(T);
+    x = layout_->embed(ctx, wte, wpe, tokens, B, T, V);
+    if (ctx.training) ctx.ints(this).assign(tokens, tokens + B * T);
+  }
+  for (auto& block : h) {
+    ctx.pre_forward(block.get());
+    x = block->forward(ctx, x);
+    ctx.post_forward(block.get());
+  }
+  if (spec_.head) {
+    Tensor hN = ln_f->forward(ctx, x);
+    const GPTLayout::Loss l = layout_->head(ctx, &head_, hN, wte, targets, B, T, V);
+    if (loss) *loss = l.valid ? static_cast<float>(l.sum / static_cast<double>(l.valid)) : 0.f;
+    x = Tensor();
+  }
+  ctx.post_forward(this);
+  return x;
+}
+
+Tensor GPTStage::backward(nn::Context& ctx, const Tensor& dy, float grad_scale) {
+  const int64_t V = cfg_.vocab_size;
+  ctx.pre_backward(this);
+  Tensor dx = dy;
+  if (spec_.head) {
+    Tensor dhN = layout_->head_backward(ctx, &head_, wte, grad_scale, V);
+    dx = layout_->final_norm_backward(ctx, *ln_f, dhN);
+  }
+  for (auto it = h.rbegin(); it != h.rend(); ++it) {
+    ctx.pre_backward(it->get());
+    dx = (*it)->backward(ctx, dx);
+    ctx.post_backward(it->get());
+  }
+  if (spec_.embedding) {
+    std::vector<int32_t> tokens = std::move(ctx.ints(this));
+    ctx.release(this);
+    const int64_t B = dx.dim(0), T = static_cast<int64_t>(tokens.size()) / B;  // dx may be a T shard
+    layout_->embed_backward(ctx, wte, wpe, dx, tokens.data(), B, T, V);
+    ctx.grad_ready(&wpe);
+    dx = Tensor();
+  }
+  if (spec_.embedding || spec_.head) ctx.grad_ready(&wte);
+  ctx.post_backward(this);
+  return dx;
+}
+
+void GPTStage::collect_params(std::vector<nn::Param*>& out) {
+  if (spec_.embedding || spec_.head) out.push_back(&wte);
+  if (spec_.embedding) out.push_back(&wpe);
+  for (auto& b : h) b->collect_params(out);
+  if (ln_f) ln_f->collect_params(out);
+}
+
+std::vector<std::pair<std::string, Shape>> stage_param_shapes(const GPTConfig& cfg, StageSpec spec) {
+  if (spec.end_layer < 0) spec.end_layer = cfg.n_layer;
+  std::vector<std::pair<std::string, Shape>> out;
+  for (auto& [name, shape] : gpt_param_shapes(cfg)) {
+    bool held = false;
+    if (name == "wte.weight") held = spec.embedding || spec.head;
+    else if (name == "wpe.weight") held = spec.embedding;
+    else if (name.rfind("ln_f.", 0) == 0) held = spec.head;
+    else {  // h.<i>.
+      const int64_t i = std::stoll(name.substr(2, name.find('.', 2) - 2));
+      held = i >= spec.first_layer && i < spec.end_layer;
+    }
+    if (held) out.emplace_back(name, shape);
+  }
+  return out;
+}
+
+}  // namespace meshtrain::model

@@ -1,0 +1,97 @@
+// Executor: runs one rank's action list of a Schedule (schedule.h, after add_send_recv) on the
+// model chunks this rank holds — one executor for every schedule (DESIGN decision 4). The
+// single-rank step is the trivial schedule: one stage, m micro-batches.
+//
+// What it does per action:
+//   F       a fresh nn::Context for (stage, micro-batch); forward of the chunk on its input (the
+//           received activation, the previous stage's output on this rank, or nothing on the
+//           first stage); the output is kept for SEND_F or the next stage on this rank.
+//   B       backward of that micro-batch from its output gradient (received, handed over by the
+//           next stage on this rank, or nothing on the last stage); the context is released.
+//   RECV_*  waits for a receive that was posted when the step began (posted early, waited
+//           late), so a transfer overlaps whatever the rank computes before it needs the data.
+//   SEND_*  posts an asynchronous send; all sends are waited for at the end of the step.
+// Messages travel over the pp group's communicator with tags of their own range
+// (kPipelineTagBase + ...), keyed by (sending stage, micro-batch, direction), so no other user
+// of the group (or of a world communicator) can take them.
+//
+// Not yet: split backward (I / W actions of zero-bubble schedules) — such a schedule is refused
+// with a sentence.
+// Concurrency: an Executor belongs to one rank's thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "meshtrain/comm/communicator.h"
+#include "meshtrain/nn/context.h"
+#include "meshtrain/pipeline/schedule.h"
+
+namespace meshtrain::pipeline {
+
+// One model chunk (a stage) as the executor drives it.
+class StageRunner {
+ public:
+  virtual ~StageRunner() = default;
+  // Forward of micro-batch `mb`: `input` is the previous stage's output (empty on the first
+  // stage, which reads its tokens itself). Returns the output (empty on the last stage, which
+  // keeps its loss itself).
+  virtual Tensor forward(nn::Context& ctx, int mb, const Tensor& input) = 0;
+  // Backward of `mb` from `dy`, the gradient of the output (empty on the last stage). `last` is
+  // true for the stage's final backward of the step (data parallelism syncs its gradients
+  // then). Returns the gradient of the input (empty on the first stage).
+  virtual Tensor backward(nn::Context& ctx, int mb, const Tensor& dy, bool last) = 0;
+  // Shape of what crosses a stage boundary (an activation forward, its gradient backward);
+  // the same at every boundary of the model.
+  virtual Shape boundary_shape() const = 0;
+};
+
+inline constexpr int kPipelineTagBase = 1 << 23;  // tags kPipelineTagBase .. kMaxUserTag
+
+// One action as it ran, for timelines (times since the step began).
+struct ActionTiming {
+  Action action;
+  double start_us = 0, end_us = 0;
+};
+
+struct StepStats {
+  std::chrono::steady_clock::time_point start;  // when the step began (timeline times count from it)
+  double step_us = 0;
+  double compute_us = 0;               // F, B (, I, W) time on this rank
+  double bubble = 0;                   // (step - compute) / step: idle inside the step
+  int64_t peak_saved_bytes = 0;        // most activation bytes the live contexts held at once
+  int max_in_flight = 0;               // most (stage, micro-batch) contexts alive at once
+  std::vector<ActionTiming> timeline;  // every action of the step, in the order run
+};
+
+class Executor {
+ public:
+  // `schedule` must have its communication (add_send_recv) and pass validate(); `chunks[c]` is
+  // this rank's chunk c (stage schedule.shape.stage_of(rank, c)). `pp` is the pipeline group
+  // (rank = pipeline rank); it may be null when pp == 1.
+  Executor(Schedule schedule, int rank, comm::Communicator* pp, std::vector<StageRunner*> chunks,
+           int threads);
+
+  // Runs this rank's list once (one step). Throws CommError from the transfers.
+  StepStats run_step();
+
+  // Forward only (evaluation): every micro-batch through every stage in order, contexts that
+  // save nothing.
+  void forward_only(int microbatches);
+
+  const Schedule& schedule() const { return schedule_; }
+
+ private:
+  int tag(int sender_stage, int mb, bool backward_msg) const;
+
+  Schedule schedule_;
+  int rank_;
+  comm::Communicator* pp_;
+  std::vector<StageRunner*> chunks_;
+  int threads_;
+  int eval_round_ = 0;
+};
+
+}  // namespace meshtrain::pipeline

@@ -1,0 +1,36 @@
+#include "meshtrain/train/stage_runner.h"
+
+namespace meshtrain::train {
+
+GPTStageRunner::GPTStageRunner(model::GPTStage& stage, nn::Hooks* hooks,
+                               std::function<void(bool)> set_sync, int seq_shards)
+    : stage_(stage), hooks_(hooks), set_sync_(std::move(set_sync)), seq_shards_(seq_shards) {}
+
+void GPTStageRunner::set_batches(const int32_t* tokens, const int32_t* targets, int64_t rows,
+                                 int64_t T, float grad_scale) {
+  tokens_ = tokens, targets_ = targets, rows_ = rows, T_ = T, grad_scale_ = grad_scale;
+  losses_.clear();
+}
+
+Tensor GPTStageRunner::forward(nn::Context& ctx, int mb, const Tensor& input) {
+  ctx.hooks = hooks_;
+  const int64_t off = mb * rows_ * T_;
+  float loss = 0;
+  Tensor out = stage_.forward(ctx, input, tokens_ + off, targets_ + off, rows_, T_, &loss);
+  if (stage_.last()) {
+    if (losses_.size() <= static_cast<size_t>(mb)) losses_.resize(mb + 1, 0.f);
+    losses_[mb] = loss;
+  }
+  return out;
+}
+
+Tensor GPTStageRunner::backward(nn::Context& ctx, int mb, const Tensor& dy, bool last) {
+  if (set_sync_) set_sync_(last);
+  return stage_.backward(ctx, dy, grad_scale_);
+}
+
+Shape GPTStageRunner::boundary_shape() const {
+  return {rows_, T_ / seq_shards_, stage_.config().n_embd};
+}
+
+}  // namespace meshtrain::train
