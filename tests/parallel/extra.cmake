@@ -3,9 +3,10 @@ if(MESHTRAIN_HAVE_MPI)
   find_program(MESHTRAIN_MPIRUN NAMES mpirun mpiexec)
   foreach(zero 0 2)
     add_test(NAME parallel_mpi_dp2_zero${zero}
-             COMMAND ${CMAKE_CURRENT_LIST_DIR}/mpi_dp_parity.sh $<TARGET_FILE:meshtrain> ${MESHTRAIN_MPIRUN} ${zero})
+             COMMAND ${CMAKE_CURRENT_LIST_DIR}/mpi_parity.sh $<TARGET_FILE:meshtrain> ${MESHTRAIN_MPIRUN} 2
+                     --dp 2 --zero ${zero})
     set_tests_properties(parallel_mpi_dp2_zero${zero} PROPERTIES TIMEOUT 300 LABELS parallel
-        PASS_REGULAR_EXPRESSION "MPI DP PARITY OK")
+        PASS_REGULAR_EXPRESSION "MPI PARITY OK")
   endforeach()
   if(TARGET test_parallel)
     add_dependencies(test_parallel meshtrain)
