@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/model/config.h"
+#include "meshtrain/train/layout.h"
 #include "meshtrain/train/trainer.h"
 #include "parallel/layout_fixture.h"
 #include "temp_dir.h"
@@ -121,33 +123,88 @@ TEST(PipelineLayouts, CheckpointsCrossLayouts) {
   }
 }
 
-TEST(PipelineLayouts, MetricsCarryBubbleAndActivationMemory) {
-  meshtrain::testing::TempDir tmp("pp_metrics");
-  auto o = pp_options(2, "gpipe", 4);
-  o.steps = 3;
-  o.metrics = tmp.file("m.jsonl");
+namespace {
+struct StageFigures {
+  std::vector<double> bubble;
+  std::vector<int64_t> peak, in_flight;
+};
+// The first metrics line's per-pipeline-rank figures of a 2-step run.
+StageFigures figures(train::TrainOptions o, const std::string& path) {
+  o.steps = 2;
+  o.metrics = path;
   train::train(o);
   std::ifstream in(o.metrics);
-  int lines = 0;
-  int64_t peak = 0;
-  for (std::string line; std::getline(in, line); ++lines) {
-    auto j = nlohmann::json::parse(line);
-    ASSERT_TRUE(j.contains("bubble")) << line;
-    EXPECT_GE(j["bubble"].get<double>(), 0.0);
-    EXPECT_LT(j["bubble"].get<double>(), 1.0);
-    EXPECT_EQ(j["microbatches_in_flight"].get<int>(), 4) << "GPipe holds every micro-batch";
-    peak = j["peak_saved_activation_bytes"].get<int64_t>();
-    EXPECT_GT(peak, 0);
-  }
-  EXPECT_EQ(lines, 3);
-  // 1F1B on rank 0 holds at most 2 micro-batches of the same size: half of GPipe's 4.
-  o.schedule = "1f1b";
-  o.metrics = tmp.file("m2.jsonl");
-  train::train(o);
-  std::ifstream in2(o.metrics);
   std::string line;
-  std::getline(in2, line);
+  std::getline(in, line);
   auto j = nlohmann::json::parse(line);
-  EXPECT_EQ(j["microbatches_in_flight"].get<int>(), 2);
-  EXPECT_EQ(j["peak_saved_activation_bytes"].get<int64_t>() * 2, peak);
+  return {j.at("bubble").get<std::vector<double>>(), j.at("peak_saved_activation_bytes").get<std::vector<int64_t>>(),
+          j.at("microbatches_in_flight").get<std::vector<int64_t>>()};
+}
+}  // namespace
+
+// Per pipeline rank: the bubble, the micro-batches in flight and the saved activation bytes,
+// measured by the executor. GPipe holds all m micro-batches; 1F1B at most pp - rank; with
+// --recompute a stage keeps only its input activation (B/m x T x C floats), the first stage
+// nothing (its tokens stay in the step's batch).
+TEST(PipelineLayouts, MetricsCarryBubbleAndActivationMemoryPerStage) {
+  meshtrain::testing::TempDir tmp("pp_metrics");
+  const int m = 4;
+  auto o = pp_options(2, "gpipe", m);
+  const auto gpipe = figures(o, tmp.file("gpipe.jsonl"));
+  o.schedule = "1f1b";
+  const auto ofob = figures(o, tmp.file("1f1b.jsonl"));
+  o.schedule = "gpipe";
+  o.recompute = true;
+  const auto recompute = figures(o, tmp.file("recompute.jsonl"));
+  ASSERT_EQ(gpipe.bubble.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("pp rank " + std::to_string(r));
+    EXPECT_GE(gpipe.bubble[r], 0.0);
+    EXPECT_LT(gpipe.bubble[r], 1.0);
+    EXPECT_EQ(gpipe.in_flight[r], m);
+    EXPECT_EQ(ofob.in_flight[r], 2 - r);
+    EXPECT_GT(gpipe.peak[r], 0);
+    // Both ranks hold two blocks of the same size; 1F1B keeps (2 - r) of GPipe's m micro-batches.
+    EXPECT_EQ(ofob.peak[r] * m, gpipe.peak[r] * (2 - r));
+  }
+  const int64_t input_bytes = int64_t{12 / m} * 32 * 128 * 4;  // (B/m, T, C) floats
+  EXPECT_EQ(recompute.peak[0], 0);
+  EXPECT_EQ(recompute.peak[1], m * input_bytes);
+  EXPECT_LT(recompute.peak[1] * 10, gpipe.peak[1]) << "recomputation keeps a small part of the activations";
+}
+
+// Recomputation changes memory, not the curve.
+TEST(PipelineLayouts, RecomputeKeepsTheCurve) {
+  for (auto [pp, schedule, m, chunks] :
+       {std::tuple{2, "gpipe", 4, 1}, std::tuple{2, "1f1b", 4, 1}, std::tuple{4, "gpipe", 4, 1},
+        std::tuple{4, "1f1b", 4, 1}, std::tuple{2, "interleaved", 4, 2}, std::tuple{1, "1f1b", 2, 1}}) {
+    auto o = pp_options(pp, schedule, m, chunks);
+    o.recompute = true;
+    expect_same_curve(o);
+  }
+}
+
+// gpt-small's shapes (6 blocks of d=384, 6 heads), at T=64 to keep the suite short: pp 2 and
+// pp 3 (the balancer gives 2 | 2 | 2, the head costing 0.05 of a block) on its own single-rank
+// curve.
+TEST(PipelineLayouts, GptSmallAtPp2AndPp3) {
+  auto base = layout_options(1);
+  base.model = "gpt-small";
+  base.batch = 6, base.seq = 64, base.steps = 30;
+  auto ref = train::train(base);
+  ASSERT_EQ(ref.steps.size(), 30u);
+  ASSERT_LT(ref.steps.back().loss, ref.steps.front().loss - 0.5f);
+  for (auto [pp, schedule] : {std::pair{2, "1f1b"}, std::pair{3, "gpipe"}}) {
+    auto o = base;
+    o.pp = pp, o.schedule = schedule, o.microbatches = 3;
+    auto r = train::train(o);
+    ASSERT_EQ(r.steps.size(), ref.steps.size());
+    for (size_t i = 0; i < r.steps.size(); ++i)
+      EXPECT_LT(std::fabs(r.steps[i].loss - ref.steps[i].loss) / ref.steps[i].loss, 1e-5)
+          << "gpt-small pp " << pp << " " << schedule << " step " << i;
+  }
+  auto three = base;
+  three.pp = 3;
+  EXPECT_EQ(train::stage_layers(three, meshtrain::model::gpt_config("gpt-small")),
+            (std::vector<meshtrain::pipeline::LayerSpan>{{0, 2}, {2, 4}, {4, 6}}));
 }

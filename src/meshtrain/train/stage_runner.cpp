@@ -3,8 +3,8 @@
 namespace meshtrain::train {
 
 GPTStageRunner::GPTStageRunner(model::GPTStage& stage, nn::Hooks* hooks,
-                               std::function<void(bool)> set_sync, int seq_shards)
-    : stage_(stage), hooks_(hooks), set_sync_(std::move(set_sync)), seq_shards_(seq_shards) {}
+                               std::function<void(bool)> set_sync, int seq_shards, bool recompute)
+    : stage_(stage), hooks_(hooks), set_sync_(std::move(set_sync)), seq_shards_(seq_shards), recompute_(recompute) {}
 
 void GPTStageRunner::set_batches(const int32_t* tokens, const int32_t* targets, int64_t rows,
                                  int64_t T, float grad_scale) {
@@ -16,7 +16,15 @@ Tensor GPTStageRunner::forward(nn::Context& ctx, int mb, const Tensor& input) {
   ctx.hooks = hooks_;
   const int64_t off = mb * rows_ * T_;
   float loss = 0;
-  Tensor out = stage_.forward(ctx, input, tokens_ + off, targets_ + off, rows_, T_, &loss);
+  Tensor out;
+  if (recompute_ && ctx.training) {
+    nn::Context light(ctx.threads, /*training=*/false);  // saves nothing
+    light.hooks = hooks_;
+    out = stage_.forward(light, input, tokens_ + off, targets_ + off, rows_, T_, &loss);
+    ctx.save(this, stage_.first() ? std::vector<Tensor>{} : std::vector<Tensor>{input});
+  } else {
+    out = stage_.forward(ctx, input, tokens_ + off, targets_ + off, rows_, T_, &loss);
+  }
   if (stage_.last()) {
     if (losses_.size() <= static_cast<size_t>(mb)) losses_.resize(mb + 1, 0.f);
     losses_[mb] = loss;
@@ -25,6 +33,13 @@ Tensor GPTStageRunner::forward(nn::Context& ctx, int mb, const Tensor& input) {
 }
 
 Tensor GPTStageRunner::backward(nn::Context& ctx, int mb, const Tensor& dy, bool last) {
+  if (recompute_) {  // the forward again, from the kept input, saving what backward needs
+    std::vector<Tensor> kept = std::move(ctx.saved(this));
+    ctx.release(this);
+    const int64_t off = mb * rows_ * T_;
+    float loss = 0;
+    stage_.forward(ctx, kept.empty() ? Tensor() : kept[0], tokens_ + off, targets_ + off, rows_, T_, &loss);
+  }
   if (set_sync_) set_sync_(last);
   return stage_.backward(ctx, dy, grad_scale_);
 }

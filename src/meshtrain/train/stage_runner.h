@@ -3,6 +3,12 @@
 // each stage its slice (the first stage reads tokens, the last targets), keeps the last stage's
 // per-micro-batch losses, and tells data parallelism when a backward is the stage's last of the
 // step. The trainer owns one per model chunk of its rank.
+//
+// Recomputation (--recompute, activation checkpointing at stage granularity): forward runs
+// without saving anything but the stage's input (the first stage's tokens stay in the step's
+// batch arrays, so it keeps nothing); backward runs the forward again on that input, saving as
+// usual, then the backward. The kernels are deterministic, so the recomputed activations are
+// the ones the first forward made and the loss curve does not change.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +26,7 @@ class GPTStageRunner : public pipeline::StageRunner {
   // `seq_shards`: the boundary activation is a sequence shard over that many ranks (sequence
   // parallelism), else 1.
   GPTStageRunner(model::GPTStage& stage, nn::Hooks* hooks, std::function<void(bool)> set_sync,
-                 int seq_shards);
+                 int seq_shards, bool recompute = false);
 
   // The micro-batches of the next run: micro-batch k is rows [k rows, (k+1) rows) of the
   // (n * rows, T) arrays, which must outlive the run; backward scales the loss by grad_scale.
@@ -37,6 +43,7 @@ class GPTStageRunner : public pipeline::StageRunner {
   nn::Hooks* hooks_;
   std::function<void(bool)> set_sync_;
   int seq_shards_;
+  bool recompute_;
   const int32_t* tokens_ = nullptr;
   const int32_t* targets_ = nullptr;
   int64_t rows_ = 0, T_ = 0;

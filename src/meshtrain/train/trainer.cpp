@@ -77,7 +77,7 @@ class RankTrainer {
       std::function<void(bool)> sync;
       if (ddp_) sync = [d = ddp_.get()](bool last) { d->set_sync(last); };
       runners_.push_back(std::make_unique<GPTStageRunner>(*stage, hooks(), sync,
-                                                          o_.sequence_parallel ? o_.tp : 1));
+                                                          o_.sequence_parallel ? o_.tp : 1, o_.recompute));
       runners.push_back(runners_.back().get());
     }
     exec_ = std::make_unique<pipeline::Executor>(schedule, pp_rank, o_.pp > 1 ? &mesh_.pp_group() : nullptr,
@@ -489,6 +489,14 @@ void RankTrainer::run() {
     const pipeline::StepStats pst = exec_->run_step();
     record(pst);
     const double loss = pipeline_loss(M);
+    std::vector<double> pp_bubble;
+    std::vector<int64_t> pp_peak, pp_in_flight;
+    if (o_.pp > 1) {  // every pp rank's figures, for rank 0's metrics line
+      pp_bubble.resize(o_.pp), pp_peak.resize(o_.pp), pp_in_flight.resize(o_.pp);
+      mesh_.pp_group().all_gather(std::array<double, 1>{pst.bubble}, pp_bubble);
+      mesh_.pp_group().all_gather(std::array<int64_t, 1>{pst.peak_saved_bytes}, pp_peak);
+      mesh_.pp_group().all_gather(std::array<int64_t, 1>{pst.max_in_flight}, pp_in_flight);
+    }
     if (ddp_) {
       trace::Recorder::Span s(sh_.recorder, mesh_.rank(), trace::Track::compute, "wait for gradients", "wait");
       ddp_->finish_grad_sync();
@@ -536,10 +544,13 @@ void RankTrainer::run() {
       line["comm_wait_ms"] = r.comm_wait_ms;
     }
     if (o_.tp > 1) line["tp_bytes_sent"] = tp_bytes;
-    if (o_.pp > 1) {
-      line["bubble"] = pst.bubble;
-      line["peak_saved_activation_bytes"] = pst.peak_saved_bytes;
-      line["microbatches_in_flight"] = pst.max_in_flight;
+    if (o_.pp > 1) {  // one entry per pipeline rank (of rank 0's dp/tp position)
+      line["bubble"] = pp_bubble;
+      line["peak_saved_activation_bytes"] = pp_peak;
+      line["microbatches_in_flight"] = pp_in_flight;
+    }
+    else {
+      line["peak_saved_activation_bytes"] = std::vector<int64_t>{pst.peak_saved_bytes};
     }
     if (r.val_loss) line["val_loss"] = *r.val_loss;
     metrics->write(line);
