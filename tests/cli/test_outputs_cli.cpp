@@ -134,6 +134,50 @@ TEST(CliOutputs, TraceHasOneProcessPerRankAndOrderedSpans) {
   EXPECT_NE(head.find("<svg"), std::string::npos) << "no SVG swimlane beside the trace";
 }
 
+// ---- the measured swimlane: train --trace at pp 2, and trace render ----
+
+namespace {
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+}  // namespace
+
+TEST(CliOutputs, PipelineTraceRendersOneBlockPerForwardAndBackward) {
+  const int steps = 2, m = 4, pp = 2;
+  const std::string trace = scratch().file("pp.json");
+  Result r = run("train --data " + corpus() + " --pp 2 --microbatches 4 --schedule 1f1b --batch 8 --seq 16 --steps 2 "
+                 "--eval-batches 1 --quiet --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.output;
+  Result render = run("trace render " + trace + " -o " + scratch().file("again.svg"));
+  ASSERT_EQ(render.code, 0) << render.output;
+  for (const std::string& path : {scratch().file("pp.svg"), scratch().file("again.svg")}) {
+    SCOPED_TRACE(path);
+    const std::string svg = slurp(path);
+    ASSERT_NE(svg.find("<svg"), std::string::npos);
+    // Every forward and backward of every rank and step is one labelled block.
+    for (const char* kind : {"F", "B"})
+      EXPECT_EQ(count_of(svg, "data-kind=\"" + std::string(kind) + "\">") -
+                    count_of(svg, "class=\"legend-entry\" data-kind=\"" + std::string(kind) + "\">"),
+                static_cast<size_t>(steps * m * pp))
+          << kind;
+    EXPECT_NE(svg.find("class=\"legend\""), std::string::npos) << "a legend";
+    EXPECT_GE(count_of(svg, "class=\"boundary\""), static_cast<size_t>(steps)) << "step boundaries";
+    EXPECT_GE(count_of(svg, "class=\"tick-label\""), 2u) << "a time axis";
+  }
+  // Bad input: no such trace, or a file that is no trace.
+  Result missing = run("trace render " + scratch().file("none.json") + " -o " + scratch().file("x.svg"));
+  EXPECT_EQ(missing.code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("cannot open the trace"), std::string::npos) << missing.output;
+  Result not_trace = run("trace render " + corpus() + " -o " + scratch().file("x.svg"));
+  EXPECT_EQ(not_trace.code, 2) << not_trace.output;
+}
+
 // ---- bench comm ----
 
 // Runs `bench comm` and checks its table: the header names the op and world, the column line

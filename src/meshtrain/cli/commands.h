@@ -17,6 +17,7 @@ struct UsageError : std::runtime_error {
 void add_train_command(CLI::App& app);       // cli/train.cpp
 void add_generate_command(CLI::App& app);    // cli/generate.cpp
 void add_schedule_command(CLI::App& app);    // cli/schedule.cpp: the ideal pipeline schedule
+void add_trace_command(CLI::App& app);       // cli/trace.cpp: `meshtrain trace render`
 void add_bench_comm_command(CLI::App& bench);  // cli/bench_comm.cpp: `meshtrain bench comm`
 
 }  // namespace meshtrain::cli

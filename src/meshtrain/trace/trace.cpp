@@ -71,41 +71,6 @@ void Recorder::write_chrome_json(const std::string& path) const {
   f << nlohmann::json{{"traceEvents", out}, {"displayTimeUnit", "ms"}}.dump() << "\n";
 }
 
-// ---- SVG swimlanes ----
-
-void Recorder::write_svg(const std::string& path) const {
-  std::vector<Event> ev = events();
-  std::set<std::pair<int, int>> lanes;
-  double t_end = 1;
-  for (const Event& e : ev) lanes.insert({e.rank, static_cast<int>(e.track)}), t_end = std::max(t_end, e.t1_us);
-  std::map<std::pair<int, int>, int> row;
-  for (auto& l : lanes) row[l] = static_cast<int>(row.size());
-  const double width = 1200, left = 130, lane_h = 22;
-  const double scale = (width - left - 10) / t_end;
-  const std::map<std::string, const char*> colors = {{"forward", "#4e79a7"}, {"backward", "#59a14f"},
-                                                     {"optimizer", "#b07aa1"}, {"wait", "#e15759"},
-                                                     {"comm", "#f28e2b"}, {"tp-comm", "#edc948"}};
-  std::ofstream f(path);
-  if (!f) throw std::runtime_error("cannot write swimlane file '" + path + "'");
-  const double height = 40 + lane_h * static_cast<double>(row.size());
-  f << "<svg xmlns='http://www.w3.org/2000/svg' width='" << width << "' height='" << height
-    << "' font-family='sans-serif' font-size='11'>\n<rect width='100%' height='100%' fill='white'/>\n";
-  for (auto& [lane, i] : row) {
-    double y = 10 + lane_h * i;
-    f << "<text x='4' y='" << y + 15 << "'>rank " << lane.first << (lane.second ? " comm" : " compute") << "</text>\n";
-  }
-  for (const Event& e : ev) {
-    double y = 10 + lane_h * row[{e.rank, static_cast<int>(e.track)}];
-    auto c = colors.find(e.category);
-    f << "<rect x='" << left + e.t0_us * scale << "' y='" << y + 2 << "' width='"
-      << std::max(0.5, (e.t1_us - e.t0_us) * scale) << "' height='" << lane_h - 4 << "' fill='"
-      << (c == colors.end() ? "#999999" : c->second) << "'><title>" << e.name << " "
-      << (e.t1_us - e.t0_us) / 1000.0 << " ms</title></rect>\n";
-  }
-  f << "<text x='" << left << "' y='" << height - 8 << "'>0 ms</text><text x='" << width - 90
-    << "' y='" << height - 8 << "'>" << t_end / 1000.0 << " ms</text>\n</svg>\n";
-}
-
 // ---- analysis ----
 
 namespace {

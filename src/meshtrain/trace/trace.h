@@ -1,7 +1,7 @@
 // Per-rank timeline recording: spans of compute and communication on separate tracks, written
 // as Chrome trace JSON (open in Perfetto or chrome://tracing: one process per rank, one thread
-// per track) and as an SVG swimlane (one lane per rank and track, the diagram pipeline papers
-// draw). Also the overlap figure data parallelism is judged by: the share of communication
+// per track); train/swimlane.h draws them as the SVG swimlane pipeline papers draw. Also the
+// overlap figure data parallelism is judged by: the share of communication
 // time that ran while the same rank computed.
 //
 // Concurrency: add() may be called from any thread (rank threads, communicator progress
@@ -49,7 +49,6 @@ class Recorder {
   };
 
   void write_chrome_json(const std::string& path) const;
-  void write_svg(const std::string& path) const;
 
  private:
   std::chrono::steady_clock::time_point origin_;

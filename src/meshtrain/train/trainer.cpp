@@ -26,6 +26,7 @@
 #include "meshtrain/train/ps_trainer.h"
 #include "meshtrain/train/layout.h"
 #include "meshtrain/train/stage_runner.h"
+#include "meshtrain/train/swimlane.h"
 #include "meshtrain/train/validate.h"
 
 namespace meshtrain::train {
@@ -582,17 +583,27 @@ void write_trace(const trace::Recorder& rec, const TrainOptions& o) {
   std::string svg = o.trace;
   if (svg.size() > 5 && svg.compare(svg.size() - 5, 5, ".json") == 0) svg.resize(svg.size() - 5);
   svg += ".svg";
-  rec.write_svg(svg);
+  const auto events = rec.events();
+  bool drawn = false;
+  for (const auto& e : events) drawn = drawn || e.category == "forward";
+  if (drawn)  // the measured swimlane, from the first step on (train/swimlane.h)
+    pipeline::write_svg(measured_swimlane(events, "meshtrain train " + o.model + ": " +
+                                                      parallel::MeshShape{o.dp, o.tp, o.pp}.str() +
+                                                      (o.pp > 1 ? ", " + o.schedule : std::string()) + ", " +
+                                                      std::to_string(o.microbatches) + " micro-batch(es)"),
+                        svg);
   if (o.quiet) return;
   auto all = rec.events();
-  std::vector<trace::Event> dp, rest;  // dp collectives run async; tp ones inline in compute
-  for (auto& e : all) (e.category == "tp-comm" ? rest : dp).push_back(e);
+  std::vector<trace::Event> dp, rest, pp;  // dp collectives run async; tp ones inline in compute
+  for (auto& e : all) (e.category == "tp-comm" ? rest : e.category == "pp-comm" ? pp : dp).push_back(e);
   std::printf("trace: %s (Perfetto / chrome://tracing) and %s", o.trace.c_str(), svg.c_str());
   const double compute_ms = trace::busy_us(all, 0, trace::Track::compute) / 1e3;
   if (trace::busy_us(dp, 0, trace::Track::comm) > 0)
     std::printf(" | rank 0: dp communication %.1f ms, %.0f%% of it hidden behind backward",
                 trace::busy_us(dp, 0, trace::Track::comm) / 1e3,
                 100.0 * trace::hidden_share(dp, 0, {"backward"}));
+  if (trace::busy_us(pp, 0, trace::Track::comm) > 0)
+    std::printf(" | rank 0: %.1f ms waiting for pipeline transfers", trace::busy_us(pp, 0, trace::Track::comm) / 1e3);
   if (trace::busy_us(rest, 0, trace::Track::comm) > 0)
     std::printf(" | rank 0: tp communication %.1f ms = %.0f%% of its %.1f ms of compute-track time",
                 trace::busy_us(rest, 0, trace::Track::comm) / 1e3,
