@@ -162,7 +162,7 @@ const Case kCases[] = {
     {"InterleavedMicrobatches", kTrain + "--pp 2 --schedule interleaved --chunks 2 --microbatches 3", 2, {"--microbatches 3", "multiple of 2"}},
     {"MicrobatchesNotDividingPipelineRows", kTrain + "--pp 2 --microbatches 5", 2, {"--microbatches"}},
     {"ZeroWithPipeline", kTrain + "--pp 2 --zero 1", 2, {"--zero", "--pp"}},
-    {"ZeroBubbleNotRunYet", kTrain + "--pp 2 --schedule zb", 2, {"--schedule zb", "gpipe, 1f1b"}},
+
     {"UnknownSchedule", kTrain + "--schedule sideways", 2, {"--schedule", "sideways"}},
     {"UnknownBackend", kTrain + "--backend carrier-pigeon", 2, {"--backend"}},
     {"SequenceParallelWithoutTp", kTrain + "--sequence-parallel", 2, {"--sequence-parallel", "--tp"}},

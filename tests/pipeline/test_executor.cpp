@@ -55,6 +55,20 @@ class ToyStage : public mp::StageRunner {
     }
     return dx;
   }
+  // Split: I gives dx now (the same as backward's) and leaves a deferred weight gradient in the
+  // context, holding kN floats; W runs it.
+  Tensor backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last) override {
+    ctx.defer([this, mb](nn::Context&) { order.push_back("W" + std::to_string(mb)); }, kN * 4);
+    Tensor dx = backward(ctx, mb, dy, false);
+    order.back()[0] = 'I';
+    if (last) ++last_calls;
+    return dx;
+  }
+  void backward_weights(nn::Context& ctx, int mb, bool last) override {
+    ASSERT_TRUE(ctx.has_deferred()) << "W without its I";
+    ctx.run_deferred();
+    if (last) ++last_calls;
+  }
   Shape boundary_shape() const override { return {kN}; }
 
   int stage_, stages_;
@@ -115,7 +129,8 @@ TEST_P(ExecutorSchedules, ValuesAndGradientsCrossEveryStage) {
   ASSERT_EQ(grads.size(), static_cast<size_t>(m));
   for (int mb = 0; mb < m; ++mb) EXPECT_EQ(grads[mb], std::ldexp(1.f, S)) << "micro-batch " << mb;
   for (int r = 0; r < pp; ++r)
-    for (int c = 0; c < v; ++c) EXPECT_EQ(ranks[r].last_calls[c], 2) << "one last backward per chunk and step";
+    for (int c = 0; c < v; ++c)  // one last backward per chunk and step (I and W each, when split)
+      EXPECT_EQ(ranks[r].last_calls[c], name == "zb-h1" ? 4 : 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -123,8 +138,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::tuple{"naive", 1, 3, 1}, std::tuple{"naive", 3, 2, 1}, std::tuple{"gpipe", 2, 4, 1},
                       std::tuple{"gpipe", 4, 3, 1}, std::tuple{"1f1b", 2, 5, 1}, std::tuple{"1f1b", 4, 8, 1},
                       std::tuple{"1f1b", 3, 1, 1}, std::tuple{"interleaved", 2, 4, 2},
-                      std::tuple{"interleaved", 2, 2, 3}, std::tuple{"interleaved", 4, 8, 2}),
+                      std::tuple{"interleaved", 2, 2, 3}, std::tuple{"interleaved", 4, 8, 2},
+                      std::tuple{"zb-h1", 2, 4, 1}, std::tuple{"zb-h1", 4, 8, 1}, std::tuple{"zb-h1", 3, 2, 1}),
     [](const auto& info) {
+      if (std::get<0>(info.param) == "zb-h1")
+        return "zbh1_p" + std::to_string(std::get<1>(info.param)) + "_m" + std::to_string(std::get<2>(info.param));
       return std::get<0>(info.param) == "1f1b" ? "onef1b_p" + std::to_string(std::get<1>(info.param)) + "_m" +
                                                      std::to_string(std::get<2>(info.param))
                                                : std::get<0>(info.param) + "_p" + std::to_string(std::get<1>(info.param)) +
@@ -173,8 +191,14 @@ TEST(Executor, TimelineHoldsEveryActionInOrder) {
 TEST(Executor, RefusesWhatItCannotRun) {
   ToyStage a(0, 1);
   std::vector<mp::StageRunner*> one{&a};
-  // Split backward (zero-bubble) is not run yet: refused with a sentence, not run wrongly.
-  EXPECT_THROW(mp::Executor(mp::make_schedule("zb-h1", {1, 2, 1}), 0, nullptr, one, 1), std::invalid_argument);
+  // A stage that cannot split its backward refuses I with a sentence instead of running wrongly.
+  struct Unsplit : mp::StageRunner {
+    Tensor forward(nn::Context&, int, const Tensor&) override { return Tensor(); }
+    Tensor backward(nn::Context&, int, const Tensor&, bool) override { return Tensor(); }
+    Shape boundary_shape() const override { return {1}; }
+  } unsplit;
+  mp::Executor zb(mp::make_schedule("zb-h1", {1, 2, 1}), 0, nullptr, {&unsplit}, 1);
+  EXPECT_THROW(zb.run_step(), std::invalid_argument);
   // Chunks that do not match the schedule, and a pipeline without its group.
   EXPECT_THROW(mp::Executor(mp::make_schedule("interleaved", {1, 2, 2}), 0, nullptr, one, 1), std::invalid_argument);
   EXPECT_THROW(mp::Executor(mp::make_schedule("1f1b", {2, 2, 1}), 0, nullptr, one, 1), std::invalid_argument);
@@ -188,5 +212,26 @@ TEST(Executor, RefusesWhatItCannotRun) {
     ADD_FAILURE() << "a backward before its forward was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("invalid schedule"), std::string::npos) << e.what();
+  }
+}
+
+// ZB-H1 defers W: rank 0's weight gradients run after later micro-batches' input gradients, so
+// a context lives from F to W; the deferred bytes count as held.
+TEST(Executor, ZeroBubbleRunsWeightGradientsLate) {
+  auto ranks = run("zb-h1", {2, 4, 1}, 1);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GE(ranks[r].steps[0].max_in_flight, 1);
+    EXPECT_GT(ranks[r].steps[0].peak_saved_bytes, 0);
+  }
+  const mp::Schedule s = mp::make_schedule("zb-h1", {2, 4, 1});
+  // The compute order each rank ran is the generator's list.
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> want;
+    for (const mp::Action& a : s.ranks[r]) want.push_back(std::string(mp::to_string(a.kind)) + std::to_string(a.microbatch));
+    std::vector<std::string> got;
+    for (const auto& t : ranks[r].steps[0].timeline)
+      if (mp::is_compute(t.action.kind))
+        got.push_back(std::string(mp::to_string(t.action.kind)) + std::to_string(t.action.microbatch));
+    EXPECT_EQ(got, want) << "rank " << r;
   }
 }

@@ -74,7 +74,8 @@ INSTANTIATE_TEST_SUITE_P(
     GptTiny, PipelineParity,
     ::testing::Values(std::tuple{2, "naive", 3, 1}, std::tuple{2, "gpipe", 4, 1}, std::tuple{2, "1f1b", 4, 1},
                       std::tuple{4, "gpipe", 4, 1}, std::tuple{4, "1f1b", 6, 1}, std::tuple{3, "1f1b", 3, 1},
-                      std::tuple{2, "interleaved", 4, 2}, std::tuple{2, "1f1b", 1, 1}),
+                      std::tuple{2, "interleaved", 4, 2}, std::tuple{2, "1f1b", 1, 1},
+                      std::tuple{2, "zb", 4, 1}, std::tuple{4, "zb", 6, 1}),
     [](const auto& info) {
       const std::string& s = std::get<1>(info.param);
       return "pp" + std::to_string(std::get<0>(info.param)) + "_" + (s == "1f1b" ? std::string("onef1b") : s) + "_m" +
@@ -93,6 +94,12 @@ TEST(PipelineLayouts, WithDataAndTensorParallelism) {
   expect_same_curve(o);
   o = pp_options(2, "gpipe", 2);
   o.dp = 2, o.tp = 2;  // world 8 = 2 x 2 x 2
+  expect_same_curve(o);
+  o = pp_options(2, "zb", 3);  // split backward with data-parallel buckets and tp layers
+  o.dp = 2;
+  expect_same_curve(o);
+  o = pp_options(2, "zb", 4);
+  o.tp = 2, o.sequence_parallel = true;
   expect_same_curve(o);
 }
 
@@ -177,7 +184,8 @@ TEST(PipelineLayouts, MetricsCarryBubbleAndActivationMemoryPerStage) {
 TEST(PipelineLayouts, RecomputeKeepsTheCurve) {
   for (auto [pp, schedule, m, chunks] :
        {std::tuple{2, "gpipe", 4, 1}, std::tuple{2, "1f1b", 4, 1}, std::tuple{4, "gpipe", 4, 1},
-        std::tuple{4, "1f1b", 4, 1}, std::tuple{2, "interleaved", 4, 2}, std::tuple{1, "1f1b", 2, 1}}) {
+        std::tuple{4, "1f1b", 4, 1}, std::tuple{2, "interleaved", 4, 2}, std::tuple{2, "zb", 4, 1},
+        std::tuple{1, "1f1b", 2, 1}}) {
     auto o = pp_options(pp, schedule, m, chunks);
     o.recompute = true;
     expect_same_curve(o);

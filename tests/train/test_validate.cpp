@@ -115,7 +115,6 @@ TEST(Validate, EveryFlagOutsideItsRangeIsNamed) {
       {"--chunks", [](auto& o) { o.pp = 2, o.schedule = "interleaved"; }},
       {"--chunks", [](auto& o) { o.pp = 2, o.chunks = 2; }},  // 1f1b runs one chunk
       {"--zero", [](auto& o) { o.pp = 2, o.zero = 1; }},
-      {"--schedule", [](auto& o) { o.pp = 2, o.schedule = "zb"; }},
       {"--bucket-mb", [](auto& o) { o.dp = 2, o.bucket_bytes = -1; }},
   };
   for (const Bad& b : cases) {

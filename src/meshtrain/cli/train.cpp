@@ -33,7 +33,7 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--sequence-parallel", opt->sequence_parallel, "With --tp: split layernorm and residual regions along the sequence");
   c->add_flag("--pad-vocab", opt->pad_vocab, "With --tp: split a vocabulary tp does not divide by padding it (left out of the loss)");
   c->add_option("--microbatches", opt->microbatches, "Micro-batches per step (gradient accumulation)")->check(integer<int>(1))->capture_default_str();
-  c->add_option("--schedule", opt->schedule, "Pipeline schedule with --pp > 1: naive, gpipe, 1f1b, interleaved (zb: drawn by `meshtrain schedule`, not run yet)")->capture_default_str();
+  c->add_option("--schedule", opt->schedule, "Pipeline schedule with --pp > 1: naive, gpipe, 1f1b, interleaved, zb (ZB-H1: backward split into input and weight gradients)")->capture_default_str();
   c->add_option("--chunks", opt->chunks, "Model chunks per pipeline rank (--schedule interleaved: 2 or more)")->check(integer<int>(1))->capture_default_str();
   c->add_flag("--recompute", opt->recompute, "Keep each pipeline stage's input only and recompute its forward inside backward (less activation memory, one more forward)");
   c->add_option("--pp-balance", opt->pp_balance, "Blocks per pipeline stage, e.g. 3,3,2,2 (default: balanced by FLOPs, the head counted)");

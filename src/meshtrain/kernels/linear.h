@@ -10,7 +10,8 @@ namespace meshtrain::kernels {
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
                     int64_t N, int64_t C, int64_t OC, int threads);
-// dinp may be null (no input gradient needed); dbias may be null when there is no bias.
+// dinp may be null (no input gradient needed), dweight null (the weight gradient is deferred:
+// split backward), dbias null (no bias, or deferred).
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC,
                      int threads);

@@ -34,7 +34,23 @@ void Context::release(const void* m) {
 void Context::clear() {
   saved_.clear();
   ints_.clear();
+  deferred_.clear();
   bytes_ = 0;
+}
+
+void Context::defer(std::function<void(Context&)> weight_grad, int64_t bytes) {
+  deferred_.emplace_back(std::move(weight_grad), bytes);
+  bytes_ += bytes;
+  peak_bytes_ = std::max(peak_bytes_, bytes_);
+}
+
+void Context::run_deferred() {
+  auto work = std::move(deferred_);
+  deferred_.clear();
+  for (auto& [fn, bytes] : work) {
+    fn(*this);
+    bytes_ -= bytes;
+  }
 }
 
 }  // namespace meshtrain::nn

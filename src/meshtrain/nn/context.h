@@ -65,6 +65,17 @@ class Context {
   void release(const void* m);
   void clear();
 
+  // ---- split backward (zero-bubble schedules) ----
+  // While defer_weight_grads is set, layers with weights compute only their input gradient in
+  // backward and defer the weight gradient: they hand a closure holding what it needs (their
+  // input and output gradient, `bytes` of them, counted as saved) to defer(). run_deferred()
+  // later runs every closure in the order deferred (each accumulates its gradients and reports
+  // them ready) and drops what they held.
+  bool defer_weight_grads = false;
+  void defer(std::function<void(Context&)> weight_grad, int64_t bytes);
+  void run_deferred();
+  bool has_deferred() const { return !deferred_.empty(); }
+
   // Bytes of saved activations held now, and the most held at once since construction.
   int64_t saved_bytes() const { return bytes_; }
   int64_t peak_saved_bytes() const { return peak_bytes_; }
@@ -72,6 +83,7 @@ class Context {
  private:
   std::unordered_map<const void*, std::vector<Tensor>> saved_;
   std::unordered_map<const void*, std::vector<int32_t>> ints_;
+  std::vector<std::pair<std::function<void(Context&)>, int64_t>> deferred_;
   int64_t bytes_ = 0;
   int64_t peak_bytes_ = 0;
 };

@@ -35,11 +35,32 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   ctx.release(this);
   const int64_t C = in_local(), OC = out_local(), N = x.numel() / C;
   Tensor dx = Tensor::empty(x.shape());
+  if (ctx.defer_weight_grads) {  // split backward: dx now, dW (and db) at the W action
+    kernels::linear_backward(dx.data(), nullptr, nullptr, dy.data(), x.data(), weight.value.data(), N, C, OC,
+                             ctx.threads);
+    defer_weight_grad(ctx, x, dy);
+    return dx;
+  }
   kernels::linear_backward(dx.data(), weight.grad.data(), has_bias ? bias.grad.data() : nullptr,
                            dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.threads);
   ctx.grad_ready(&weight);
   if (has_bias) ctx.grad_ready(&bias);
   return dx;
+}
+
+void Linear::defer_weight_grad(Context& ctx, const Tensor& x, const Tensor& dy) {
+  // dy is copied: the caller may go on writing into its buffer (the residual stream's
+  // gradient); x is the input saved by forward, which nothing writes.
+  Tensor g = dy.clone();
+  ctx.defer(
+      [this, x, g](Context& c) {
+        const int64_t C = in_local(), OC = out_local(), N = x.numel() / C;
+        kernels::linear_backward(nullptr, weight.grad.data(), has_bias ? bias.grad.data() : nullptr, g.data(),
+                                 x.data(), weight.value.data(), N, C, OC, c.threads);
+        c.grad_ready(&weight);
+        if (has_bias) c.grad_ready(&bias);
+      },
+      x.bytes() + g.bytes());
 }
 
 void Linear::collect_params(std::vector<Param*>& out) {

@@ -34,6 +34,11 @@ class Linear : public Layer {
   // A row-parallel rank adds the bias once after the all-reduce, not per rank: the parallel
   // layer sets this to false and adds the bias itself.
   bool add_bias_in_forward = true;
+
+ protected:
+  // Split backward (ctx.defer_weight_grads): hands ctx the weight and bias gradient of input x
+  // and output gradient dy, to run at the W action.
+  void defer_weight_grad(Context& ctx, const Tensor& x, const Tensor& dy);
 };
 
 }  // namespace meshtrain::nn

@@ -103,6 +103,11 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
   Tensor dx_out = dx;
   comm::Work reduce = sp_ ? GatherFromSP::backward_start(*tp_, dx, dx_out)
                           : CopyToTP::backward_start(*tp_, dx_out);
+  if (ctx.defer_weight_grads) {  // split backward: the weight gradient at the W action
+    defer_weight_grad(ctx, x, dy);  // x is the gathered input under SP
+    reduce.wait();
+    return dx_out;
+  }
   kernels::linear_backward(nullptr, weight.grad.data(), has_bias ? bias.grad.data() : nullptr,
                            dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.threads);
   reduce.wait();

@@ -40,11 +40,6 @@ Executor::Executor(Schedule schedule, int rank, comm::Communicator* pp,
     throw bad("a schedule over " + std::to_string(s.pp) + " pipeline ranks needs a pipeline group of that size");
   if (!schedule_.has_comm) schedule_ = add_send_recv(schedule_);
   if (auto f = validate(schedule_)) throw bad("invalid schedule: " + f->problem);
-  for (const Action& a : schedule_.ranks[rank_])
-    if (a.kind == Kind::I || a.kind == Kind::W)
-      throw bad("schedule " + schedule_.name +
-                " splits backward into I and W, which the executor does not run yet; use gpipe, 1f1b, "
-                "interleaved or naive");
   const int64_t tags = int64_t{2} * s.stages() * s.microbatches;
   if (tags > comm::kMaxUserTag - kPipelineTagBase)
     throw bad(std::to_string(s.stages()) + " stages x " + std::to_string(s.microbatches) +
@@ -79,10 +74,12 @@ StepStats Executor::run_step() {
       grad_in[k] = buf;
     }
   }
-  // The last backward of each chunk in this step (data parallelism syncs then).
-  std::map<int, size_t> last_backward;
+  // The last backward (B, or I and W) of each chunk in this step (data parallelism syncs then).
+  std::map<std::pair<int, Kind>, size_t> last_of;
   for (size_t i = 0; i < list.size(); ++i)
-    if (list[i].kind == Kind::B) last_backward[list[i].chunk] = i;
+    if (list[i].kind == Kind::B || list[i].kind == Kind::I || list[i].kind == Kind::W)
+      last_of[{list[i].chunk, list[i].kind}] = i;
+  auto is_last = [&](size_t i) { return last_of[{list[i].chunk, list[i].kind}] == i; };
 
   std::map<Key, std::unique_ptr<nn::Context>> live;
   std::map<Key, Tensor> act_out, grad_out;  // outputs waiting for SEND or for the next stage here
@@ -119,16 +116,33 @@ StepStats Executor::run_step() {
         st.max_in_flight = std::max(st.max_in_flight, static_cast<int>(live.size()));
         break;
       }
-      case Kind::B: {
+      case Kind::B:
+      case Kind::I: {
         Tensor dy;  // received, or the next stage's input gradient on this rank
         if (a.stage < last_stage) dy = grad_in.count(k) ? take(grad_in, k, a) : take(grad_out, {a.stage + 1, a.microbatch}, a);
-        auto node = live.extract(k);
-        Tensor dx = chunks_[a.chunk]->backward(*node.mapped(), a.microbatch, dy, i == last_backward[a.chunk]);
+        auto it = live.find(k);
+        if (it == live.end()) throw std::logic_error("pipeline executor: " + to_string(a) + " before its forward");
+        Tensor dx;
+        if (a.kind == Kind::B) {
+          dx = chunks_[a.chunk]->backward(*it->second, a.microbatch, dy, is_last(i));
+          live.erase(it);
+        } else {  // the context waits for its W
+          dx = chunks_[a.chunk]->backward_input(*it->second, a.microbatch, dy, is_last(i));
+        }
         if (a.stage > 0) grad_out[k] = std::move(dx);
         break;
       }
-      case Kind::I:
-      case Kind::W: throw bad("split backward is not run yet");  // refused in the constructor
+      case Kind::W: {
+        auto node = live.extract(k);
+        if (node.empty()) throw std::logic_error("pipeline executor: " + to_string(a) + " without its I");
+        chunks_[a.chunk]->backward_weights(*node.mapped(), a.microbatch, is_last(i));
+        break;
+      }
+    }
+    if (a.kind == Kind::I) {  // deferred weight-gradient inputs count as held
+      int64_t saved = 0;
+      for (auto& [key, c] : live) saved += c->saved_bytes();
+      st.peak_saved_bytes = std::max(st.peak_saved_bytes, saved);
     }
     const auto t1 = Clock::now();
     if (is_compute(a.kind)) st.compute_us += std::chrono::duration<double, std::micro>(t1 - t0).count();
@@ -141,6 +155,13 @@ StepStats Executor::run_step() {
   st.step_us = us(Clock::now());
   st.bubble = st.step_us > 0 ? (st.step_us - st.compute_us) / st.step_us : 0.0;
   return st;
+}
+
+Tensor StageRunner::backward_input(nn::Context&, int, const Tensor&, bool) {
+  throw std::invalid_argument("this pipeline stage cannot split its backward into I and W");
+}
+void StageRunner::backward_weights(nn::Context&, int, bool) {
+  throw std::invalid_argument("this pipeline stage cannot split its backward into I and W");
 }
 
 // ---- forward only ----

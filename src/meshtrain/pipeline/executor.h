@@ -15,8 +15,9 @@
 // (kPipelineTagBase + ...), keyed by (sending stage, micro-batch, direction), so no other user
 // of the group (or of a world communicator) can take them.
 //
-// Not yet: split backward (I / W actions of zero-bubble schedules) — such a schedule is refused
-// with a sentence.
+//   I       backward_input: the input gradient (sent or handed over like B's), the weight
+//           gradients deferred in the micro-batch's context, which stays alive;
+//   W       backward_weights: the deferred weight gradients; the context is released.
 // Concurrency: an Executor belongs to one rank's thread.
 #pragma once
 
@@ -43,6 +44,11 @@ class StageRunner {
   // true for the stage's final backward of the step (data parallelism syncs its gradients
   // then). Returns the gradient of the input (empty on the first stage).
   virtual Tensor backward(nn::Context& ctx, int mb, const Tensor& dy, bool last) = 0;
+  // Split backward (I then W, zero-bubble schedules): the input gradient only, the weight
+  // gradients deferred in ctx; then, later, the weight gradients. `last` as for backward. The
+  // defaults refuse: a stage that cannot split says so.
+  virtual Tensor backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last);
+  virtual void backward_weights(nn::Context& ctx, int mb, bool last);
   // Shape of what crosses a stage boundary (an activation forward, its gradient backward);
   // the same at every boundary of the model.
   virtual Shape boundary_shape() const = 0;

@@ -44,6 +44,20 @@ Tensor GPTStageRunner::backward(nn::Context& ctx, int mb, const Tensor& dy, bool
   return stage_.backward(ctx, dy, grad_scale_);
 }
 
+// I: the input gradient now; the linears' weight gradients wait in ctx for W (layer norms,
+// embeddings and the head compute theirs now: small, or needed on the way).
+Tensor GPTStageRunner::backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last) {
+  ctx.defer_weight_grads = true;
+  Tensor dx = backward(ctx, mb, dy, last);
+  ctx.defer_weight_grads = false;
+  return dx;
+}
+
+void GPTStageRunner::backward_weights(nn::Context& ctx, int mb, bool last) {
+  if (set_sync_) set_sync_(last);
+  ctx.run_deferred();
+}
+
 Shape GPTStageRunner::boundary_shape() const {
   return {rows_, T_ / seq_shards_, stage_.config().n_embd};
 }

@@ -36,6 +36,8 @@ class GPTStageRunner : public pipeline::StageRunner {
 
   Tensor forward(nn::Context& ctx, int mb, const Tensor& input) override;
   Tensor backward(nn::Context& ctx, int mb, const Tensor& dy, bool last) override;
+  Tensor backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last) override;
+  void backward_weights(nn::Context& ctx, int mb, bool last) override;
   Shape boundary_shape() const override;
 
  private:

@@ -12,18 +12,19 @@ namespace meshtrain::train {
 
 namespace {
 
-// "forward 3 (stage 1)" -> "3"; names without a number give "".
+// "forward 3 (stage 1)" or "input gradient 3" -> "3": the first number; none gives "".
 std::string microbatch_label(const std::string& name) {
-  const size_t sp = name.find(' ');
-  if (sp == std::string::npos) return "";
-  size_t end = sp + 1;
-  while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
-  return name.substr(sp + 1, end - sp - 1);
+  const size_t start = name.find_first_of("0123456789");
+  if (start == std::string::npos) return "";
+  const size_t end = name.find_first_not_of("0123456789", start);
+  return name.substr(start, end == std::string::npos ? std::string::npos : end - start);
 }
 
 std::string kind_of(const trace::Event& e) {
   if (e.category == "forward") return "F";
   if (e.category == "backward") return "B";
+  if (e.category == "input-grad") return "I";
+  if (e.category == "weight-grad") return "W";
   if (e.track == trace::Track::comm) return "comm";
   return e.category;  // optimizer, wait, ...
 }
@@ -55,7 +56,7 @@ pipeline::Swimlane measured_swimlane(const std::vector<trace::Event>& events, co
     b.start = (std::max(e.t0_us, t0) - t0) / 1e3;
     b.end = (e.t1_us - t0) / 1e3;
     b.kind = kind_of(e);
-    b.label = (b.kind == "F" || b.kind == "B") ? microbatch_label(e.name) : "";
+    b.label = (b.kind == "F" || b.kind == "B" || b.kind == "I" || b.kind == "W") ? microbatch_label(e.name) : "";
     b.tooltip = e.name;
     lane.blocks.push_back(b);
   }

@@ -353,6 +353,8 @@ void RankTrainer::record(const pipeline::StepStats& st) {
     switch (a.kind) {
       case pipeline::Kind::F: name = "forward ", category = "forward"; break;
       case pipeline::Kind::B: name = "backward ", category = "backward"; break;
+      case pipeline::Kind::I: name = "input gradient ", category = "input-grad"; break;
+      case pipeline::Kind::W: name = "weight gradient ", category = "weight-grad"; break;
       case pipeline::Kind::RECV_F: name = "recv activation ", category = "pp-comm"; break;
       case pipeline::Kind::RECV_B: name = "recv gradient ", category = "pp-comm"; break;
       default: continue;  // sends are posted, not waited for, here

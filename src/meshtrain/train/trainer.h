@@ -36,7 +36,7 @@ struct TrainOptions {
   // layout (DESIGN "Interfaces")
   int dp = 1, tp = 1, pp = 1;
   int microbatches = 1;
-  std::string schedule = "1f1b";  // with --pp > 1: naive, gpipe, 1f1b, interleaved (zb: not run yet)
+  std::string schedule = "1f1b";  // with --pp > 1: naive, gpipe, 1f1b, interleaved, zb (zb-h1)
   int chunks = 1;                  // model chunks per pp rank (interleaved: 2 or more)
   std::string pp_balance;          // blocks per stage by hand, "3,3,2,2" (empty: balanced)
   bool recompute = false;          // keep each stage's input only; recompute its forward in backward

@@ -140,9 +140,6 @@ void check_layout(const TrainOptions& o) {
   if (o.sequence_parallel && o.tp == 1) bad("--sequence-parallel needs --tp 2 or more");
   if (o.pp > 1 && o.zero > 0)
     bad("ZeRO (--zero > 0) together with pipeline parallelism is not supported yet; use --zero 0 with --pp, or --pp 1");
-  if (o.pp > 1 && (o.schedule == "zb" || o.schedule == "zb-h1"))
-    bad("--schedule zb splits backward into input and weight gradients, which the pipeline executor does not run "
-        "yet; use gpipe, 1f1b or interleaved (`meshtrain schedule --schedule zb-h1` draws it)");
   if (o.pp > 1 && o.schedule == "interleaved" && o.chunks < 2)
     bad("--schedule interleaved runs several model chunks per pipeline rank; add --chunks 2 (or more)");
   if (o.chunks > 1 && (o.pp == 1 || o.schedule != "interleaved"))
