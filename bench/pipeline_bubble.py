@@ -29,6 +29,7 @@ ap.add_argument("--steps", type=int, default=6)
 ap.add_argument("--pp", type=int, default=2)
 ap.add_argument("--schedules", default="gpipe,1f1b")
 ap.add_argument("--m", default="1,2,4,8,16")
+ap.add_argument("--chunks", type=int, default=3, help="model chunks per rank for interleaved (gpt-small: 6 blocks = 2 x 3)")
 args = ap.parse_args()
 if args.steps < 2:
     sys.exit("--steps must be at least 2 (the first step is left out)")
@@ -71,22 +72,26 @@ for sched in args.schedules.split(","):
         p = args.pp
         metrics, trace = f"{tmp}/{sched}{m}.jsonl", f"{tmp}/{sched}{m}.json"
         batch = max(8, m)
+        v = args.chunks if sched == "interleaved" else 1
         run([args.bin, "train", "--model", args.model, "--data", args.data, "--pp", str(p),
              "--schedule", sched, "--microbatches", str(m), "--batch", str(batch), "--steps", str(args.steps),
-             "--eval-every", "0", "--eval-batches", "1", "--quiet", "--metrics", metrics, "--trace", trace])
+             "--eval-every", "0", "--eval-batches", "1", "--quiet", "--metrics", metrics, "--trace", trace]
+            + (["--chunks", str(v)] if v > 1 else []))
         lines = [json.loads(l) for l in open(metrics)][1:]
         measured = statistics.mean(statistics.mean(l["bubble"]) for l in lines)
         t = action_times(trace, first_step_end(trace))
-        costs = ",".join(f"{k}={t[k]:.4f}" for k in ("F", "B", "I", "W") if k in t)
+        # The simulator's costs are a rank's whole share: v chunks' actions of 1/v each.
+        costs = ",".join(f"{k}={v * t[k]:.4f}" for k in ("F", "B", "I", "W") if k in t)
         if "I" in t and "B" not in t:
-            costs += ",B=" + f"{t['I'] + t['W']:.4f}"
+            costs += ",B=" + f"{v * (t['I'] + t['W']):.4f}"
         out = run([args.bin, "schedule", "--pp", str(p), "--microbatches", str(m),
-                   "--schedule", "zb-h1" if sched == "zb" else sched, "--costs", costs])
+                   "--schedule", "zb-h1" if sched == "zb" else sched, "--costs", costs]
+                  + (["--chunks", str(v)] if v > 1 else []))
         predicted = float(re.search(r"bubble fraction ([0-9.]+)", out).group(1))
-        theory = (p - 1) / (m + p - 1)
-        if sched not in ("gpipe", "1f1b"):
+        theory = (p - 1) / (v * m + p - 1)  # GPipe, 1F1B; interleaved with v chunks
+        if sched in ("zb", "zb-h1"):  # the paper's unit costs F = I = W = 1
             unit = run([args.bin, "schedule", "--pp", str(p), "--microbatches", str(m),
-                        "--schedule", "zb-h1" if sched == "zb" else sched])
+                        "--schedule", "zb-h1", "--costs", "F=1,B=2,I=1,W=1"])
             theory = float(re.search(r"bubble fraction ([0-9.]+)", unit).group(1))
         print(f"{sched:10} {m:>3} {theory:8.3f} {predicted:10.3f} {measured:9.3f} "
               f"{100 * (measured - predicted):+9.1f}p {t.get('F', 0):7.2f} {t.get('B', t.get('I', 0)):7.2f}")

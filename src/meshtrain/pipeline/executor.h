@@ -66,7 +66,7 @@ struct StepStats {
   std::chrono::steady_clock::time_point start;  // when the step began (timeline times count from it)
   double step_us = 0;
   double compute_us = 0;               // F, B (, I, W) time on this rank
-  double bubble = 0;                   // (step - compute) / step: idle inside the step
+  double bubble = 0;                   // (step - compute) / step: idle inside this rank's step
   int64_t peak_saved_bytes = 0;        // most activation bytes the live contexts held at once
   int max_in_flight = 0;               // most (stage, micro-batch) contexts alive at once
   std::vector<ActionTiming> timeline;  // every action of the step, in the order run

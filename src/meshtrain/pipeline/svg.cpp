@@ -152,7 +152,7 @@ std::string to_svg(const Swimlane& s) {
   std::map<std::string, std::string> colour(legend.begin(), legend.end());
   double legend_end = kLeft;
   for (const auto& entry : legend)
-    legend_end += 18 + (entry.first.size() + 1 + kind_name(entry.first).size()) * 7.0 + 16;
+    legend_end += 18 + (entry.first.size() + 1 + kind_name(entry.first).size()) * 7.0 + 16;  // at most
 
   const double axis_y = kTop + lanes * kLaneHeight + 4;
   const double total_w = std::max({kLeft + width + kRight, legend_end + kRight,
@@ -171,7 +171,8 @@ std::string to_svg(const Swimlane& s) {
   out += "<g class=\"legend\">\n";
   double lx = kLeft;
   for (const auto& [kind, c] : legend) {
-    const std::string text = kind + " " + kind_name(kind);
+    const std::string name = kind_name(kind);
+    const std::string text = name == kind ? kind : kind + " " + name;  // "F forward"; "optimizer"
     out += "<g class=\"legend-entry\" data-kind=\"" + escape(kind) + "\"><rect x=\"" + num(lx) +
            "\" y=\"34\" width=\"12\" height=\"12\" fill=\"" + c + "\"/><text x=\"" + num(lx + 18) + "\" y=\"44\">" +
            escape(text) + "</text></g>\n";

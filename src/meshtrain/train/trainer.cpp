@@ -493,10 +493,18 @@ void RankTrainer::run() {
     record(pst);
     const double loss = pipeline_loss(M);
     std::vector<double> pp_bubble;
-    std::vector<int64_t> pp_peak, pp_in_flight;
+    std::vector<int64_t> pp_peak, pp_in_flight;  // per pp rank
     if (o_.pp > 1) {  // every pp rank's figures, for rank 0's metrics line
-      pp_bubble.resize(o_.pp), pp_peak.resize(o_.pp), pp_in_flight.resize(o_.pp);
-      mesh_.pp_group().all_gather(std::array<double, 1>{pst.bubble}, pp_bubble);
+      // The bubble of rank r: the idle share of the pipeline's step, (step - compute_r) / step,
+      // where the step is the longest rank's (all start together after the last step's
+      // collectives), as the simulator's makespan is.
+      std::vector<double> times(2 * o_.pp);
+      mesh_.pp_group().all_gather(std::array<double, 2>{pst.step_us, pst.compute_us}, times);
+      double step_us = 0;
+      for (int r = 0; r < o_.pp; ++r) step_us = std::max(step_us, times[2 * r]);
+      for (int r = 0; r < o_.pp; ++r)
+        pp_bubble.push_back(step_us > 0 ? (step_us - times[2 * r + 1]) / step_us : 0.0);
+      pp_peak.resize(o_.pp), pp_in_flight.resize(o_.pp);
       mesh_.pp_group().all_gather(std::array<int64_t, 1>{pst.peak_saved_bytes}, pp_peak);
       mesh_.pp_group().all_gather(std::array<int64_t, 1>{pst.max_in_flight}, pp_in_flight);
     }
