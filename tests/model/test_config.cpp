@@ -147,3 +147,26 @@ TEST(ConfigFile, ProblemsNameTheFile) {
   std::ofstream(good) << tiny_json().dump();
   EXPECT_EQ(model::gpt_config_from_file(good).n_embd, 128);
 }
+
+TEST(ConfigJson, SkipConnectionFields) {
+  json j = tiny_json();
+  j["skip_from"] = 0, j["skip_to"] = 3;
+  model::GPTConfig c = model::GPTConfig::from_json(j);
+  EXPECT_TRUE(c.has_skip());
+  EXPECT_EQ(c.skip_from, 0);
+  EXPECT_EQ(c.skip_to, 3);
+  EXPECT_EQ(model::GPTConfig::from_json(c.to_json()).to_json(), c.to_json());
+  EXPECT_FALSE(model::GPTConfig::from_json(tiny_json()).to_json().contains("skip_from")) << "absent: no skip";
+  json one = tiny_json();
+  one["skip_from"] = 0;
+  EXPECT_TRUE(contains(refusal(one), "both skip_from and skip_to"));
+  json adjacent = tiny_json();
+  adjacent["skip_from"] = 1, adjacent["skip_to"] = 2;  // jumps over nothing
+  EXPECT_TRUE(contains(refusal(adjacent), "skip_from + 1 < skip_to < n_layer"));
+  json outside = tiny_json();
+  outside["skip_from"] = 0, outside["skip_to"] = 4;
+  EXPECT_TRUE(contains(refusal(outside), "skip_from + 1 < skip_to < n_layer"));
+  json negative = tiny_json();
+  negative["skip_from"] = -1, negative["skip_to"] = 2;
+  EXPECT_TRUE(contains(refusal(negative), "\"skip_from\""));
+}

@@ -27,7 +27,7 @@ constexpr int64_t kN = 256;  // floats per activation
 class ToyStage : public mp::StageRunner {
  public:
   ToyStage(int stage, int stages) : stage_(stage), stages_(stages) {}
-  Tensor forward(nn::Context& ctx, int mb, const Tensor& input) override {
+  Tensor forward(nn::Context& ctx, int mb, const Tensor& input, nn::Portal&) override {
     Tensor x = Tensor::empty({kN});
     for (int64_t i = 0; i < kN; ++i) x.data()[i] = stage_ == 0 ? static_cast<float>(mb) : input.data()[i];
     ctx.save(this, {x});
@@ -41,7 +41,7 @@ class ToyStage : public mp::StageRunner {
     }
     return y;
   }
-  Tensor backward(nn::Context& ctx, int mb, const Tensor& dy, bool last) override {
+  Tensor backward(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal&) override {
     ctx.saved(this);  // throws if forward saved nothing
     ctx.release(this);
     order.push_back("B" + std::to_string(mb));
@@ -57,9 +57,9 @@ class ToyStage : public mp::StageRunner {
   }
   // Split: I gives dx now (the same as backward's) and leaves a deferred weight gradient in the
   // context, holding kN floats; W runs it.
-  Tensor backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last) override {
+  Tensor backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal) override {
     ctx.defer([this, mb](nn::Context&) { order.push_back("W" + std::to_string(mb)); }, kN * 4);
-    Tensor dx = backward(ctx, mb, dy, false);
+    Tensor dx = backward(ctx, mb, dy, false, portal);
     order.back()[0] = 'I';
     if (last) ++last_calls;
     return dx;
@@ -193,8 +193,8 @@ TEST(Executor, RefusesWhatItCannotRun) {
   std::vector<mp::StageRunner*> one{&a};
   // A stage that cannot split its backward refuses I with a sentence instead of running wrongly.
   struct Unsplit : mp::StageRunner {
-    Tensor forward(nn::Context&, int, const Tensor&) override { return Tensor(); }
-    Tensor backward(nn::Context&, int, const Tensor&, bool) override { return Tensor(); }
+    Tensor forward(nn::Context&, int, const Tensor&, nn::Portal&) override { return Tensor(); }
+    Tensor backward(nn::Context&, int, const Tensor&, bool, nn::Portal&) override { return Tensor(); }
     Shape boundary_shape() const override { return {1}; }
   } unsplit;
   mp::Executor zb(mp::make_schedule("zb-h1", {1, 2, 1}), 0, nullptr, {&unsplit}, 1);
@@ -235,3 +235,104 @@ TEST(Executor, ZeroBubbleRunsWeightGradientsLate) {
     EXPECT_EQ(got, want) << "rank " << r;
   }
 }
+
+// ---- skip connections across stages (portals) ----
+
+namespace {
+
+// Stage `from` hands its input x to stage `to`, which adds it to its own input: y_to =
+// 2 (x + p) + to. Backward: the consumer returns dp = 2 dy for the portal, the producer adds it
+// to its input gradient.
+class PortalStage : public ToyStage {
+ public:
+  PortalStage(int stage, int stages, int from, int to) : ToyStage(stage, stages), from_(from), to_(to) {}
+  int portal_to() const override { return stage_ == from_ ? to_ : -1; }
+  int portal_from() const override { return stage_ == to_ ? from_ : -1; }
+  Tensor forward(nn::Context& ctx, int mb, const Tensor& input, nn::Portal& portal) override {
+    Tensor x = input;
+    if (stage_ == 0) {
+      x = Tensor::empty({kN});
+      for (int64_t i = 0; i < kN; ++i) x.data()[i] = static_cast<float>(mb);
+    }
+    if (stage_ == from_) portal.out = x.clone();
+    if (stage_ == to_) {
+      Tensor sum = Tensor::empty({kN});
+      for (int64_t i = 0; i < kN; ++i) sum.data()[i] = x.data()[i] + portal.in.data()[i];
+      x = sum;
+    }
+    return ToyStage::forward(ctx, mb, x, portal);
+  }
+  Tensor backward(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal) override {
+    Tensor dx = ToyStage::backward(ctx, mb, dy, last, portal);
+    const float d = stage_ == 0 ? grads[mb] : dx.data()[0];  // 2 dy, the same in every element
+    if (stage_ == to_) {
+      portal.out = Tensor::empty({kN});
+      portal.out.fill(d);
+    }
+    if (stage_ == from_) {
+      if (stage_ == 0) grads[mb] += portal.in.data()[0];
+      else
+        for (int64_t i = 0; i < kN; ++i) dx.data()[i] += portal.in.data()[i];
+    }
+    return dx;
+  }
+  int from_, to_;
+};
+
+}  // namespace
+
+class ExecutorPortals : public ::testing::TestWithParam<std::tuple<std::string, int, int>> {};
+
+TEST_P(ExecutorPortals, SkipTensorGoesStraightToItsStageAndItsGradientBack) {
+  auto [name, pp, v] = GetParam();
+  const int m = 4;
+  const mp::ScheduleShape shape{pp, m, v};
+  const int S = shape.stages(), from = 0, to = S - 1;
+  const mp::Schedule schedule = mp::add_send_recv(mp::make_schedule(name, shape));
+  std::vector<std::vector<mp::StepStats>> stats(pp);
+  std::vector<float> outputs, grads;
+  meshtrain::comm::run_world(meshtrain::comm::Backend::threads, pp, [&](meshtrain::comm::Communicator& world) {
+    const int r = world.rank();
+    std::vector<std::unique_ptr<PortalStage>> stages;
+    std::vector<mp::StageRunner*> runners;
+    for (int c = 0; c < v; ++c) {
+      stages.push_back(std::make_unique<PortalStage>(shape.stage_of(r, c), S, from, to));
+      runners.push_back(stages.back().get());
+    }
+    mp::Executor exec(schedule, r, &world, runners, 1);
+    stats[r].push_back(exec.run_step());
+    exec.forward_only(m);  // evaluation carries the skip tensor too
+    for (auto& st : stages) {
+      if (st->stage_ == to) outputs = st->outputs;
+      if (st->stage_ == 0) grads = st->grads;
+    }
+  });
+  // Forward: x_{s+1} = 2 x_s + s, and the last stage adds the first stage's input first.
+  for (int mb = 0; mb < m; ++mb) {
+    double x = mb;
+    for (int st = 0; st < S; ++st) x = 2 * (x + (st == to ? mb : 0)) + st;
+    EXPECT_EQ(outputs[mb], static_cast<float>(x)) << "micro-batch " << mb;
+    // Backward: 2^S through the chain plus 2 through the skip.
+    EXPECT_EQ(grads[mb], std::ldexp(1.f, S) + 2.f) << "micro-batch " << mb;
+  }
+  // Only the two end ranks move the skip tensor: m tensors forward, m gradients back.
+  const int64_t bytes = m * kN * 4;
+  for (int r = 0; r < pp; ++r) {
+    const auto& st = stats[r][0];
+    const bool end = r == shape.rank_of(from) || r == shape.rank_of(to);
+    const bool local = shape.rank_of(from) == shape.rank_of(to);
+    EXPECT_EQ(st.portal_bytes_sent, end && !local ? bytes : 0) << "rank " << r;
+    EXPECT_EQ(st.portal_bytes_received, end && !local ? bytes : 0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, ExecutorPortals,
+                         ::testing::Values(std::tuple{"gpipe", 4, 1}, std::tuple{"1f1b", 4, 1},
+                                           std::tuple{"zb-h1", 4, 1}, std::tuple{"1f1b", 2, 1},
+                                           std::tuple{"interleaved", 2, 2}),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param);
+                           n = n == "1f1b" ? "onef1b" : n == "zb-h1" ? "zbh1" : n;
+                           return n + "_p" + std::to_string(std::get<1>(info.param)) + "_v" +
+                                  std::to_string(std::get<2>(info.param));
+                         });

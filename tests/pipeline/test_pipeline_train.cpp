@@ -103,11 +103,21 @@ TEST(PipelineLayouts, WithDataAndTensorParallelism) {
   expect_same_curve(o);
 }
 
-// Stage boundaries off the middle: --pp-balance.
-TEST(PipelineLayouts, HandGivenBalance) {
+// Stage boundaries off the middle (--pp-balance by hand), and balanced by measured time.
+TEST(PipelineLayouts, HandGivenAndProfiledBalance) {
   auto o = pp_options(2, "1f1b", 4);
   o.pp_balance = "3,1";
   expect_same_curve(o);
+  o.pp_balance = "profile";
+  expect_same_curve(o);
+  // The measured costs: every part took time (which split they give depends on the machine's
+  // noise; the curve above does not).
+  const auto cfg = meshtrain::model::gpt_config("gpt-tiny");
+  const train::StageCosts c = train::profile_costs(cfg, 2, 32, 1, 1337);
+  ASSERT_EQ(c.blocks.size(), 4u);
+  for (double b : c.blocks) EXPECT_GT(b, 0.0);
+  EXPECT_GT(c.head, 0.0);
+  EXPECT_GT(c.embedding, 0.0);
 }
 
 // Checkpoints hold full logical tensors: saved at pp 2 they resume at pp 1 and the reverse
@@ -215,4 +225,38 @@ TEST(PipelineLayouts, GptSmallAtPp2AndPp3) {
   three.pp = 3;
   EXPECT_EQ(train::stage_layers(three, meshtrain::model::gpt_config("gpt-small")),
             (std::vector<meshtrain::pipeline::LayerSpan>{{0, 2}, {2, 4}, {4, 6}}));
+}
+
+// A long skip connection (block 0's output added to block 3's input, gpt-tiny's shapes): across
+// stages it travels straight from the first stage to the last (a portal), and every layout
+// reproduces the single-rank curve of the same model, which differs from the model without it.
+TEST(PipelineLayouts, SkipConnectionAcrossStages) {
+  meshtrain::testing::TempDir tmp("pp_skip");
+  const std::string config = tmp.file("skip.json");
+  std::ofstream(config) << R"({"name": "gpt-tiny-skip", "n_layer": 4, "n_embd": 128, "n_head": 4,
+                              "vocab_size": 256, "block_size": 64, "skip_from": 0, "skip_to": 3})";
+  auto base = layout_options(1);
+  base.config_file = config;
+  auto ref = train::train(base);
+  const auto& plain = reference_curve();
+  ASSERT_EQ(ref.steps.size(), plain.size());
+  EXPECT_NE(ref.steps[0].loss, plain[0]) << "the skip connection changes the model";
+  EXPECT_LT(ref.steps.back().loss, ref.steps.front().loss - 0.5f);
+  struct Layout {
+    int pp, tp;
+    const char* schedule;
+    int m;
+    bool recompute;
+  };
+  for (const Layout& l : {Layout{2, 1, "1f1b", 4, false}, Layout{4, 1, "1f1b", 4, false}, Layout{4, 1, "gpipe", 4, true},
+                          Layout{4, 1, "zb", 4, false}, Layout{2, 2, "1f1b", 2, false}}) {
+    auto o = base;
+    o.pp = l.pp, o.tp = l.tp, o.schedule = l.schedule, o.microbatches = l.m, o.recompute = l.recompute;
+    auto r = train::train(o);
+    ASSERT_EQ(r.steps.size(), ref.steps.size());
+    for (size_t i = 0; i < r.steps.size(); ++i)
+      EXPECT_LT(std::fabs(r.steps[i].loss - ref.steps[i].loss) / ref.steps[i].loss, 1e-5)
+          << "skip model, pp " << l.pp << " tp " << l.tp << " " << l.schedule << (l.recompute ? " recompute" : "")
+          << " step " << i;
+  }
 }

@@ -48,12 +48,20 @@ void GPTConfig::validate() const {
   if (n_embd % n_head != 0)
     bad("n_embd " + std::to_string(n_embd) + " is not divisible by n_head " +
         std::to_string(n_head) + "; pick n_head dividing it");
+  if ((skip_from >= 0) != (skip_to >= 0) || skip_from < -1 || skip_to < -1)
+    bad("skip_from and skip_to come together (both -1: no skip connection)");
+  if (skip_from >= 0 && !(skip_from + 1 < skip_to && skip_to < n_layer))
+    bad("the skip connection from block " + std::to_string(skip_from) + " to block " + std::to_string(skip_to) +
+        " must jump over at least one block and end inside the model's " + std::to_string(n_layer) +
+        " blocks (skip_from + 1 < skip_to < n_layer)");
 }
 
 nlohmann::json GPTConfig::to_json() const {
-  return {{"name", name},           {"n_layer", n_layer},       {"n_embd", n_embd},
-          {"n_head", n_head},       {"vocab_size", vocab_size}, {"block_size", block_size},
-          {"batch", batch},         {"seq", seq}};
+  nlohmann::json j = {{"name", name},           {"n_layer", n_layer},       {"n_embd", n_embd},
+                      {"n_head", n_head},       {"vocab_size", vocab_size}, {"block_size", block_size},
+                      {"batch", batch},         {"seq", seq}};
+  if (has_skip()) j["skip_from"] = skip_from, j["skip_to"] = skip_to;  // absent: no skip
+  return j;
 }
 
 namespace {
@@ -90,8 +98,9 @@ int64_t int_field(const nlohmann::json& j, const char* field, int64_t lo, const 
 
 GPTConfig GPTConfig::from_json(const nlohmann::json& j, const std::string& source) {
   static const char* required[] = {"n_layer", "n_embd", "n_head", "vocab_size", "block_size"};
-  static const char* optional[] = {"name", "batch", "seq"};
-  const std::string fields = "n_layer, n_embd, n_head, vocab_size, block_size (required) and name, batch, seq";
+  static const char* optional[] = {"name", "batch", "seq", "skip_from", "skip_to"};
+  const std::string fields =
+      "n_layer, n_embd, n_head, vocab_size, block_size (required) and name, batch, seq, skip_from, skip_to";
   if (!j.is_object())
     throw std::invalid_argument(source + " must be a JSON object with the fields " + fields + ", not " +
                                 (j.is_array() ? "an array" : "a " + std::string(j.type_name())));
@@ -118,6 +127,16 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j, const std::string& sourc
   c.block_size = int_field(j, "block_size", 1, source);
   c.batch = j.contains("batch") ? int_field(j, "batch", 1, source) : c.batch;
   c.seq = j.contains("seq") ? int_field(j, "seq", 1, source) : std::min(c.block_size, c.seq);
+  if (j.contains("skip_from") != j.contains("skip_to"))
+    throw std::invalid_argument(source + ": give both skip_from and skip_to (a skip connection's two blocks), or neither");
+  if (j.contains("skip_from")) {
+    c.skip_from = int_field(j, "skip_from", 0, source);
+    c.skip_to = int_field(j, "skip_to", 0, source);
+    if (!(c.skip_from + 1 < c.skip_to && c.skip_to < c.n_layer))
+      throw std::invalid_argument(source + ": the skip connection from block " + std::to_string(c.skip_from) +
+                                  " to block " + std::to_string(c.skip_to) + " must jump over at least one block and end "
+                                  "inside the " + std::to_string(c.n_layer) + " blocks (skip_from + 1 < skip_to < n_layer)");
+  }
   if (c.n_embd % c.n_head != 0)
     throw std::invalid_argument(source + ": n_embd " + std::to_string(c.n_embd) + " is not divisible by n_head " +
                                 std::to_string(c.n_head) + "; pick an n_head that divides it");

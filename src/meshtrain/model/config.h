@@ -19,6 +19,11 @@ struct GPTConfig {
   int64_t n_head = 4;
   int64_t vocab_size = 256;
   int64_t block_size = 64;  // longest sequence (rows of wpe)
+  // A long skip connection (-1: none): block skip_from's output is added to block skip_to's
+  // input (skip_from < skip_to - 1), a residual that bypasses the blocks between. Across
+  // pipeline stages it travels straight from the one stage to the other (a portal).
+  int64_t skip_from = -1, skip_to = -1;
+  bool has_skip() const { return skip_from >= 0; }
   // Recommended training shape for this model (the CLI's defaults).
   int64_t batch = 12;
   int64_t seq = 64;
@@ -40,7 +45,8 @@ struct GPTConfig {
 
   nlohmann::json to_json() const;
   // Strict: an object with the required fields n_layer, n_embd, n_head, vocab_size, block_size
-  // and the optional name, batch (default 12) and seq (default min(64, block_size)); unknown
+  // and the optional name, batch (default 12), seq (default min(64, block_size)) and skip_from,
+  // skip_to (both or neither, 0-based blocks, skip_from < skip_to - 1); unknown
   // keys, non-integers (2.7, "four") and values outside 1..kMaxField are refused with a
   // std::invalid_argument that starts with `source` and names the field as the JSON spells it.
   static GPTConfig from_json(const nlohmann::json& j, const std::string& source = "model config");

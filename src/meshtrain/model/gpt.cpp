@@ -127,10 +127,17 @@ Tensor GPT::trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_
   kernels::embedding_forward(x.data(), tokens, wte.value.data(), wpe.value.data(), B, T, C, 0, V,
                              ctx.threads);
   if (ctx.training) ctx.ints(this).assign(tokens, tokens + B * T);
-  for (auto& block : h) {
-    ctx.pre_forward(block.get());
-    x = block->forward(ctx, x);
-    ctx.post_forward(block.get());
+  Tensor skip;  // the long skip connection (config skip_from -> skip_to), if any
+  for (size_t i = 0; i < h.size(); ++i) {
+    if (static_cast<int64_t>(i) == cfg_.skip_to) {
+      Tensor sum = Tensor::empty(x.shape());
+      kernels::add(sum.data(), x.data(), skip.data(), x.numel(), ctx.threads);
+      x = sum;
+    }
+    ctx.pre_forward(h[i].get());
+    x = h[i]->forward(ctx, x);
+    ctx.post_forward(h[i].get());
+    if (static_cast<int64_t>(i) == cfg_.skip_from) skip = x;
   }
   return ln_f.forward(ctx, x);
 }
@@ -186,10 +193,17 @@ void GPT::backward(Context& ctx, float grad_scale) {
   logits = Tensor();  // free (N, V) before the trunk's backward
 
   Tensor dx = ln_f.backward(ctx, dh);
-  for (auto it = h.rbegin(); it != h.rend(); ++it) {
-    ctx.pre_backward(it->get());
-    dx = (*it)->backward(ctx, dx);
-    ctx.post_backward(it->get());
+  Tensor dskip;
+  for (size_t i = h.size(); i-- > 0;) {
+    if (static_cast<int64_t>(i) == cfg_.skip_from) {
+      Tensor sum = Tensor::empty(dx.shape());
+      kernels::add(sum.data(), dx.data(), dskip.data(), dx.numel(), ctx.threads);
+      dx = sum;
+    }
+    ctx.pre_backward(h[i].get());
+    dx = h[i]->backward(ctx, dx);
+    ctx.post_backward(h[i].get());
+    if (static_cast<int64_t>(i) == cfg_.skip_to) dskip = dx.clone();
   }
   std::vector<int32_t> tokens = std::move(ctx.ints(this));
   ctx.release(this);

@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "meshtrain/kernels/crossentropy.h"
+#include "meshtrain/kernels/elementwise.h"
 #include "meshtrain/kernels/embedding.h"
 #include "meshtrain/kernels/gemm.h"
 
@@ -88,6 +89,15 @@ std::shared_ptr<const GPTLayout> plain_layout() {
 
 // ---- GPTStage ----
 
+namespace {
+Portal* portal_or_throw(Portal* p, const char* pass) {
+  if (!p)
+    throw std::logic_error(std::string("GPTStage: the skip connection crosses stages, but ") + pass +
+                           " was given no portal to carry it");
+  return p;
+}
+}  // namespace
+
 GPTStage::GPTStage(const GPTConfig& cfg, uint64_t seed, StageSpec spec,
                    std::shared_ptr<const GPTLayout> layout)
     : cfg_(cfg), spec_(spec), layout_(std::move(layout)) {
@@ -111,7 +121,7 @@ GPTStage::GPTStage(const GPTConfig& cfg, uint64_t seed, StageSpec spec,
 }
 
 Tensor GPTStage::forward(nn::Context& ctx, const Tensor& x_in, const int32_t* tokens,
-                         const int32_t* targets, int64_t B, int64_t T, float* loss) {
+                         const int32_t* targets, int64_t B, int64_t T, float* loss, Portal* portal) {
   const int64_t V = cfg_.vocab_size;
   ctx.pre_forward(this);
   Tensor x = x_in;
@@ -127,10 +137,20 @@ Tensor GPTStage::forward(nn::Context& ctx, const Tensor& x_in, const int32_t* to
     x = layout_->embed(ctx, wte, wpe, tokens, B, T, V);
     if (ctx.training) ctx.ints(this).assign(tokens, tokens + B * T);
   }
-  for (auto& block : h) {
-    ctx.pre_forward(block.get());
-    x = block->forward(ctx, x);
-    ctx.post_forward(block.get());
+  Tensor skip;  // the skip connection's tensor, when both its ends are here
+  for (size_t k = 0; k < h.size(); ++k) {
+    const int64_t i = spec_.first_layer + static_cast<int64_t>(k);
+    if (i == cfg_.skip_to) {  // x + the output of block skip_from
+      const Tensor& s = holds(cfg_.skip_from) ? skip : portal_or_throw(portal, "forward")->in;
+      if (s.shape() != x.shape()) throw std::logic_error("GPTStage: the skip tensor's shape differs from block " + std::to_string(i) + "'s input");
+      Tensor sum = Tensor::empty(x.shape());
+      kernels::add(sum.data(), x.data(), s.data(), x.numel(), ctx.threads);
+      x = sum;
+    }
+    ctx.pre_forward(h[k].get());
+    x = h[k]->forward(ctx, x);
+    ctx.post_forward(h[k].get());
+    if (i == cfg_.skip_from) (holds(cfg_.skip_to) ? skip : portal_or_throw(portal, "forward")->out) = x;
   }
   if (spec_.head) {
     Tensor hN = ln_f->forward(ctx, x);
@@ -142,7 +162,7 @@ Tensor GPTStage::forward(nn::Context& ctx, const Tensor& x_in, const int32_t* to
   return x;
 }
 
-Tensor GPTStage::backward(nn::Context& ctx, const Tensor& dy, float grad_scale) {
+Tensor GPTStage::backward(nn::Context& ctx, const Tensor& dy, float grad_scale, Portal* portal) {
   const int64_t V = cfg_.vocab_size;
   ctx.pre_backward(this);
   Tensor dx = dy;
@@ -150,10 +170,19 @@ Tensor GPTStage::backward(nn::Context& ctx, const Tensor& dy, float grad_scale) 
     Tensor dhN = layout_->head_backward(ctx, &head_, wte, grad_scale, V);
     dx = layout_->final_norm_backward(ctx, *ln_f, dhN);
   }
-  for (auto it = h.rbegin(); it != h.rend(); ++it) {
-    ctx.pre_backward(it->get());
-    dx = (*it)->backward(ctx, dx);
-    ctx.post_backward(it->get());
+  Tensor dskip;  // the skip tensor's gradient, when both its ends are here
+  for (size_t k = h.size(); k-- > 0;) {
+    const int64_t i = spec_.first_layer + static_cast<int64_t>(k);
+    if (i == cfg_.skip_from) {  // block skip_from's output also fed block skip_to's input
+      const Tensor& g = holds(cfg_.skip_to) ? dskip : portal_or_throw(portal, "backward")->in;
+      Tensor sum = Tensor::empty(dx.shape());
+      kernels::add(sum.data(), dx.data(), g.data(), dx.numel(), ctx.threads);
+      dx = sum;
+    }
+    ctx.pre_backward(h[k].get());
+    dx = h[k]->backward(ctx, dx);
+    ctx.post_backward(h[k].get());
+    if (i == cfg_.skip_to) (holds(cfg_.skip_from) ? dskip : portal_or_throw(portal, "backward")->out) = dx.clone();
   }
   if (spec_.embedding) {
     std::vector<int32_t> tokens = std::move(ctx.ints(this));

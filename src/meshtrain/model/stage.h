@@ -73,6 +73,14 @@ struct StageSpec {
   static StageSpec whole() { return {}; }
 };
 
+// ---- the skip connection across stages ----
+// When cfg.skip_from and cfg.skip_to sit on different stages, the skip tensor travels straight
+// from the one to the other (a portal, as torchgpipe calls it), not through the stages between;
+// its gradient travels back the same way. The executor carries them.
+// nn::Portal: forward `in` is the skip tensor a later stage adds, `out` the one made here;
+// backward `in` is its gradient coming back, `out` the gradient of the one added here.
+using nn::Portal;
+
 // ---- the stage ----
 class GPTStage : public nn::Module {
  public:
@@ -82,12 +90,18 @@ class GPTStage : public nn::Module {
   // One micro-batch. The first stage reads `tokens` (B * T ids) and ignores x; the others take
   // x, the previous stage's output. The last stage reads `targets`, writes the mean loss over
   // the valid targets to *loss and returns an empty tensor; the others return their output.
+  // With a skip connection across stages: a stage that makes the skip tensor (sends_portal)
+  // writes it to portal->out; one that adds it (takes_portal) reads portal->in.
   Tensor forward(nn::Context& ctx, const Tensor& x, const int32_t* tokens, const int32_t* targets,
-                 int64_t B, int64_t T, float* loss);
+                 int64_t B, int64_t T, float* loss, Portal* portal = nullptr);
   // Backward of the micro-batch ctx holds. The last stage starts from grad_scale * its mean
   // loss (dy ignored); the others from dy, the gradient of their output. Returns the gradient
   // of the input x (empty for the first stage). Parameter gradients accumulate.
-  Tensor backward(nn::Context& ctx, const Tensor& dy, float grad_scale);
+  // Across stages: takes_portal writes the skip tensor's gradient to portal->out; sends_portal
+  // reads it from portal->in.
+  Tensor backward(nn::Context& ctx, const Tensor& dy, float grad_scale, Portal* portal = nullptr);
+  bool sends_portal() const { return holds(cfg_.skip_from) && !holds(cfg_.skip_to); }
+  bool takes_portal() const { return holds(cfg_.skip_to) && !holds(cfg_.skip_from); }
 
   void collect_params(std::vector<nn::Param*>& out) override;  // wte, wpe, blocks, ln_f (held ones)
 
@@ -102,6 +116,7 @@ class GPTStage : public nn::Module {
   std::unique_ptr<nn::LayerNorm> ln_f;    // last stage only
 
  private:
+  bool holds(int64_t block) const { return block >= spec_.first_layer && block < spec_.end_layer; }
   GPTConfig cfg_;
   StageSpec spec_;
   std::shared_ptr<const GPTLayout> layout_;

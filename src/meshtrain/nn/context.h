@@ -31,6 +31,14 @@ struct Hooks {
   std::function<void(const Module*)> pre_forward, post_forward, pre_backward, post_backward;
 };
 
+// Tensors a skip connection carries between model pieces run separately (pipeline stages): the
+// producer writes `out` in forward and reads its gradient from `in` in backward; the consumer
+// reads `in` in forward and writes the gradient to `out` in backward (model/stage.h).
+struct Portal {
+  Tensor in;
+  Tensor out;
+};
+
 class Context {
  public:
   explicit Context(int threads = 1, bool training = true) : threads(threads), training(training) {}

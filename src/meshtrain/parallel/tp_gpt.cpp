@@ -31,7 +31,11 @@ TensorParallelGPT::TensorParallelGPT(const model::GPTConfig& cfg, uint64_t seed,
                                              : nn::ShardSpec::split(0, tp->rank(), tp->size()),
                  tp_blocks(cfg, seed, tp, opt)),
       tp_(std::move(tp)),
-      opt_(opt) {}
+      opt_(opt) {
+  if (cfg.has_skip())
+    throw std::invalid_argument("TensorParallelGPT has no skip connection; a model with skip_from/skip_to "
+                                "trains through model::GPTStage with the tensor-parallel layout");
+}
 
 // ---- trunk: embedding, blocks, ln_f ----
 

@@ -40,14 +40,14 @@ Executor::Executor(Schedule schedule, int rank, comm::Communicator* pp,
     throw bad("a schedule over " + std::to_string(s.pp) + " pipeline ranks needs a pipeline group of that size");
   if (!schedule_.has_comm) schedule_ = add_send_recv(schedule_);
   if (auto f = validate(schedule_)) throw bad("invalid schedule: " + f->problem);
-  const int64_t tags = int64_t{2} * s.stages() * s.microbatches;
+  const int64_t tags = int64_t{4} * s.stages() * s.microbatches;
   if (tags > comm::kMaxUserTag - kPipelineTagBase)
     throw bad(std::to_string(s.stages()) + " stages x " + std::to_string(s.microbatches) +
               " micro-batches need more message tags than a communicator has; use fewer micro-batches");
 }
 
-int Executor::tag(int sender_stage, int mb, bool backward_msg) const {
-  return kPipelineTagBase + (sender_stage * schedule_.shape.microbatches + mb) * 2 + (backward_msg ? 1 : 0);
+int Executor::tag(int sender_stage, int mb, Msg kind) const {
+  return kPipelineTagBase + (sender_stage * schedule_.shape.microbatches + mb) * 4 + static_cast<int>(kind);
 }
 
 // ---- one step ----
@@ -66,14 +66,48 @@ StepStats Executor::run_step() {
     const Key k{a.stage, a.microbatch};
     if (a.kind == Kind::RECV_F) {
       Tensor buf = Tensor::empty(chunks_[a.chunk]->boundary_shape());
-      recv_f[k] = pp_->irecv(span_of(buf), s.rank_of(a.stage - 1), {.tag = tag(a.stage - 1, a.microbatch, false)});
+      recv_f[k] = pp_->irecv(span_of(buf), s.rank_of(a.stage - 1), {.tag = tag(a.stage - 1, a.microbatch, Msg::activation)});
       act_in[k] = buf;
     } else if (a.kind == Kind::RECV_B) {
       Tensor buf = Tensor::empty(chunks_[a.chunk]->boundary_shape());
-      recv_b[k] = pp_->irecv(span_of(buf), s.rank_of(a.stage + 1), {.tag = tag(a.stage + 1, a.microbatch, true)});
+      recv_b[k] = pp_->irecv(span_of(buf), s.rank_of(a.stage + 1), {.tag = tag(a.stage + 1, a.microbatch, Msg::gradient)});
       grad_in[k] = buf;
     }
   }
+  // Skip connections across stages: the skip tensor of (producing stage, mb) travels to the
+  // consuming stage's rank before its F; its gradient back before the producer's B (or I).
+  std::map<Key, Tensor> portal_in, portal_grad_in;  // keyed by (this rank's stage, mb)
+  std::map<Key, comm::Work> recv_portal, recv_portal_grad;
+  StepStats st;
+  for (const Action& a : list) {
+    const Key k{a.stage, a.microbatch};
+    StageRunner& c = *chunks_[a.chunk];
+    if (a.kind == Kind::F && c.portal_from() >= 0 && s.rank_of(c.portal_from()) != rank_) {
+      Tensor buf = Tensor::empty(c.boundary_shape());
+      recv_portal[k] = pp_->irecv(span_of(buf), s.rank_of(c.portal_from()),
+                                  {.tag = tag(c.portal_from(), a.microbatch, Msg::portal)});
+      portal_in[k] = buf;
+      st.portal_bytes_received += buf.bytes();
+    } else if ((a.kind == Kind::B || a.kind == Kind::I) && c.portal_to() >= 0 && s.rank_of(c.portal_to()) != rank_) {
+      Tensor buf = Tensor::empty(c.boundary_shape());
+      recv_portal_grad[k] = pp_->irecv(span_of(buf), s.rank_of(c.portal_to()),
+                                       {.tag = tag(c.portal_to(), a.microbatch, Msg::portal_grad)});
+      portal_grad_in[k] = buf;
+      st.portal_bytes_received += buf.bytes();
+    }
+  }
+  // A skip tensor (or its gradient) leaving stage `from` for stage `to`: sent, or kept for a
+  // stage of this rank.
+  std::vector<std::pair<comm::Work, Tensor>> sends;
+  auto ship = [&](Tensor t, int from, int to, int mb, Msg kind, std::map<Key, Tensor>& local) {
+    if (s.rank_of(to) == rank_) {
+      local[{to, mb}] = std::move(t);
+      return;
+    }
+    st.portal_bytes_sent += t.bytes();
+    sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(to), {.tag = tag(from, mb, kind)}), t);
+  };
+
   // The last backward (B, or I and W) of each chunk in this step (data parallelism syncs then).
   std::map<std::pair<int, Kind>, size_t> last_of;
   for (size_t i = 0; i < list.size(); ++i)
@@ -83,8 +117,6 @@ StepStats Executor::run_step() {
 
   std::map<Key, std::unique_ptr<nn::Context>> live;
   std::map<Key, Tensor> act_out, grad_out;  // outputs waiting for SEND or for the next stage here
-  std::vector<std::pair<comm::Work, Tensor>> sends;
-  StepStats st;
   st.start = t_step;
   st.timeline.reserve(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
@@ -96,20 +128,27 @@ StepStats Executor::run_step() {
       case Kind::RECV_B: recv_b.at(k).wait(); break;
       case Kind::SEND_F: {
         Tensor t = take(act_out, k, a);
-        sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(a.stage + 1), {.tag = tag(a.stage, a.microbatch, false)}), t);
+        sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(a.stage + 1), {.tag = tag(a.stage, a.microbatch, Msg::activation)}), t);
         break;
       }
       case Kind::SEND_B: {
         Tensor t = take(grad_out, k, a);
-        sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(a.stage - 1), {.tag = tag(a.stage, a.microbatch, true)}), t);
+        sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(a.stage - 1), {.tag = tag(a.stage, a.microbatch, Msg::gradient)}), t);
         break;
       }
       case Kind::F: {
         Tensor input;  // received, or the previous stage's output on this rank
         if (a.stage > 0) input = act_in.count(k) ? take(act_in, k, a) : take(act_out, {a.stage - 1, a.microbatch}, a);
+        StageRunner& c = *chunks_[a.chunk];
+        nn::Portal portal;
+        if (c.portal_from() >= 0) {
+          if (recv_portal.count(k)) recv_portal[k].wait();
+          portal.in = take(portal_in, k, a);
+        }
         auto& ctx = live[k] = std::make_unique<nn::Context>(threads_);
-        Tensor out = chunks_[a.chunk]->forward(*ctx, a.microbatch, input);
+        Tensor out = c.forward(*ctx, a.microbatch, input, portal);
         if (a.stage < last_stage) act_out[k] = std::move(out);
+        if (c.portal_to() >= 0) ship(portal.out, a.stage, c.portal_to(), a.microbatch, Msg::portal, portal_in);
         int64_t saved = 0;
         for (auto& [key, c] : live) saved += c->saved_bytes();
         st.peak_saved_bytes = std::max(st.peak_saved_bytes, saved);
@@ -122,14 +161,22 @@ StepStats Executor::run_step() {
         if (a.stage < last_stage) dy = grad_in.count(k) ? take(grad_in, k, a) : take(grad_out, {a.stage + 1, a.microbatch}, a);
         auto it = live.find(k);
         if (it == live.end()) throw std::logic_error("pipeline executor: " + to_string(a) + " before its forward");
+        StageRunner& c = *chunks_[a.chunk];
+        nn::Portal portal;
+        if (c.portal_to() >= 0) {
+          if (recv_portal_grad.count(k)) recv_portal_grad[k].wait();
+          portal.in = take(portal_grad_in, k, a);
+        }
         Tensor dx;
         if (a.kind == Kind::B) {
-          dx = chunks_[a.chunk]->backward(*it->second, a.microbatch, dy, is_last(i));
+          dx = c.backward(*it->second, a.microbatch, dy, is_last(i), portal);
           live.erase(it);
         } else {  // the context waits for its W
-          dx = chunks_[a.chunk]->backward_input(*it->second, a.microbatch, dy, is_last(i));
+          dx = c.backward_input(*it->second, a.microbatch, dy, is_last(i), portal);
         }
         if (a.stage > 0) grad_out[k] = std::move(dx);
+        if (c.portal_from() >= 0)
+          ship(portal.out, a.stage, c.portal_from(), a.microbatch, Msg::portal_grad, portal_grad_in);
         break;
       }
       case Kind::W: {
@@ -149,7 +196,7 @@ StepStats Executor::run_step() {
     st.timeline.push_back({a, us(t0), us(t1)});
   }
   for (auto& [w, t] : sends) w.wait();
-  if (!live.empty() || !act_out.empty() || !grad_out.empty())
+  if (!live.empty() || !act_out.empty() || !grad_out.empty() || !portal_in.empty() || !portal_grad_in.empty())
     throw bad("rank " + std::to_string(rank_) + " ended the step with work left (" + std::to_string(live.size()) +
               " contexts, " + std::to_string(act_out.size() + grad_out.size()) + " unsent tensors)");
   st.step_us = us(Clock::now());
@@ -157,7 +204,7 @@ StepStats Executor::run_step() {
   return st;
 }
 
-Tensor StageRunner::backward_input(nn::Context&, int, const Tensor&, bool) {
+Tensor StageRunner::backward_input(nn::Context&, int, const Tensor&, bool, nn::Portal&) {
   throw std::invalid_argument("this pipeline stage cannot split its backward into I and W");
 }
 void StageRunner::backward_weights(nn::Context&, int, bool) {
@@ -170,18 +217,36 @@ void Executor::forward_only(int microbatches) {
   const ScheduleShape& s = schedule_.shape;
   const int last_stage = s.stages() - 1;
   std::vector<std::pair<comm::Work, Tensor>> sends;
+  std::map<Key, Tensor> skips;  // skip tensors made for a later stage of this rank
   for (int mb = 0; mb < microbatches; ++mb) {
     Tensor x;
     for (int c = 0; c < s.chunks; ++c) {
       const int stage = s.stage_of(rank_, c);
+      StageRunner& r = *chunks_[c];
       if (stage > 0 && s.rank_of(stage - 1) != rank_) {
-        x = Tensor::empty(chunks_[c]->boundary_shape());
-        pp_->recv(span_of(x), s.rank_of(stage - 1), {.tag = tag(stage - 1, mb, false)});
+        x = Tensor::empty(r.boundary_shape());
+        pp_->recv(span_of(x), s.rank_of(stage - 1), {.tag = tag(stage - 1, mb, Msg::activation)});
+      }
+      nn::Portal portal;
+      if (r.portal_from() >= 0) {
+        if (s.rank_of(r.portal_from()) == rank_) {
+          portal.in = skips.at({stage, mb});
+          skips.erase({stage, mb});
+        } else {
+          portal.in = Tensor::empty(r.boundary_shape());
+          pp_->recv(span_of(portal.in), s.rank_of(r.portal_from()), {.tag = tag(r.portal_from(), mb, Msg::portal)});
+        }
       }
       nn::Context ctx(threads_, /*training=*/false);
-      x = chunks_[c]->forward(ctx, mb, x);
+      x = r.forward(ctx, mb, x, portal);
       if (stage < last_stage && s.rank_of(stage + 1) != rank_)
-        sends.emplace_back(pp_->isend(cspan_of(x), s.rank_of(stage + 1), {.tag = tag(stage, mb, false)}), x);
+        sends.emplace_back(pp_->isend(cspan_of(x), s.rank_of(stage + 1), {.tag = tag(stage, mb, Msg::activation)}), x);
+      if (r.portal_to() >= 0) {
+        if (s.rank_of(r.portal_to()) == rank_) skips[{r.portal_to(), mb}] = portal.out;
+        else
+          sends.emplace_back(pp_->isend(cspan_of(portal.out), s.rank_of(r.portal_to()), {.tag = tag(stage, mb, Msg::portal)}),
+                             portal.out);
+      }
     }
   }
   for (auto& [w, t] : sends) w.wait();

@@ -39,16 +39,26 @@ class StageRunner {
   // Forward of micro-batch `mb`: `input` is the previous stage's output (empty on the first
   // stage, which reads its tokens itself). Returns the output (empty on the last stage, which
   // keeps its loss itself).
-  virtual Tensor forward(nn::Context& ctx, int mb, const Tensor& input) = 0;
+  // `portal`: a skip connection across stages (portal_from / portal_to below): forward reads
+  // portal.in (the skip tensor it adds) and writes portal.out (the one it makes).
+  virtual Tensor forward(nn::Context& ctx, int mb, const Tensor& input, nn::Portal& portal) = 0;
   // Backward of `mb` from `dy`, the gradient of the output (empty on the last stage). `last` is
   // true for the stage's final backward of the step (data parallelism syncs its gradients
   // then). Returns the gradient of the input (empty on the first stage).
-  virtual Tensor backward(nn::Context& ctx, int mb, const Tensor& dy, bool last) = 0;
+  // portal.in: the gradient of the skip tensor this stage made; portal.out: the gradient of the
+  // one it added.
+  virtual Tensor backward(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal) = 0;
   // Split backward (I then W, zero-bubble schedules): the input gradient only, the weight
   // gradients deferred in ctx; then, later, the weight gradients. `last` as for backward. The
   // defaults refuse: a stage that cannot split says so.
-  virtual Tensor backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last);
+  virtual Tensor backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal);
   virtual void backward_weights(nn::Context& ctx, int mb, bool last);
+  // A skip connection across stages: the stage this one's skip tensor goes to and the stage
+  // whose skip tensor this one adds (-1: none). The executor sends it straight there, past the
+  // stages between, and its gradient straight back; these transfers are not actions of the list
+  // (they follow the F and B chain, so they add no order the dry run would need to check).
+  virtual int portal_to() const { return -1; }
+  virtual int portal_from() const { return -1; }
   // Shape of what crosses a stage boundary (an activation forward, its gradient backward);
   // the same at every boundary of the model.
   virtual Shape boundary_shape() const = 0;
@@ -69,6 +79,7 @@ struct StepStats {
   double bubble = 0;                   // (step - compute) / step: idle inside this rank's step
   int64_t peak_saved_bytes = 0;        // most activation bytes the live contexts held at once
   int max_in_flight = 0;               // most (stage, micro-batch) contexts alive at once
+  int64_t portal_bytes_sent = 0, portal_bytes_received = 0;  // skip connections across ranks
   std::vector<ActionTiming> timeline;  // every action of the step, in the order run
 };
 
@@ -90,7 +101,8 @@ class Executor {
   const Schedule& schedule() const { return schedule_; }
 
  private:
-  int tag(int sender_stage, int mb, bool backward_msg) const;
+  enum class Msg { activation = 0, gradient = 1, portal = 2, portal_grad = 3 };
+  int tag(int sender_stage, int mb, Msg kind) const;
 
   Schedule schedule_;
   int rank_;

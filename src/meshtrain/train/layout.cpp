@@ -1,6 +1,11 @@
 #include "meshtrain/train/layout.h"
 
+#include <chrono>
+#include <limits>
+#include <map>
 #include <stdexcept>
+
+#include "meshtrain/model/stage.h"
 
 #include "meshtrain/pipeline/passes.h"
 #include "meshtrain/train/trainer.h"
@@ -18,10 +23,66 @@ pipeline::Schedule make_pipeline_schedule(const TrainOptions& o) {
   }
 }
 
-std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model::GPTConfig& cfg) {
+StageCosts flop_costs(const model::GPTConfig& cfg, int64_t T) {
+  const double C = static_cast<double>(cfg.n_embd), t = static_cast<double>(T);
+  StageCosts c;
+  c.blocks.assign(static_cast<size_t>(cfg.n_layer), 24 * C * C + 4 * t * C);
+  c.head = 2 * C * static_cast<double>(cfg.vocab_size);
+  return c;
+}
+
+StageCosts profile_costs(const model::GPTConfig& cfg, int64_t rows, int64_t T, int threads, uint64_t seed) {
+  using Clock = std::chrono::steady_clock;
+  model::GPTStage whole(cfg, seed, model::StageSpec::whole());
+  std::vector<int32_t> tok(rows * T), tgt(rows * T);
+  for (int64_t i = 0; i < rows * T; ++i) tok[i] = static_cast<int32_t>((i * 7919) % cfg.vocab_size),
+                                        tgt[i] = static_cast<int32_t>((i * 104729 + 1) % cfg.vocab_size);
+  // The hooks stamp every block's and the stage's start and end, forward and backward.
+  std::map<std::pair<const nn::Module*, int>, Clock::time_point> at;  // (module, 0..3) -> time
+  nn::Hooks hooks;
+  hooks.pre_forward = [&](const nn::Module* m) { at[{m, 0}] = Clock::now(); };
+  hooks.post_forward = [&](const nn::Module* m) { at[{m, 1}] = Clock::now(); };
+  hooks.pre_backward = [&](const nn::Module* m) { at[{m, 2}] = Clock::now(); };
+  hooks.post_backward = [&](const nn::Module* m) { at[{m, 3}] = Clock::now(); };
+  auto s = [&](const nn::Module* m, int a, const nn::Module* n, int b) {
+    return std::chrono::duration<double>(at[{n, b}] - at[{m, a}]).count();
+  };
+  const nn::Module* first = whole.h.front().get();
+  const nn::Module* last = whole.h.back().get();
+  // Each part's forward and backward time: the least over the timed passes (noise from other
+  // work on the machine only adds time).
+  const int timed = 3;
+  const size_t n = whole.h.size();
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> bf(n, inf), bb(n, inf);
+  double ef = inf, eb = inf, hf = inf, hb = inf;
+  for (int pass = 0; pass <= timed; ++pass) {
+    nn::Context ctx(threads);
+    ctx.hooks = &hooks;
+    float loss = 0;
+    whole.forward(ctx, Tensor(), tok.data(), tgt.data(), rows, T, &loss);
+    whole.backward(ctx, Tensor(), 1.f);
+    if (pass == 0) continue;  // warm-up: first allocations
+    ef = std::min(ef, s(&whole, 0, first, 0)), eb = std::min(eb, s(first, 3, &whole, 3));
+    hf = std::min(hf, s(last, 1, &whole, 1)), hb = std::min(hb, s(&whole, 2, last, 2));
+    for (size_t i = 0; i < n; ++i) {
+      const nn::Module* b = whole.h[i].get();
+      bf[i] = std::min(bf[i], s(b, 0, b, 1)), bb[i] = std::min(bb[i], s(b, 2, b, 3));
+    }
+  }
+  StageCosts c;
+  c.embedding = ef + eb, c.head = hf + hb;
+  for (size_t i = 0; i < n; ++i) c.blocks.push_back(bf[i] + bb[i]);
+  whole.zero_grad();
+  return c;
+}
+
+std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model::GPTConfig& cfg,
+                                              const StageCosts* measured) {
   const int chunks = o.pp == 1 ? 1 : o.chunks;
   const int stages = o.pp * chunks;
-  if (!o.pp_balance.empty()) return pipeline::layers_from_counts(o.pp_balance, stages, cfg.n_layer);
+  const bool by_cost = o.pp_balance.empty() || o.pp_balance == "flops" || o.pp_balance == "profile";
+  if (!by_cost) return pipeline::layers_from_counts(o.pp_balance, stages, cfg.n_layer);
   if (chunks > 1) {
     if (cfg.n_layer % stages != 0)
       throw std::invalid_argument("--schedule interleaved with --pp " + std::to_string(o.pp) + " and --chunks " +
@@ -30,11 +91,8 @@ std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model
                                   " equal stages; change --pp or --chunks");
     return pipeline::equal_layers(cfg.n_layer, stages);
   }
-  // Per token, forward and backward alike: a block's GEMMs 24 C^2 and attention 4 T C; the head
-  // 2 C V (the tied projection); the embedding is a lookup.
-  const double C = static_cast<double>(cfg.n_embd), T = static_cast<double>(o.seq > 0 ? o.seq : cfg.seq);
-  const double block = 24 * C * C + 4 * T * C, head = 2 * C * static_cast<double>(cfg.vocab_size);
-  return pipeline::balance_layers(std::vector<double>(static_cast<size_t>(cfg.n_layer), block), stages, 0.0, head);
+  const StageCosts c = measured ? *measured : flop_costs(cfg, o.seq > 0 ? o.seq : cfg.seq);
+  return pipeline::balance_layers(c.blocks, stages, c.embedding, c.head);
 }
 
 }  // namespace meshtrain::train

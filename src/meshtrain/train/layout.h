@@ -17,9 +17,24 @@ struct TrainOptions;
 // Throws std::invalid_argument with a sentence for a shape the schedule cannot run.
 pipeline::Schedule make_pipeline_schedule(const TrainOptions& o);
 
-// Blocks per stage (stage s = chunk * pp + rank): --pp-balance when given; equal spans for
-// several chunks per rank; otherwise balanced by the analytic FLOPs of a block, with the head
-// (the tied projection over the vocabulary) counted on the last stage.
-std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model::GPTConfig& cfg);
+// What balancing weighs: per block, the embedding and the head (any unit).
+struct StageCosts {
+  std::vector<double> blocks;
+  double embedding = 0, head = 0;
+};
+
+// The analytic costs: per token, a block's GEMMs 24 C^2 and attention 4 T C, the head 2 C V
+// (the tied projection), the embedding a lookup (0).
+StageCosts flop_costs(const model::GPTConfig& cfg, int64_t T);
+// Measured costs (--pp-balance profile): forward + backward seconds of each block, of the
+// embedding and of the head, on one micro-batch of `rows` x T through the whole model on this
+// thread (one untimed pass, then per part the least of three timed ones).
+StageCosts profile_costs(const model::GPTConfig& cfg, int64_t rows, int64_t T, int threads, uint64_t seed);
+
+// Blocks per stage (stage s = chunk * pp + rank): --pp-balance counts when given; equal spans
+// for several chunks per rank; otherwise balanced to minimise the largest stage cost, by
+// `measured` when given (--pp-balance profile) and else by flop_costs.
+std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model::GPTConfig& cfg,
+                                              const StageCosts* measured = nullptr);
 
 }  // namespace meshtrain::train

@@ -12,7 +12,7 @@ void GPTStageRunner::set_batches(const int32_t* tokens, const int32_t* targets, 
   losses_.clear();
 }
 
-Tensor GPTStageRunner::forward(nn::Context& ctx, int mb, const Tensor& input) {
+Tensor GPTStageRunner::forward(nn::Context& ctx, int mb, const Tensor& input, nn::Portal& portal) {
   ctx.hooks = hooks_;
   const int64_t off = mb * rows_ * T_;
   float loss = 0;
@@ -20,10 +20,13 @@ Tensor GPTStageRunner::forward(nn::Context& ctx, int mb, const Tensor& input) {
   if (recompute_ && ctx.training) {
     nn::Context light(ctx.threads, /*training=*/false);  // saves nothing
     light.hooks = hooks_;
-    out = stage_.forward(light, input, tokens_ + off, targets_ + off, rows_, T_, &loss);
-    ctx.save(this, stage_.first() ? std::vector<Tensor>{} : std::vector<Tensor>{input});
+    out = stage_.forward(light, input, tokens_ + off, targets_ + off, rows_, T_, &loss, &portal);
+    std::vector<Tensor> keep;  // the input, and the skip tensor this stage adds
+    keep.push_back(stage_.first() ? Tensor() : input);
+    keep.push_back(portal.in);
+    ctx.save(this, keep);
   } else {
-    out = stage_.forward(ctx, input, tokens_ + off, targets_ + off, rows_, T_, &loss);
+    out = stage_.forward(ctx, input, tokens_ + off, targets_ + off, rows_, T_, &loss, &portal);
   }
   if (stage_.last()) {
     if (losses_.size() <= static_cast<size_t>(mb)) losses_.resize(mb + 1, 0.f);
@@ -32,23 +35,24 @@ Tensor GPTStageRunner::forward(nn::Context& ctx, int mb, const Tensor& input) {
   return out;
 }
 
-Tensor GPTStageRunner::backward(nn::Context& ctx, int mb, const Tensor& dy, bool last) {
+Tensor GPTStageRunner::backward(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal) {
   if (recompute_) {  // the forward again, from the kept input, saving what backward needs
     std::vector<Tensor> kept = std::move(ctx.saved(this));
     ctx.release(this);
     const int64_t off = mb * rows_ * T_;
     float loss = 0;
-    stage_.forward(ctx, kept.empty() ? Tensor() : kept[0], tokens_ + off, targets_ + off, rows_, T_, &loss);
+    nn::Portal again{kept[1], Tensor()};  // the skip tensor it added; what it makes is sent already
+    stage_.forward(ctx, kept[0], tokens_ + off, targets_ + off, rows_, T_, &loss, &again);
   }
   if (set_sync_) set_sync_(last);
-  return stage_.backward(ctx, dy, grad_scale_);
+  return stage_.backward(ctx, dy, grad_scale_, &portal);
 }
 
 // I: the input gradient now; the linears' weight gradients wait in ctx for W (layer norms,
 // embeddings and the head compute theirs now: small, or needed on the way).
-Tensor GPTStageRunner::backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last) {
+Tensor GPTStageRunner::backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal) {
   ctx.defer_weight_grads = true;
-  Tensor dx = backward(ctx, mb, dy, last);
+  Tensor dx = backward(ctx, mb, dy, last, portal);
   ctx.defer_weight_grads = false;
   return dx;
 }

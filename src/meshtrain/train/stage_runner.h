@@ -34,11 +34,15 @@ class GPTStageRunner : public pipeline::StageRunner {
   // The last stage's mean loss of each micro-batch of the last run (index = micro-batch).
   const std::vector<float>& losses() const { return losses_; }
 
-  Tensor forward(nn::Context& ctx, int mb, const Tensor& input) override;
-  Tensor backward(nn::Context& ctx, int mb, const Tensor& dy, bool last) override;
-  Tensor backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last) override;
+  Tensor forward(nn::Context& ctx, int mb, const Tensor& input, nn::Portal& portal) override;
+  Tensor backward(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal) override;
+  Tensor backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal) override;
   void backward_weights(nn::Context& ctx, int mb, bool last) override;
   Shape boundary_shape() const override;
+  // The skip connection's stages (model config skip_from / skip_to), when it crosses stages.
+  void set_portal_stages(int to, int from) { portal_to_ = to, portal_from_ = from; }
+  int portal_to() const override { return portal_to_; }
+  int portal_from() const override { return portal_from_; }
 
  private:
   model::GPTStage& stage_;
@@ -46,6 +50,7 @@ class GPTStageRunner : public pipeline::StageRunner {
   std::function<void(bool)> set_sync_;
   int seq_shards_;
   bool recompute_;
+  int portal_to_ = -1, portal_from_ = -1;
   const int32_t* tokens_ = nullptr;
   const int32_t* targets_ = nullptr;
   int64_t rows_ = 0, T_ = 0;

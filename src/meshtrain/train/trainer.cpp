@@ -58,7 +58,19 @@ class RankTrainer {
     if (o_.tp > 1) parallel::validate_tp(sh.cfg, o_.tp, tpo, 0);
     auto layout = parallel::gpt_layout(o_.tp > 1 ? mesh_.tp_ptr() : nullptr, tpo);
     const pipeline::Schedule schedule = make_pipeline_schedule(o_);
-    const auto spans = stage_layers(o_, sh.cfg);
+    if (o_.pp > 1 && o_.pp_balance == "profile") {
+      // Measured on rank 0, one micro-batch of this run's shape; every rank balances the same.
+      std::vector<double> v(sh.cfg.n_layer + 2, 0.0);
+      if (world.rank() == 0) {
+        profiled_ = profile_costs(sh.cfg, o_.batch / o_.dp / o_.microbatches, o_.seq, o_.threads, o_.seed);
+        v[0] = profiled_->embedding, v[1] = profiled_->head;
+        std::copy(profiled_->blocks.begin(), profiled_->blocks.end(), v.begin() + 2);
+      }
+      world.broadcast(v, {.root = 0});
+      profiled_ = StageCosts{{v.begin() + 2, v.end()}, v[0], v[1]};
+    }
+    spans_ = stage_layers(o_, sh.cfg, profiled_ ? &*profiled_ : nullptr);
+    const auto& spans = spans_;
     const int stages = schedule.shape.stages(), pp_rank = mesh_.coord().pp;
     for (int c = 0; c < schedule.shape.chunks; ++c) {
       const int st = schedule.shape.stage_of(pp_rank, c);
@@ -80,6 +92,16 @@ class RankTrainer {
       runners_.push_back(std::make_unique<GPTStageRunner>(*stage, hooks(), sync,
                                                           o_.sequence_parallel ? o_.tp : 1, o_.recompute));
       runners.push_back(runners_.back().get());
+      if (sh.cfg.has_skip()) {  // a skip connection whose ends sit on two stages: a portal
+        auto stage_of_block = [&](int64_t b) {
+          for (int st = 0; st < stages; ++st)
+            if (b >= spans[st].first && b < spans[st].end) return st;
+          return -1;
+        };
+        const int from = stage_of_block(sh.cfg.skip_from), to = stage_of_block(sh.cfg.skip_to);
+        const int here = schedule.shape.stage_of(pp_rank, static_cast<int>(runners_.size()) - 1);
+        if (from != to) runners_.back()->set_portal_stages(here == from ? to : -1, here == to ? from : -1);
+      }
     }
     exec_ = std::make_unique<pipeline::Executor>(schedule, pp_rank, o_.pp > 1 ? &mesh_.pp_group() : nullptr,
                                                  runners, o_.threads);
@@ -156,7 +178,9 @@ class RankTrainer {
   void save(int64_t step);
   void gather_stages(const std::vector<nn::Param*>& params, std::vector<Tensor>& values,
                      std::vector<Tensor>& m, std::vector<Tensor>& v);
-  std::vector<std::string> gathered_names_;  // rank 0: names of the tensors gather_stages appended
+  std::vector<std::string> gathered_names_;
+  std::vector<pipeline::LayerSpan> spans_;  // blocks of every stage (the same on every rank)
+  std::optional<StageCosts> profiled_;      // --pp-balance profile: the measured costs  // rank 0: names of the tensors gather_stages appended
   int64_t restore();
   [[noreturn]] void diverged(int64_t step, const char* what, double value) const;
   StateBytes state_bytes();
@@ -257,7 +281,7 @@ void RankTrainer::gather_stages(const std::vector<nn::Param*>& params, std::vect
   }
   gathered_names_.clear();
   const pipeline::ScheduleShape shape{o_.pp, o_.microbatches, o_.chunks};
-  const auto spans = stage_layers(o_, sh_.cfg);
+  const auto& spans = spans_;
   for (int r = 1; r < o_.pp; ++r)
     for (int c = 0; c < shape.chunks; ++c) {
       const int st = shape.stage_of(r, c);
@@ -420,7 +444,15 @@ void RankTrainer::print_header() {
     const pipeline::Schedule& sc = exec_->schedule();
     std::printf("pipeline: %d stages on pp %d (%d chunk(s) per rank), schedule %s, %d micro-batches | %s\n",
                 sc.shape.stages(), o_.pp, sc.shape.chunks, sc.name.c_str(), o_.microbatches,
-                pipeline::to_string(stage_layers(o_, cfg)).c_str());
+                pipeline::to_string(spans_).c_str());
+    if (profiled_) {
+      double blocks = 0;
+      for (double b : profiled_->blocks) blocks += b;
+      std::printf("pipeline balance measured (forward + backward of one micro-batch): embedding %.2f ms, "
+                  "mean block %.2f ms, head %.2f ms\n",
+                  1e3 * profiled_->embedding, 1e3 * blocks / static_cast<double>(profiled_->blocks.size()),
+                  1e3 * profiled_->head);
+    }
   }
   if (o_.dp > 1 || o_.zero > 0) {
     // ZeRO's per-rank state against the analytic formula (float32 Adam: 4 + 4 + 8 bytes per

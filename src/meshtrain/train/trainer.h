@@ -38,7 +38,7 @@ struct TrainOptions {
   int microbatches = 1;
   std::string schedule = "1f1b";  // with --pp > 1: naive, gpipe, 1f1b, interleaved, zb (zb-h1)
   int chunks = 1;                  // model chunks per pp rank (interleaved: 2 or more)
-  std::string pp_balance;          // blocks per stage by hand, "3,3,2,2" (empty: balanced)
+  std::string pp_balance;          // blocks per stage: "3,3,2,2", "flops" (also empty) or "profile"
   bool recompute = false;          // keep each stage's input only; recompute its forward in backward
   int zero = 0;
   bool sequence_parallel = false;  // with --tp: layernorm/residual regions split along T
