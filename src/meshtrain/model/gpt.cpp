@@ -1,5 +1,7 @@
 #include "meshtrain/model/gpt.h"
 
+#include "meshtrain/model/stage.h"
+
 #include <cmath>
 #include <stdexcept>
 
@@ -121,11 +123,8 @@ void GPT::check_inputs(const int32_t* tokens, int64_t B, int64_t T) const {
 }
 
 Tensor GPT::trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_t T) {
-  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
   check_inputs(tokens, B, T);
-  Tensor x = Tensor::empty({B, T, C});
-  kernels::embedding_forward(x.data(), tokens, wte.value.data(), wpe.value.data(), B, T, C, 0, V,
-                             ctx.threads);
+  Tensor x = plain_layout()->embed(ctx, wte, wpe, tokens, B, T, cfg_.vocab_size);
   if (ctx.training) ctx.ints(this).assign(tokens, tokens + B * T);
   Tensor skip;  // the long skip connection (config skip_from -> skip_to), if any
   for (size_t i = 0; i < h.size(); ++i) {
@@ -144,54 +143,19 @@ Tensor GPT::trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_
 
 float GPT::forward(Context& ctx, const int32_t* tokens, const int32_t* targets, int64_t B,
                    int64_t T) {
-  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, N = B * T;
   ctx.pre_forward(this);
   Tensor hN = trunk_forward(ctx, tokens, B, T);  // (B, T, C)
-  Tensor logits = Tensor::empty({N, V});
-  kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, V, C, 1.f, hN.data(), C,
-                wte.value.data(), C, 0.f, logits.data(), V, {ctx.threads});
-  Tensor losses = Tensor::empty({N}), lse = Tensor::empty({N});
-  kernels::crossentropy_forward(losses.data(), lse.data(), logits.data(), targets, N, V,
-                                ctx.threads);
-  double sum = 0;
-  int64_t valid = 0;
-  for (int64_t i = 0; i < N; ++i)
-    if (targets[i] >= 0) sum += losses[i], ++valid;
-  if (ctx.training) {
-    ctx.save(&head_, {hN, logits, lse});
-    auto& t = ctx.ints(&head_);
-    t.assign(targets, targets + N);
-    t.push_back(static_cast<int32_t>(valid));
-  }
+  // The head is the plain layout's (model/stage.h): tied projection and cross-entropy.
+  const GPTLayout::Loss l = plain_layout()->head(ctx, &head_, hN, wte, targets, B, T, cfg_.vocab_size);
   ctx.post_forward(this);
-  return valid ? static_cast<float>(sum / static_cast<double>(valid)) : 0.f;
+  return l.valid ? static_cast<float>(l.sum / static_cast<double>(l.valid)) : 0.f;
 }
 
 void GPT::backward(Context& ctx, float grad_scale) {
-  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int64_t V = cfg_.vocab_size;
   ctx.pre_backward(this);
-  auto& s = ctx.saved(&head_);
-  Tensor hN = s[0], logits = s[1], lse = s[2];
-  std::vector<int32_t> targets = std::move(ctx.ints(&head_));
-  const int64_t valid = targets.back();
-  targets.pop_back();
-  ctx.release(&head_);
-  const int64_t N = logits.dim(0), B = hN.dim(0), T = hN.dim(1);
-
-  // dloss_i = grad_scale / valid for every counted row (the loss is a mean).
-  Tensor dloss = Tensor::empty({N});
-  dloss.fill(valid ? grad_scale / static_cast<float>(valid) : 0.f);
-  kernels::crossentropy_backward_inplace(logits.data(), lse.data(), targets.data(), dloss.data(),
-                                         N, V, ctx.threads);
-  Tensor& dlogits = logits;  // (N, V)
-  // Tied output projection: dwte += dlogits^T hN; dh = dlogits wte.
-  kernels::gemm(kernels::Trans::T, kernels::Trans::N, V, C, N, 1.f, dlogits.data(), V,
-                hN.data(), C, 1.f, wte.grad.data(), C, {ctx.threads});
-  Tensor dh = Tensor::empty({B, T, C});
-  kernels::gemm(kernels::Trans::N, kernels::Trans::N, N, C, V, 1.f, dlogits.data(), V,
-                wte.value.data(), C, 0.f, dh.data(), C, {ctx.threads});
-  logits = Tensor();  // free (N, V) before the trunk's backward
-
+  Tensor dh = plain_layout()->head_backward(ctx, &head_, wte, grad_scale, V);  // (B, T, C)
+  const int64_t B = dh.dim(0), T = dh.dim(1);
   Tensor dx = ln_f.backward(ctx, dh);
   Tensor dskip;
   for (size_t i = h.size(); i-- > 0;) {
@@ -207,8 +171,7 @@ void GPT::backward(Context& ctx, float grad_scale) {
   }
   std::vector<int32_t> tokens = std::move(ctx.ints(this));
   ctx.release(this);
-  kernels::embedding_backward(wte.grad.data(), wpe.grad.data(), dx.data(), tokens.data(), B, T,
-                              C, 0, V, ctx.threads);
+  plain_layout()->embed_backward(ctx, wte, wpe, dx, tokens.data(), B, T, V);
   ctx.grad_ready(&wpe);
   ctx.grad_ready(&wte);
   ctx.post_backward(this);
