@@ -1,0 +1,161 @@
+// Reporting of the rank loop: the start-up header, one progress line per step, the pipeline's
+// actions on the trace, and the trace files with their overlap figures.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <span>
+
+#include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/train/metrics.h"
+#include "meshtrain/train/rank_trainer.h"
+#include "meshtrain/pipeline/svg.h"
+#include "meshtrain/train/swimlane.h"
+
+namespace meshtrain::train::detail {
+
+// The executor's actions on the rank's timeline: compute on the compute track, waits for
+// pipeline transfers on the communication track; labelled with the micro-batch.
+void RankTrainer::record(const pipeline::StepStats& st) {
+  trace::Recorder* rec = sh_.recorder;
+  if (!rec) return;
+  const double base = rec->to_us(st.start);
+  for (const pipeline::ActionTiming& t : st.timeline) {
+    const pipeline::Action& a = t.action;
+    std::string name, category;
+    switch (a.kind) {
+      case pipeline::Kind::F: name = "forward ", category = "forward"; break;
+      case pipeline::Kind::B: name = "backward ", category = "backward"; break;
+      case pipeline::Kind::I: name = "input gradient ", category = "input-grad"; break;
+      case pipeline::Kind::W: name = "weight gradient ", category = "weight-grad"; break;
+      case pipeline::Kind::RECV_F: name = "recv activation ", category = "pp-comm"; break;
+      case pipeline::Kind::RECV_B: name = "recv gradient ", category = "pp-comm"; break;
+      default: continue;  // sends are posted, not waited for, here
+    }
+    name += std::to_string(a.microbatch);
+    if (o_.pp > 1) name += " (stage " + std::to_string(a.stage) + ")";
+    const bool comm = category == "pp-comm";
+    rec->add({mesh_.rank(), comm ? trace::Track::comm : trace::Track::compute, name, category,
+              base + t.start_us, base + t.end_us});
+  }
+}
+
+// ---- progress output ----
+
+void print_step(const StepRecord& r, int64_t steps) {
+  std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | mfu %4.1f%%\n",
+              static_cast<long long>(r.step + 1), static_cast<long long>(steps), r.loss, r.lr,
+              r.grad_norm, r.step_ms, r.tokens_per_s, 100.0 * r.mfu);
+  std::fflush(stdout);
+}
+
+void RankTrainer::print_header() {
+  const auto& cfg = sh_.cfg;
+  std::printf("model %s: %lld parameters | batch %lld x %lld | %s | %d thread(s) per rank | data %s (%lld train tokens)\n",
+              cfg.name.c_str(), static_cast<long long>(cfg.num_params()),
+              static_cast<long long>(o_.batch), static_cast<long long>(o_.seq),
+              parallel::MeshShape{o_.dp, o_.tp, o_.pp}.str().c_str(), o_.threads, o_.data.c_str(),
+              static_cast<long long>(sh_.data.num_tokens(Split::train)));
+  {
+    // Training memory against the analytic sum: parameters, gradients, two Adam moments (all
+    // float32) and the activations one micro-batch saves (model/config.h).
+    StateBytes s = sh_.res.state_bytes;
+    const double MiB = 1024.0 * 1024.0;
+    const double act = cfg.activation_bytes(o_.batch / o_.dp / o_.microbatches, o_.seq);
+    const double total = static_cast<double>(s.params + s.grads + s.optimizer) + act;
+    std::printf("memory per rank (analytic): params %.1f + grads %.1f + adam %.1f + activations %.1f = %.1f MiB\n",
+                s.params / MiB, s.grads / MiB, s.optimizer / MiB, act / MiB, total / MiB);
+    analytic_mb_ = total / MiB;
+  }
+  if (o_.tp > 1) {
+    // Tensor parallelism: this rank holds the replicated parameters whole and 1/tp of the split.
+    int64_t rep = 0, split = 0, split_global = 0, padding = 0;
+    for (nn::Param* p : stage_params()) {
+      if (p->shard.is_split()) {
+        split += p->value.bytes(), split_global += shape_numel(p->global_shape) * 4;
+        if (p->shard.padded)  // rows added so that every rank holds ceil(rows / tp)
+          padding = p->value.dim(p->shard.dim) * o_.tp - p->global_shape[p->shard.dim];
+      } else {
+        rep += p->value.bytes();
+      }
+    }
+    std::printf("parameters per rank (tp %d): replicated %lld + split %lld = %lld bytes "
+                "(split part of the full model %lld / %d = %lld",
+                o_.tp, static_cast<long long>(rep), static_cast<long long>(split),
+                static_cast<long long>(rep + split), static_cast<long long>(split_global), o_.tp,
+                static_cast<long long>(split_global / o_.tp));
+    if (padding)
+      std::printf("; the vocabulary is padded by %lld rows to split %lld per rank, the padding on the last rank(s)",
+                  static_cast<long long>(padding), static_cast<long long>(cfg.vocab_size / o_.tp + 1));
+    std::printf(")\n");
+  }
+  if (o_.pp > 1) {
+    const pipeline::Schedule& sc = exec_->schedule();
+    std::printf("pipeline: %d stages on pp %d (%d chunk(s) per rank), schedule %s, %d micro-batches | %s\n",
+                sc.shape.stages(), o_.pp, sc.shape.chunks, sc.name.c_str(), o_.microbatches,
+                pipeline::to_string(spans_).c_str());
+    if (profiled_) {
+      double blocks = 0;
+      for (double b : profiled_->blocks) blocks += b;
+      std::printf("pipeline balance measured (forward + backward of one micro-batch): embedding %.2f ms, "
+                  "mean block %.2f ms, head %.2f ms\n",
+                  1e3 * profiled_->embedding, 1e3 * blocks / static_cast<double>(profiled_->blocks.size()),
+                  1e3 * profiled_->head);
+    }
+  }
+  if (o_.dp > 1 || o_.zero > 0) {
+    // ZeRO's per-rank state against the analytic formula (float32 Adam: 4 + 4 + 8 bytes per
+    // parameter, each term divided by dp from its stage on).
+    StateBytes s = sh_.res.state_bytes;
+    const double n = static_cast<double>(cfg.num_params()), d = o_.dp, MiB = 1024.0 * 1024.0;
+    double ap = 4 * n / (o_.zero >= 3 ? d : 1), ag = 4 * n / (o_.zero >= 2 ? d : 1),
+           ao = 8 * n / (o_.zero >= 1 ? d : 1);
+    std::printf("state per rank (zero %d, dp %d): params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB"
+                " | analytic %.2f, %.2f, %.2f MiB\n",
+                o_.zero, o_.dp, s.params / MiB, s.grads / MiB, s.optimizer / MiB, ap / MiB, ag / MiB, ao / MiB);
+  }
+  std::fflush(stdout);
+}
+
+// Writes the Chrome trace and, beside it, the SVG swimlane; prints the overlap figure.
+void write_trace(const trace::Recorder& rec, const TrainOptions& o) {
+  rec.write_chrome_json(o.trace);
+  std::string svg = o.trace;
+  if (svg.size() > 5 && svg.compare(svg.size() - 5, 5, ".json") == 0) svg.resize(svg.size() - 5);
+  svg += ".svg";
+  const auto events = rec.events();
+  bool drawn = false;
+  for (const auto& e : events) drawn = drawn || e.category == "forward";
+  if (drawn)  // the measured swimlane, from the first step on (train/swimlane.h)
+    pipeline::write_svg(measured_swimlane(events, "meshtrain train " + o.model + ": " +
+                                                      parallel::MeshShape{o.dp, o.tp, o.pp}.str() +
+                                                      (o.pp > 1 ? ", " + o.schedule : std::string()) + ", " +
+                                                      std::to_string(o.microbatches) + " micro-batch(es)"),
+                        svg);
+  if (o.quiet) return;
+  auto all = rec.events();
+  std::vector<trace::Event> dp, rest, pp;  // dp collectives run async; tp ones inline in compute
+  for (auto& e : all) (e.category == "tp-comm" ? rest : e.category == "pp-comm" ? pp : dp).push_back(e);
+  std::printf("trace: %s (Perfetto / chrome://tracing) and %s", o.trace.c_str(), svg.c_str());
+  const double compute_ms = trace::busy_us(all, 0, trace::Track::compute) / 1e3;
+  if (trace::busy_us(dp, 0, trace::Track::comm) > 0)
+    std::printf(" | rank 0: dp communication %.1f ms, %.0f%% of it hidden behind backward",
+                trace::busy_us(dp, 0, trace::Track::comm) / 1e3,
+                100.0 * trace::hidden_share(dp, 0, {"backward"}));
+  if (trace::busy_us(pp, 0, trace::Track::comm) > 0)
+    std::printf(" | rank 0: %.1f ms waiting for pipeline transfers", trace::busy_us(pp, 0, trace::Track::comm) / 1e3);
+  if (trace::busy_us(rest, 0, trace::Track::comm) > 0)
+    std::printf(" | rank 0: tp communication %.1f ms = %.0f%% of its %.1f ms of compute-track time",
+                trace::busy_us(rest, 0, trace::Track::comm) / 1e3,
+                100.0 * trace::busy_us(rest, 0, trace::Track::comm) / 1e3 / std::max(1e-9, compute_ms),
+                compute_ms);
+  std::printf("\n");
+}
+
+void note(const std::string& text) {
+  std::fprintf(stderr, "meshtrain: note: %s\n", text.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace meshtrain::train::detail

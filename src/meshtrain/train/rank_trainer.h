@@ -1,0 +1,133 @@
+// The trainer's rank loop, shared by trainer.cpp (the loop), rank_checkpoints.cpp (saving,
+// gathering pipeline stages, restoring, choosing what to resume) and rank_report.cpp (progress
+// lines, the header, the trace). Internal to train/: not part of the library's interface.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/comm/communicator.h"
+#include "meshtrain/model/stage.h"
+#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/mesh.h"
+#include "meshtrain/pipeline/executor.h"
+#include "meshtrain/trace/trace.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/layout.h"
+#include "meshtrain/train/optimizer.h"
+#include "meshtrain/train/stage_runner.h"
+#include "meshtrain/train/trainer.h"
+
+namespace meshtrain::train::detail {
+
+using Clock = std::chrono::steady_clock;
+
+inline std::invalid_argument bad(const std::string& msg) { return std::invalid_argument(msg); }
+
+struct Shared {
+  const TrainOptions& o;
+  const model::GPTConfig& cfg;
+  const TokenDataset& data;
+  TrainResult& res;
+  trace::Recorder* recorder;  // null without --trace
+  const CheckpointData* resume = nullptr;  // --resume: the verified checkpoint to continue from
+};
+
+class RankTrainer {
+ public:
+  RankTrainer(comm::Communicator& world, Shared& sh);
+
+  void run();
+
+ private:
+  // Data-parallel units in forward order: per stage, its ends (embedding, ln_f) and its blocks.
+  std::vector<parallel::Unit> units() {
+    std::vector<parallel::Unit> u;
+    for (auto& stage : stages_) {
+      std::vector<nn::Param*> root;
+      for (nn::Param* p : stage->params())
+        if (p->name.rfind("h.", 0) != 0) root.push_back(p);
+      if (!root.empty()) u.push_back({stage.get(), root});
+      for (auto& b : stage->h) u.push_back({b.get(), b->params()});
+    }
+    return u;
+  }
+  std::vector<nn::Param*> stage_params() {
+    std::vector<nn::Param*> out;
+    for (auto& stage : stages_) stage->collect_params(out);
+    return out;
+  }
+  std::vector<nn::Param*> model_params() { return ddp_ ? ddp_->params() : stage_params(); }
+  // The last stage's copy of the tied token table (pp > 1), which the norm counts once.
+  const nn::Param* wte_copy() {
+    return o_.pp > 1 && stages_.back()->last() ? &stages_.back()->wte : nullptr;
+  }
+  double pp_sum(double v) {
+    if (o_.pp == 1) return v;
+    std::array<double, 1> a{v};
+    mesh_.pp_group().all_reduce(a);
+    return a[0];
+  }
+  // Runs micro-batch losses through the pipeline: the mean over them, on every rank.
+  double pipeline_loss(int64_t n) {
+    double sum = 0;
+    if (stages_.back()->last())
+      for (float l : runners_.back()->losses()) sum += l / static_cast<double>(n);
+    return pp_sum(sum);
+  }
+  void record(const pipeline::StepStats& st);
+  nn::Hooks* hooks() { return ddp_ ? ddp_->hooks() : nullptr; }
+  double dp_mean(double v) {
+    if (o_.dp == 1) return v;
+    std::array<double, 1> a{v};
+    mesh_.dp_group().all_reduce(a, {.op = comm::ReduceOp::avg});
+    return a[0];
+  }
+  float evaluate();
+  void save(int64_t step);
+  void gather_stages(const std::vector<nn::Param*>& params, std::vector<Tensor>& values,
+                     std::vector<Tensor>& m, std::vector<Tensor>& v);
+  std::vector<std::string> gathered_names_;  // rank 0: names of the tensors gather_stages appended
+  std::vector<pipeline::LayerSpan> spans_;   // blocks of every stage (the same on every rank)
+  std::optional<StageCosts> profiled_;       // --pp-balance profile: the measured costs
+  int64_t restore();
+  [[noreturn]] void diverged(int64_t step, const char* what, double value) const;
+  StateBytes state_bytes();
+  void print_header();
+
+  Shared& sh_;
+  const TrainOptions& o_;
+  double analytic_mb_ = 0;
+  parallel::DeviceMesh mesh_;
+  bool lead_;
+  std::vector<std::unique_ptr<model::GPTStage>> stages_;  // this rank's chunks, in chunk order
+  std::unique_ptr<parallel::DataParallel> ddp_;
+  std::vector<std::unique_ptr<GPTStageRunner>> runners_;
+  std::unique_ptr<pipeline::Executor> exec_;
+  std::shared_ptr<comm::Communicator> emb_;  // pp > 1: first and last stage, for the tied wte
+  std::unique_ptr<AdamW> adam_;
+  std::optional<int64_t> saved_step_;  // the newest checkpoint this run saved or resumed from
+};
+
+// ---- rank_checkpoints.cpp ----
+// The run's settings a checkpoint records (and a resume must match).
+nlohmann::json run_config(const model::GPTConfig& cfg, const TrainOptions& o);
+// --resume: chooses and loads the checkpoint (the newest valid step folder), checks it belongs
+// to this run, and trims the metrics file to its step. Without --resume, a run that will save
+// refuses a directory holding step folders. `lead` prints the notes.
+std::optional<CheckpointData> prepare_checkpoints(const TrainOptions& o, const model::GPTConfig& cfg, bool lead);
+
+// ---- rank_report.cpp ----
+void print_step(const StepRecord& r, int64_t steps);
+// Writes the Chrome trace and, beside it, the SVG swimlane; prints the overlap figures.
+void write_trace(const trace::Recorder& rec, const TrainOptions& o);
+void note(const std::string& text);
+
+}  // namespace meshtrain::train::detail
