@@ -111,16 +111,18 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed, nn::ShardSpec wte_shard,
   nn::init_normal(wpe, seed, 0.02f);
 }
 
-void GPT::check_inputs(const int32_t* tokens, int64_t B, int64_t T) const {
-  const int64_t V = cfg_.vocab_size;
-  if (T > cfg_.block_size)
+void check_tokens(const GPTConfig& cfg, const int32_t* tokens, int64_t B, int64_t T) {
+  const int64_t V = cfg.vocab_size;
+  if (T > cfg.block_size)
     throw std::invalid_argument("sequence length " + std::to_string(T) + " exceeds the model's " +
-                                std::to_string(cfg_.block_size) + " positions");
+                                std::to_string(cfg.block_size) + " positions");
   for (int64_t i = 0; i < B * T; ++i)
     if (tokens[i] < 0 || tokens[i] >= V)
       throw std::invalid_argument("token id " + std::to_string(tokens[i]) +
                                   " outside the vocabulary of " + std::to_string(V));
 }
+
+void GPT::check_inputs(const int32_t* tokens, int64_t B, int64_t T) const { check_tokens(cfg_, tokens, B, T); }
 
 Tensor GPT::trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_t T) {
   check_inputs(tokens, B, T);

@@ -93,6 +93,10 @@ class GPT : public nn::Module {
   Head head_;
 };
 
+// Checks T against the model's positions and every token id against its vocabulary; throws
+// std::invalid_argument with a sentence (GPT and GPTStage call it before embedding).
+void check_tokens(const GPTConfig& cfg, const int32_t* tokens, int64_t B, int64_t T);
+
 // Names and full shapes of the parameters GPT(cfg) holds, in params() order, computed from the
 // config alone (nothing is allocated): loaders compare a checkpoint with them before building
 // a model.

@@ -126,13 +126,7 @@ Tensor GPTStage::forward(nn::Context& ctx, const Tensor& x_in, const int32_t* to
   ctx.pre_forward(this);
   Tensor x = x_in;
   if (spec_.embedding) {
-    if (T > cfg_.block_size)
-      throw std::invalid_argument("sequence length " + std::to_string(T) + " exceeds the model's " +
-                                  std::to_string(cfg_.block_size) + " positions");
-    for (int64_t i = 0; i < B * T; ++i)
-      if (tokens[i] < 0 || tokens[i] >= V)
-        throw std::invalid_argument("token id " + std::to_string(tokens[i]) +
-                                    " outside the vocabulary of " + std::to_string(V));
+    check_tokens(cfg_, tokens, B, T);
     layout_->check_seq(T);
     x = layout_->embed(ctx, wte, wpe, tokens, B, T, V);
     if (ctx.training) ctx.ints(this).assign(tokens, tokens + B * T);
