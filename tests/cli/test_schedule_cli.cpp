@@ -153,3 +153,45 @@ TEST(ScheduleCli, CostsChangeTheStepTime) {
   EXPECT_NE(plain.output.find("step time 12;"), std::string::npos) << plain.output;
   EXPECT_NE(slow.output.find("step time 20;"), std::string::npos) << slow.output;
 }
+
+// --action-costs replays measured times of single actions: the hand-computed GPipe case of
+// PipelineSimulate.MeasuredActionTimesOverrideTheirKind (1B0 five times a forward, every other
+// action at its kind's cost), given as a file with a comment and a blank line.
+TEST(ScheduleCli, ActionCostsReplayMeasuredTimes) {
+  meshtrain::testing::TempDir dir("schedule_cli");
+  const std::string path = dir.file("times.txt");
+  std::ofstream(path) << "# measured\n1B0 5   # the slow one\n\n0F0 1\n";
+  const auto r = run_cli("schedule --schedule gpipe --pp 2 --microbatches 2 --action-costs " + path);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("step time 12;"), std::string::npos) << r.output;
+  const std::vector<double> b = rank_bubbles(r.output);
+  ASSERT_EQ(b.size(), 2u) << r.output;
+  EXPECT_NEAR(b[0], 0.5, 1e-4);
+  EXPECT_NEAR(b[1], 0.25, 1e-4);
+  EXPECT_NE(r.output.find("2 of 8 compute actions timed from"), std::string::npos) << r.output;
+}
+
+TEST(ScheduleCli, BadActionCostsExit2NamingTheLine) {
+  meshtrain::testing::TempDir dir("schedule_cli");
+  struct Case {
+    std::string text, phrase;
+  };
+  for (const Case& c : {Case{"0F0 1\n1SEND_F0 2\n", ":2: 1SEND_F0 is not a compute action"},
+                        Case{"3F0 1\n", "3F0 is not a compute action of this gpipe schedule"},
+                        Case{"0F7 1\n", "--microbatches"},
+                        Case{"0F0\n", "expected '<action> <time>'"},
+                        Case{"0F0 1 2\n", "expected '<action> <time>'"},
+                        Case{"0Q0 1\n", ":1: "},
+                        Case{"0F0 -1\n", "at least 0, not '-1'"},
+                        Case{"0F0 fast\n", "not 'fast'"},
+                        Case{"0F0 1\n0F0 2\n", "given twice"}}) {
+    const std::string path = dir.file("times.txt");
+    std::ofstream(path) << c.text;
+    const auto r = run_cli("schedule --schedule gpipe --pp 2 --microbatches 2 --action-costs " + path);
+    EXPECT_EQ(r.code, 2) << c.text << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.phrase), std::string::npos) << c.text << "\n" << r.output;
+  }
+  const auto r = run_cli("schedule --action-costs " + dir.file("missing.txt"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot read"), std::string::npos) << r.output;
+}

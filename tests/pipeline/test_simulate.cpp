@@ -111,6 +111,34 @@ TEST(PipelineSimulate, TransferTimeLengthensTheCriticalPath) {
     }
 }
 
+// Measured per-action times replace the per-kind figure for exactly the actions they name.
+// GPipe, p = 2, m = 2, F = 1 and B = 2 everywhere except stage 1's backward of micro-batch 0,
+// which takes 5: rank 1 runs F0 [1,2], F1 [2,3], B0 [3,8], B1 [8,10]; rank 0 runs F0 [0,1],
+// F1 [1,2], then waits for each gradient: B0 [8,10], B1 [10,12]. Step 12; rank 0 busy 6 (bubble
+// 1/2), rank 1 busy 9 (bubble 1/4). Without the override the step is the textbook 3 x 3 = 9.
+TEST(PipelineSimulate, MeasuredActionTimesOverrideTheirKind) {
+  const mp::Schedule s = mp::add_send_recv(mp::make_schedule("gpipe", {2, 2, 1}));
+  mp::Costs c{.F = 1, .B = 2};
+  EXPECT_NEAR(mp::simulate(s, c).makespan, 9, 1e-12);
+  c.measured[{Kind::B, 1, 0}] = 5;
+  const mp::Timeline t = mp::simulate(s, c);
+  ASSERT_FALSE(t.deadlock);
+  EXPECT_NEAR(t.makespan, 12, 1e-12);
+  EXPECT_NEAR(t.busy[0], 6, 1e-12);
+  EXPECT_NEAR(t.busy[1], 9, 1e-12);
+  EXPECT_NEAR(t.bubble[0], 0.5, 1e-12);
+  EXPECT_NEAR(t.bubble[1], 0.25, 1e-12);
+  const auto slow = std::find_if(t.ranks[1].begin(), t.ranks[1].end(),
+                                 [](const mp::TimedAction& a) { return a.action == mp::parse_action("1B0"); });
+  ASSERT_NE(slow, t.ranks[1].end());
+  EXPECT_NEAR(slow->end - slow->start, 5, 1e-12);
+  // An uneven last stage (every action of stage 1 twice as long) sets the pace of 1F1B:
+  // step = F0 + m (F1 + B1) + B0 = 1 + 4 x 6 + 2 = 27 for m = 4.
+  mp::Costs uneven{.F = 1, .B = 2};
+  for (int mb = 0; mb < 4; ++mb) uneven.measured[{Kind::F, 1, mb}] = 2, uneven.measured[{Kind::B, 1, mb}] = 4;
+  EXPECT_NEAR(mp::simulate(mp::add_send_recv(mp::make_schedule("1f1b", {2, 4, 1})), uneven).makespan, 27, 1e-12);
+}
+
 TEST(PipelineSimulate, TimelineKeepsEachRanksOrderAndTheDependencies) {
   const mp::Costs c{.F = 1, .B = 2, .I = 1, .W = 1, .send = 0.25, .transfer = 0.5};
   for (const auto& g : mp::generators()) {

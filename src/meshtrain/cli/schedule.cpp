@@ -7,10 +7,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <stdexcept>
+#include <sstream>
 #include <string>
+#include <tuple>
 
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/cli/options.h"
@@ -32,6 +36,7 @@ struct ScheduleOptions {
   std::string schedule = "1f1b";
   int chunks = 1;  // 2 when not given and the schedule takes several
   std::string costs;
+  std::string action_costs;  // file of measured per-action times
   std::string svg;
 };
 
@@ -69,6 +74,50 @@ mp::Costs parse_costs(const std::string& text) {
     *field = v;
   }
   return c;
+}
+
+// The measured time of single compute actions, one per line: "<action> <time>", e.g.
+// "2F0 12.5" or "5B3c2 30.1" ('#' starts a comment). Every action must be a compute action of
+// `sched`, each given once; the time is in the unit of --costs.
+void read_action_costs(const std::string& path, const mp::Schedule& sched, mp::Costs& costs) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("--action-costs: cannot read '" + path + "'; give a file of lines '<action> <time>'.");
+  std::map<std::tuple<mp::Kind, int, int>, bool> wanted;
+  for (const auto& list : sched.ranks)
+    for (const mp::Action& a : list)
+      if (mp::is_compute(a.kind)) wanted[{a.kind, a.stage, a.microbatch}] = true;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    std::istringstream fields(line);
+    std::string action_text, time_text, extra;
+    if (!(fields >> action_text)) continue;
+    const std::string where = path + ":" + std::to_string(n) + ": ";
+    if (!(fields >> time_text) || (fields >> extra))
+      throw UsageError("--action-costs: " + where + "expected '<action> <time>' (e.g. '2F0 12.5'), not '" + line + "'.");
+    mp::Action a;
+    try {
+      a = mp::parse_action(action_text);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--action-costs: " + where + e.what());
+    }
+    const std::tuple<mp::Kind, int, int> key{a.kind, a.stage, a.microbatch};
+    if (!mp::is_compute(a.kind) || !wanted.count(key))
+      throw UsageError("--action-costs: " + where + action_text + " is not a compute action of this " + sched.name +
+                       " schedule; give the --pp, --microbatches, --schedule and --chunks of the run it was measured in.");
+    std::size_t used = 0;
+    double v = NAN;
+    try {
+      v = std::stod(time_text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != time_text.size() || !std::isfinite(v) || v < 0)
+      throw UsageError("--action-costs: " + where + "the time of " + action_text +
+                       " must be a finite number of at least 0, not '" + time_text + "'.");
+    if (!costs.measured.emplace(key, v).second)
+      throw UsageError("--action-costs: " + where + action_text + " is given twice; give each action once.");
+  }
 }
 
 std::string fixed(double v, int decimals) {
@@ -115,6 +164,7 @@ void run_schedule(const ScheduleOptions& o, bool chunks_given) {
 
   // ---- passes: a generated schedule that fails them is a bug, reported as a failure ----
   const mp::Schedule sched = mp::add_send_recv(plain);
+  if (!o.action_costs.empty()) read_action_costs(o.action_costs, sched, costs);
   if (auto fault = mp::validate(sched))
     throw std::runtime_error("the generated " + sched.name + " schedule is invalid: " + fault->to_string() + "\n" +
                              mp::format_lists(sched, fault));
@@ -130,8 +180,16 @@ void run_schedule(const ScheduleOptions& o, bool chunks_given) {
                                 short_num(given.send) + " transfer=" + short_num(given.transfer);
   std::printf("schedule %s: pp %d, %d micro-batches, %d chunk%s per rank (%d stages) - %s\n", sched.name.c_str(), pp,
               m, chunks, chunks == 1 ? "" : "s", sched.shape.stages(), std::string(gen->description).c_str());
-  std::printf("simulated with costs %s%s\n\n", cost_text.c_str(),
+  std::printf("simulated with costs %s%s\n", cost_text.c_str(),
               chunks == 1 ? "" : (" per rank (each chunk's action takes 1/" + std::to_string(chunks) + ")").c_str());
+  if (!o.action_costs.empty()) {
+    long compute = 0;
+    for (const auto& list : sched.ranks)
+      compute += std::count_if(list.begin(), list.end(), [](const mp::Action& a) { return mp::is_compute(a.kind); });
+    std::printf("%zu of %ld compute actions timed from %s%s\n", costs.measured.size(), compute,
+                o.action_costs.c_str(), long(costs.measured.size()) == compute ? "" : ", the others by kind");
+  }
+  std::printf("\n");
   std::printf("actions per rank, in order (communication added):\n%s\n", mp::format_lists(sched).c_str());
   std::printf("%-6s %10s %8s %16s\n", "rank", "busy", "bubble", "peak in flight");
   for (int r = 0; r < pp; ++r)
@@ -171,6 +229,9 @@ void add_schedule_command(CLI::App& app) {
                             ->check(integer<int>(1));
   c->add_option("--costs", opt->costs,
                 "Simulated time per kind, e.g. F=1,B=2,I=1,W=1,send=0,transfer=0 (these are the defaults)");
+  c->add_option("--action-costs", opt->action_costs,
+                "File of measured times of single actions, one '<action> <time>' per line (e.g. '2F0 12.5'), "
+                "replayed instead of the per-kind --costs");
   c->add_option("--svg", opt->svg, "Also draw the simulated swimlane into this SVG file");
   c->callback([opt, chunks] { run_schedule(*opt, chunks->count() > 0); });
 }

@@ -21,6 +21,12 @@ double Costs::of(Kind k) const {
   return 0;
 }
 
+double Costs::of(const Action& a) const {
+  if (!measured.empty())
+    if (auto it = measured.find({a.kind, a.stage, a.microbatch}); it != measured.end()) return it->second;
+  return of(a.kind);
+}
+
 std::string Deadlock::to_string() const {
   std::string s;
   for (const BlockedRank& b : blocked)
@@ -157,7 +163,7 @@ class Replay {
       complete(r, a, ready, end);
       return true;
     }
-    complete(r, a, ready, ready + costs_.of(a.kind));
+    complete(r, a, ready, ready + costs_.of(a));
     return true;
   }
 

@@ -18,8 +18,10 @@
 // is reported with its position, its blocked action and what that action waits for.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "meshtrain/pipeline/schedule.h"
@@ -30,11 +32,18 @@ enum class SendMode { buffered, rendezvous };
 
 // Time each kind takes. Defaults: backward costs twice a forward, and splits evenly into I
 // and W; communication is free. Only ratios matter for the bubble fraction.
+//
+// `measured` overrides the per-kind figure for single compute actions, keyed by (kind, stage,
+// micro-batch): a replay of durations measured in a run (bench/pipeline_bubble.py feeds it a
+// trace's F, B, I, W spans), so uneven stages and the spread of one action's time from the
+// next count as they did in the run.
 struct Costs {
   double F = 1, B = 2, I = 1, W = 1;
   double send = 0;      // time the sending rank spends posting a send
   double transfer = 0;  // time from the end of a send until the receive can complete
+  std::map<std::tuple<Kind, int, int>, double> measured = {};
   double of(Kind k) const;
+  double of(const Action& a) const;  // the measured figure when there is one, else of(kind)
 };
 
 struct BlockedRank {
