@@ -5,6 +5,7 @@
 #include <map>
 
 #include "meshtrain/model/gpt.h"
+#include "meshtrain/model/stage.h"
 #include "meshtrain/nn/linear.h"
 
 using namespace meshtrain;
@@ -61,8 +62,8 @@ TEST(GPT, InitialisationStatistics) {
     for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(t[i]) * t[i];
     return std::sqrt(s / static_cast<double>(t.numel()));
   };
-  EXPECT_NEAR(stddev(gpt.wte.value), 0.02, 0.001);
-  auto* blk = gpt.h[0].get();
+  EXPECT_NEAR(stddev(gpt.stage().wte.value), 0.02, 0.001);
+  auto* blk = gpt.stage().h[0].get();
   auto* mlp = static_cast<model::MLPBlock*>(blk->mlp.get());
   EXPECT_NEAR(stddev(mlp->c_proj->weight.value), 0.02 / std::sqrt(8.0), 0.0005);
   EXPECT_EQ(blk->ln_1.weight.value[0], 1.0f);

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "meshtrain/comm/threads_backend.h"
+#include "meshtrain/model/stage.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/parallel/tensor_parallel.h"
@@ -117,8 +118,8 @@ std::vector<RankBytes> measure_rank_bytes(const model::GPTConfig& cfg, int dp, i
       std::vector<nn::Param*> root;
       for (nn::Param* p : gpt->params())
         if (p->name.rfind("h.", 0) != 0) root.push_back(p);
-      units.push_back({gpt.get(), root});
-      for (auto& b : gpt->h) units.push_back({b.get(), b->params()});
+      units.push_back({&gpt->stage(), root});  // the stage runs the hooks of the whole model
+      for (auto& b : gpt->stage().h) units.push_back({b.get(), b->params()});
       const int64_t n_units = static_cast<int64_t>(units.size());
       parallel::DataParallel ddp(std::move(units), mesh.dp_ptr(), {.zero = zero, .bucket_bytes = 64 * 1024});
       train::AdamW adam(ddp.optimizer_params(), {}, 1);

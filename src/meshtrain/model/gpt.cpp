@@ -5,10 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "meshtrain/kernels/crossentropy.h"
 #include "meshtrain/kernels/elementwise.h"
-#include "meshtrain/kernels/embedding.h"
-#include "meshtrain/kernels/gemm.h"
 
 namespace meshtrain::model {
 
@@ -82,34 +79,28 @@ void Block::collect_params(std::vector<Param*>& out) {
   mlp->collect_params(out);
 }
 
-// ---- GPT ----
+// ---- GPT: one whole-model stage ----
 
-GPT::GPT(const GPTConfig& cfg, uint64_t seed)
-    : wte("wte.weight", {cfg.vocab_size, cfg.n_embd}),
-      wpe("wpe.weight", {cfg.block_size, cfg.n_embd}),
-      ln_f("ln_f", cfg.n_embd),
-      cfg_(cfg) {
-  cfg_.validate();
-  nn::init_normal(wte, seed, 0.02f);
-  nn::init_normal(wpe, seed, 0.02f);
-  for (int64_t i = 0; i < cfg.n_layer; ++i)
-    h.push_back(std::make_unique<Block>("h." + std::to_string(i), cfg, seed));
+GPT::GPT(const GPTConfig& cfg, uint64_t seed, std::shared_ptr<const GPTLayout> layout)
+    : stage_(std::make_unique<GPTStage>(cfg, seed, StageSpec::whole(), layout ? std::move(layout) : plain_layout())) {}
+
+GPT::~GPT() = default;
+
+float GPT::forward(Context& ctx, const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
+  float loss = 0;
+  stage_->forward(ctx, Tensor(), tokens, targets, B, T, &loss);
+  return loss;
 }
 
-GPT::GPT(const GPTConfig& cfg, uint64_t seed, nn::ShardSpec wte_shard,
-         std::vector<std::unique_ptr<Block>> blocks)
-    : wte("wte.weight", {cfg.vocab_size, cfg.n_embd}, wte_shard),
-      wpe("wpe.weight", {cfg.block_size, cfg.n_embd}),
-      h(std::move(blocks)),
-      ln_f("ln_f", cfg.n_embd),
-      cfg_(cfg) {
-  cfg_.validate();
-  if (static_cast<int64_t>(h.size()) != cfg.n_layer)
-    throw std::invalid_argument("GPT: " + std::to_string(h.size()) + " blocks given for " +
-                                std::to_string(cfg.n_layer) + " layers");
-  nn::init_normal(wte, seed, 0.02f);
-  nn::init_normal(wpe, seed, 0.02f);
+void GPT::backward(Context& ctx, float grad_scale) { stage_->backward(ctx, Tensor(), grad_scale); }
+
+Tensor GPT::logits(Context& ctx, const int32_t* tokens, int64_t B, int64_t T) {
+  return stage_->logits(ctx, tokens, B, T);
 }
+
+void GPT::collect_params(std::vector<Param*>& out) { stage_->collect_params(out); }
+
+const GPTConfig& GPT::config() const { return stage_->config(); }
 
 void check_tokens(const GPTConfig& cfg, const int32_t* tokens, int64_t B, int64_t T) {
   const int64_t V = cfg.vocab_size;
@@ -120,80 +111,6 @@ void check_tokens(const GPTConfig& cfg, const int32_t* tokens, int64_t B, int64_
     if (tokens[i] < 0 || tokens[i] >= V)
       throw std::invalid_argument("token id " + std::to_string(tokens[i]) +
                                   " outside the vocabulary of " + std::to_string(V));
-}
-
-void GPT::check_inputs(const int32_t* tokens, int64_t B, int64_t T) const { check_tokens(cfg_, tokens, B, T); }
-
-Tensor GPT::trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_t T) {
-  check_inputs(tokens, B, T);
-  Tensor x = plain_layout()->embed(ctx, wte, wpe, tokens, B, T, cfg_.vocab_size);
-  if (ctx.training) ctx.ints(this).assign(tokens, tokens + B * T);
-  Tensor skip;  // the long skip connection (config skip_from -> skip_to), if any
-  for (size_t i = 0; i < h.size(); ++i) {
-    if (static_cast<int64_t>(i) == cfg_.skip_to) {
-      Tensor sum = Tensor::empty(x.shape());
-      kernels::add(sum.data(), x.data(), skip.data(), x.numel(), ctx.threads);
-      x = sum;
-    }
-    ctx.pre_forward(h[i].get());
-    x = h[i]->forward(ctx, x);
-    ctx.post_forward(h[i].get());
-    if (static_cast<int64_t>(i) == cfg_.skip_from) skip = x;
-  }
-  return ln_f.forward(ctx, x);
-}
-
-float GPT::forward(Context& ctx, const int32_t* tokens, const int32_t* targets, int64_t B,
-                   int64_t T) {
-  ctx.pre_forward(this);
-  Tensor hN = trunk_forward(ctx, tokens, B, T);  // (B, T, C)
-  // The head is the plain layout's (model/stage.h): tied projection and cross-entropy.
-  const GPTLayout::Loss l = plain_layout()->head(ctx, &head_, hN, wte, targets, B, T, cfg_.vocab_size);
-  ctx.post_forward(this);
-  return l.valid ? static_cast<float>(l.sum / static_cast<double>(l.valid)) : 0.f;
-}
-
-void GPT::backward(Context& ctx, float grad_scale) {
-  const int64_t V = cfg_.vocab_size;
-  ctx.pre_backward(this);
-  Tensor dh = plain_layout()->head_backward(ctx, &head_, wte, grad_scale, V);  // (B, T, C)
-  const int64_t B = dh.dim(0), T = dh.dim(1);
-  Tensor dx = ln_f.backward(ctx, dh);
-  Tensor dskip;
-  for (size_t i = h.size(); i-- > 0;) {
-    if (static_cast<int64_t>(i) == cfg_.skip_from) {
-      Tensor sum = Tensor::empty(dx.shape());
-      kernels::add(sum.data(), dx.data(), dskip.data(), dx.numel(), ctx.threads);
-      dx = sum;
-    }
-    ctx.pre_backward(h[i].get());
-    dx = h[i]->backward(ctx, dx);
-    ctx.post_backward(h[i].get());
-    if (static_cast<int64_t>(i) == cfg_.skip_to) dskip = dx.clone();
-  }
-  std::vector<int32_t> tokens = std::move(ctx.ints(this));
-  ctx.release(this);
-  plain_layout()->embed_backward(ctx, wte, wpe, dx, tokens.data(), B, T, V);
-  ctx.grad_ready(&wpe);
-  ctx.grad_ready(&wte);
-  ctx.post_backward(this);
-}
-
-Tensor GPT::logits(Context& ctx, const int32_t* tokens, int64_t B, int64_t T) {
-  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
-  Context eval(ctx.threads, /*training=*/false);
-  Tensor hN = trunk_forward(eval, tokens, B, T);
-  Tensor out = Tensor::empty({B, T, V});
-  kernels::gemm(kernels::Trans::N, kernels::Trans::T, B * T, V, C, 1.f, hN.data(), C,
-                wte.value.data(), C, 0.f, out.data(), V, {ctx.threads});
-  return out;
-}
-
-void GPT::collect_params(std::vector<Param*>& out) {
-  out.push_back(&wte);
-  out.push_back(&wpe);
-  for (auto& b : h) b->collect_params(out);
-  ln_f.collect_params(out);
 }
 
 std::vector<std::pair<std::string, Shape>> gpt_param_shapes(const GPTConfig& cfg) {

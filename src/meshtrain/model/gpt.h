@@ -52,45 +52,31 @@ class Block : public nn::Layer {
   std::unique_ptr<nn::Layer> mlp;
 };
 
-// ---- the model ----
+// ---- the model: the whole GPT as one GPTStage (model/stage.h) ----
+class GPTLayout;
+class GPTStage;
+
 class GPT : public nn::Module {
  public:
-  GPT(const GPTConfig& cfg, uint64_t seed);
+  // `layout` is the layer factory (model/stage.h): null gives the single-rank layers;
+  // parallel::gpt_layout gives the tensor-parallel ones (parallel::build_gpt).
+  GPT(const GPTConfig& cfg, uint64_t seed, std::shared_ptr<const GPTLayout> layout = nullptr);
+  ~GPT() override;
 
   // Mean cross-entropy over the (B, T) targets; saves activations in ctx when training.
-  // forward, backward and logits are virtual so a parallel model (parallel/tensor_parallel.h)
-  // keeps this interface; the single-rank path pays one indirect call per micro-batch.
-  virtual float forward(Context& ctx, const int32_t* tokens, const int32_t* targets, int64_t B,
-                        int64_t T);
+  float forward(Context& ctx, const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
   // Backward of `grad_scale * mean loss` (grad_scale = this micro-batch's share of the global
   // batch). Parameter gradients accumulate.
-  virtual void backward(Context& ctx, float grad_scale = 1.0f);
-  // Logits (B, T, V) for sampling; saves nothing.
-  virtual Tensor logits(Context& ctx, const int32_t* tokens, int64_t B, int64_t T);
+  void backward(Context& ctx, float grad_scale = 1.0f);
+  // Logits (B, T, V) for sampling, the full vocabulary on every rank; saves nothing.
+  Tensor logits(Context& ctx, const int32_t* tokens, int64_t B, int64_t T);
 
   void collect_params(std::vector<Param*>& out) override;
-  const GPTConfig& config() const { return cfg_; }
-
-  Param wte;  // (V, C), also the output projection
-  Param wpe;  // (block_size, C)
-  std::vector<std::unique_ptr<Block>> h;
-  nn::LayerNorm ln_f;
-
- protected:
-  // For parallel builders: the token table laid out by `wte_shard` (split over the vocabulary
-  // for tensor parallelism) and blocks built by the caller from parallel layers. Names and
-  // initialisation are those of the public constructor, so every shard holds the values the
-  // full tensor holds there.
-  GPT(const GPTConfig& cfg, uint64_t seed, nn::ShardSpec wte_shard,
-      std::vector<std::unique_ptr<Block>> blocks);
-  // Checks T against the positions and every token against the vocabulary.
-  void check_inputs(const int32_t* tokens, int64_t B, int64_t T) const;
+  const GPTConfig& config() const;
+  GPTStage& stage() { return *stage_; }  // wte, wpe, h, ln_f
 
  private:
-  Tensor trunk_forward(Context& ctx, const int32_t* tokens, int64_t B, int64_t T);  // (B,T,C)
-  GPTConfig cfg_;
-  struct Head {};  // key for the head's saved tensors
-  Head head_;
+  std::unique_ptr<GPTStage> stage_;
 };
 
 // Checks T against the model's positions and every token id against its vocabulary; throws

@@ -78,6 +78,15 @@ Tensor GPTLayout::head_backward(nn::Context& ctx, const void* key, nn::Param& wt
   return dh;
 }
 
+Tensor GPTLayout::logits(nn::Context& ctx, const Tensor& hN, const nn::Param& wte, int64_t B, int64_t T,
+                         int64_t V) const {
+  const int64_t C = hN.dim(2);
+  Tensor out = Tensor::empty({B, T, V});
+  kernels::gemm(kernels::Trans::N, kernels::Trans::T, B * T, V, C, 1.f, hN.data(), C, wte.value.data(), C, 0.f,
+                out.data(), V, {ctx.threads});
+  return out;
+}
+
 Tensor GPTLayout::final_norm_backward(nn::Context& ctx, nn::LayerNorm& ln_f, const Tensor& dy) const {
   return ln_f.backward(ctx, dy);
 }
@@ -120,15 +129,13 @@ GPTStage::GPTStage(const GPTConfig& cfg, uint64_t seed, StageSpec spec,
   if (spec_.head) ln_f = std::make_unique<nn::LayerNorm>("ln_f", cfg.n_embd);
 }
 
-Tensor GPTStage::forward(nn::Context& ctx, const Tensor& x_in, const int32_t* tokens,
-                         const int32_t* targets, int64_t B, int64_t T, float* loss, Portal* portal) {
-  const int64_t V = cfg_.vocab_size;
-  ctx.pre_forward(this);
+Tensor GPTStage::trunk(nn::Context& ctx, const Tensor& x_in, const int32_t* tokens, int64_t B, int64_t T,
+                       Portal* portal) {
   Tensor x = x_in;
   if (spec_.embedding) {
     check_tokens(cfg_, tokens, B, T);
     layout_->check_seq(T);
-    x = layout_->embed(ctx, wte, wpe, tokens, B, T, V);
+    x = layout_->embed(ctx, wte, wpe, tokens, B, T, cfg_.vocab_size);
     if (ctx.training) ctx.ints(this).assign(tokens, tokens + B * T);
   }
   Tensor skip;  // the skip connection's tensor, when both its ends are here
@@ -146,14 +153,29 @@ Tensor GPTStage::forward(nn::Context& ctx, const Tensor& x_in, const int32_t* to
     ctx.post_forward(h[k].get());
     if (i == cfg_.skip_from) (holds(cfg_.skip_to) ? skip : portal_or_throw(portal, "forward")->out) = x;
   }
+  return x;
+}
+
+Tensor GPTStage::forward(nn::Context& ctx, const Tensor& x_in, const int32_t* tokens,
+                         const int32_t* targets, int64_t B, int64_t T, float* loss, Portal* portal) {
+  ctx.pre_forward(this);
+  Tensor x = trunk(ctx, x_in, tokens, B, T, portal);
   if (spec_.head) {
     Tensor hN = ln_f->forward(ctx, x);
-    const GPTLayout::Loss l = layout_->head(ctx, &head_, hN, wte, targets, B, T, V);
+    const GPTLayout::Loss l = layout_->head(ctx, &head_, hN, wte, targets, B, T, cfg_.vocab_size);
     if (loss) *loss = l.valid ? static_cast<float>(l.sum / static_cast<double>(l.valid)) : 0.f;
     x = Tensor();
   }
   ctx.post_forward(this);
   return x;
+}
+
+Tensor GPTStage::logits(nn::Context& ctx, const int32_t* tokens, int64_t B, int64_t T) {
+  if (!spec_.embedding || !spec_.head || spec_.first_layer != 0 || spec_.end_layer != cfg_.n_layer)
+    throw std::logic_error("GPTStage::logits needs the whole model in one stage");
+  nn::Context eval(ctx.threads, /*training=*/false);
+  Tensor hN = ln_f->forward(eval, trunk(eval, Tensor(), tokens, B, T, nullptr));
+  return layout_->logits(eval, hN, wte, B, T, cfg_.vocab_size);
 }
 
 Tensor GPTStage::backward(nn::Context& ctx, const Tensor& dy, float grad_scale, Portal* portal) {

@@ -57,6 +57,10 @@ class GPTLayout {
   // Backward of grad_scale * mean loss: accumulates into wte.grad, returns dhN (hN's shape).
   virtual Tensor head_backward(nn::Context& ctx, const void* key, nn::Param& wte, float grad_scale,
                                int64_t V) const;
+  // Logits (B, T, V) of hN for sampling, the full vocabulary on every rank (tensor parallelism
+  // gathers the vocabulary shards); saves nothing.
+  virtual Tensor logits(nn::Context& ctx, const Tensor& hN, const nn::Param& wte, int64_t B, int64_t T,
+                        int64_t V) const;
   // ln_f's backward (sequence parallelism reduces its partial gradients over tp).
   virtual Tensor final_norm_backward(nn::Context& ctx, nn::LayerNorm& ln_f, const Tensor& dy) const;
 };
@@ -100,6 +104,8 @@ class GPTStage : public nn::Module {
   // Across stages: takes_portal writes the skip tensor's gradient to portal->out; sends_portal
   // reads it from portal->in.
   Tensor backward(nn::Context& ctx, const Tensor& dy, float grad_scale, Portal* portal = nullptr);
+  // Logits (B, T, V) for sampling, on a stage that holds the whole model; saves nothing.
+  Tensor logits(nn::Context& ctx, const int32_t* tokens, int64_t B, int64_t T);
   bool sends_portal() const { return holds(cfg_.skip_from) && !holds(cfg_.skip_to); }
   bool takes_portal() const { return holds(cfg_.skip_to) && !holds(cfg_.skip_from); }
 
@@ -116,6 +122,8 @@ class GPTStage : public nn::Module {
   std::unique_ptr<nn::LayerNorm> ln_f;    // last stage only
 
  private:
+  // The embedding (first stage) and the blocks: the input of ln_f (last stage) or the output.
+  Tensor trunk(nn::Context& ctx, const Tensor& x_in, const int32_t* tokens, int64_t B, int64_t T, Portal* portal);
   bool holds(int64_t block) const { return block >= spec_.first_layer && block < spec_.end_layer; }
   GPTConfig cfg_;
   StageSpec spec_;

@@ -12,7 +12,7 @@
 
 #include "meshtrain/kernels/gemm.h"
 #include "meshtrain/kernels/linear.h"
-#include "meshtrain/parallel/tp_gpt.h"
+#include "meshtrain/parallel/tp_layout.h"
 #include "meshtrain/parallel/tp_regions.h"
 
 namespace meshtrain::parallel {
@@ -254,7 +254,7 @@ std::unique_ptr<model::GPT> build_gpt(const model::GPTConfig& cfg, uint64_t seed
                                       const TPOptions& opt) {
   if (!tp || tp->size() == 1) return std::make_unique<model::GPT>(cfg, seed);
   validate_tp(cfg, tp->size(), opt, 0);
-  return std::make_unique<TensorParallelGPT>(cfg, seed, std::move(tp), opt);
+  return std::make_unique<model::GPT>(cfg, seed, gpt_layout(std::move(tp), opt));
 }
 
 // ---- checkpoints: full logical tensors <-> shards ----

@@ -10,7 +10,7 @@
 // heads (groups = 3: each rank holds its heads' columns of q, k and v) / c_proj. So each block
 // half costs one all-reduce in forward and one in backward (without SP), or an all-gather and
 // a reduce-scatter each way (with SP). The embedding and the tied output projection are
-// vocabulary-parallel (tp_vocab.h); the model itself is in tp_gpt.h.
+// vocabulary-parallel (tp_vocab.h); the layer factory that builds the model is tp_layout.h.
 //
 // Both layers ARE nn::Linear (same names, same (in, out) storage, a shard spec on weight and
 // bias), so CausalSelfAttention and MLPBlock use them unchanged and checkpoints see GPT-2's
@@ -110,8 +110,9 @@ class TPBlock : public model::Block {
 
 // ---- the model, checkpoints and clipping ----
 
-// tp == nullptr or of size 1: the plain single-rank GPT. Otherwise a TensorParallelGPT
-// (tp_gpt.h) on this rank's shards; validate_tp runs first (without the seq check).
+// tp == nullptr or of size 1: the plain single-rank GPT. Otherwise the same model::GPT built
+// by the tensor-parallel layout (tp_layout.h) on this rank's shards; validate_tp runs first
+// (without the seq check).
 std::unique_ptr<model::GPT> build_gpt(const model::GPTConfig& cfg, uint64_t seed,
                                       std::shared_ptr<comm::Communicator> tp,
                                       const TPOptions& opt);

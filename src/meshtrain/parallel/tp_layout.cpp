@@ -1,7 +1,12 @@
 #include "meshtrain/parallel/tp_layout.h"
 
+#include <algorithm>
+#include <cstring>
+#include <span>
 #include <stdexcept>
+#include <vector>
 
+#include "meshtrain/kernels/gemm.h"
 #include "meshtrain/parallel/tp_regions.h"
 #include "meshtrain/parallel/tp_vocab.h"
 
@@ -73,6 +78,28 @@ Tensor TensorParallelLayout::head_backward(nn::Context& ctx, const void* key, nn
   hin = Tensor();
   return opt_.sequence_parallel ? GatherFromSP::backward(*tp_, dpart)
                                 : CopyToTP::backward(*tp_, std::move(dpart));
+}
+
+// ---- logits for sampling: local (N, V/p), gathered rank-major, then put in vocabulary order ----
+
+Tensor TensorParallelLayout::logits(nn::Context& ctx, const Tensor& hN, const nn::Param& wte, int64_t B,
+                                    int64_t T, int64_t V) const {
+  const int64_t C = wte.value.dim(1), N = B * T;
+  const int p = tp_->size();
+  const int64_t Vl = vocab_shard(V, *tp_).size;  // rank r's columns: r Vl + [0, its valid)
+  Tensor hin = opt_.sequence_parallel ? GatherFromSP::forward(*tp_, hN) : CopyToTP::forward(*tp_, hN);  // (B, T, C)
+  Tensor local = Tensor::empty({N, Vl});
+  kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, Vl, C, 1.f, hin.data(), C, wte.value.data(), C, 0.f,
+                local.data(), Vl, {ctx.threads});
+  std::vector<float> all(static_cast<size_t>(N * Vl * p));
+  tp_->all_gather(std::span<const float>(local.data(), N * Vl), std::span<float>(all), {.algorithm = kTPAlgorithm});
+  Tensor out = Tensor::empty({B, T, V});
+  for (int r = 0; r < p; ++r) {
+    const int64_t cols = std::clamp<int64_t>(V - r * Vl, 0, Vl);  // padding columns dropped
+    for (int64_t i = 0; i < N && cols > 0; ++i)
+      std::memcpy(out.data() + i * V + r * Vl, all.data() + (r * N + i) * Vl, cols * sizeof(float));
+  }
+  return out;
 }
 
 Tensor TensorParallelLayout::final_norm_backward(nn::Context& ctx, nn::LayerNorm& ln_f,

@@ -35,6 +35,8 @@ class TensorParallelLayout : public model::GPTLayout {
             const int32_t* targets, int64_t B, int64_t T, int64_t V) const override;
   Tensor head_backward(nn::Context& ctx, const void* key, nn::Param& wte, float grad_scale,
                        int64_t V) const override;
+  Tensor logits(nn::Context& ctx, const Tensor& hN, const nn::Param& wte, int64_t B, int64_t T,
+                int64_t V) const override;
   Tensor final_norm_backward(nn::Context& ctx, nn::LayerNorm& ln_f, const Tensor& dy) const override;
 
  private:
