@@ -2,12 +2,17 @@
 """Pipeline bubble, measured against theory and against the simulator.
 
 For each schedule and micro-batch count it trains gpt-small at --pp 2 (threads, one kernel
-thread per rank: one core each on a 2-core machine) with --trace, and prints per run:
-  theory     (p-1)/(m+p-1) for GPipe and 1F1B (ZB-H1, interleaved: the simulator's unit-cost figure)
-  predicted  the bubble `meshtrain schedule` simulates from this run's measured mean F, B
-             (and I, W) times per action (steps after the first)
-  measured   the executor's idle share of the step ((step - compute) / step), mean over ranks
-             and over the steps after the first, from the metrics file
+thread per rank: one core each on a 2-core machine) with --trace, and prints per run (steps
+after the first; each figure the mean over ranks, then over steps):
+  theory     (p-1)/(v m+p-1) for GPipe, 1F1B and interleaved; ZB-H1: the simulator with the
+             paper's unit costs F = I = W = 1
+  kind       `meshtrain schedule` with one time per kind (the run's mean F, B, I, W)
+  stage      `meshtrain schedule --action-costs` with one time per (kind, stage): the run's
+             uneven stages, without the spread from one micro-batch to the next
+  replay     `meshtrain schedule --action-costs` with every action's own measured time, step
+             by step: what the schedule gives with exactly the durations the run had, if
+             communication and wake-ups cost nothing
+  measured   the executor's idle share of the step ((step - compute) / step) from the metrics
 
 Usage (from the repository root, after scripts/build.sh):
   python3 bench/pipeline_bubble.py [--steps 6] [--schedules gpipe,1f1b] [--m 1,2,4,8,16]
@@ -30,6 +35,7 @@ ap.add_argument("--pp", type=int, default=2)
 ap.add_argument("--schedules", default="gpipe,1f1b")
 ap.add_argument("--m", default="1,2,4,8,16")
 ap.add_argument("--chunks", type=int, default=3, help="model chunks per rank for interleaved (gpt-small: 6 blocks = 2 x 3)")
+ap.add_argument("--keep", default="", help="directory to keep the traces, metrics and action-cost files in")
 args = ap.parse_args()
 if args.steps < 2:
     sys.exit("--steps must be at least 2 (the first step is left out)")
@@ -42,31 +48,46 @@ def run(cmd):
     return r.stdout
 
 
-def action_times(trace_path, first_step_end_us):
-    """Mean duration (ms) of F and B (or I, W) spans after the first step, over all ranks."""
+KIND = {"forward": "F", "backward": "B", "input-grad": "I", "weight-grad": "W"}
+NAME = re.compile(r"^\S+(?: gradient)? (\d+) \(stage (\d+)\)$")
+
+
+def step_actions(trace_path, per_rank):
+    """Per step: {action text: measured ms}, from each rank's compute spans in order
+    (`per_rank` compute actions per rank and step)."""
     doc = json.load(open(trace_path))
-    spans = {}
+    by_rank = {}
     for e in doc["traceEvents"]:
-        if e.get("ph") != "X" or e["ts"] < first_step_end_us:
+        kind = KIND.get(e.get("cat"))
+        if e.get("ph") != "X" or not kind:
             continue
-        kind = {"forward": "F", "backward": "B", "input-grad": "I", "weight-grad": "W"}.get(e.get("cat"))
-        if kind:
-            spans.setdefault(kind, []).append(e["dur"] / 1e3)
-    return {k: statistics.mean(v) for k, v in spans.items()}
+        mb, stage = NAME.match(e["name"]).groups()
+        by_rank.setdefault(e["pid"], []).append((e["ts"], f"{stage}{kind}{mb}", e["dur"] / 1e3))
+    steps = []
+    for rank, evs in sorted(by_rank.items()):
+        evs.sort()
+        if len(evs) % per_rank:
+            sys.exit(f"{trace_path}: rank {rank} has {len(evs)} compute spans, not a multiple of {per_rank}")
+        for i in range(len(evs) // per_rank):
+            if len(steps) <= i:
+                steps.append({})
+            steps[i].update({a: d for _, a, d in evs[i * per_rank:(i + 1) * per_rank]})
+    return steps
 
 
-def first_step_end(trace_path):
-    doc = json.load(open(trace_path))
-    ends = sorted(e["ts"] + e["dur"] for e in doc["traceEvents"]
-                  if e.get("ph") == "X" and e.get("cat") == "optimizer" and e.get("pid") == 0)
-    return ends[0]
+def simulate(shape_args, times, path):
+    with open(path, "w") as f:
+        f.writelines(f"{a} {d:.4f}\n" for a, d in sorted(times.items()))
+    out = run([args.bin, "schedule"] + shape_args + ["--action-costs", path])
+    return float(re.search(r"bubble fraction ([0-9.]+)", out).group(1))
 
 
 print(f"pipeline bubble: {args.model}, pp {args.pp}, threads backend, {args.steps} steps per run "
       f"(the first left out), machine: {os.cpu_count()} cores")
-print(f"{'schedule':10} {'m':>3} {'theory':>8} {'predicted':>10} {'measured':>9} {'meas-pred':>10} "
-      f"{'F ms':>7} {'B ms':>7}")
-tmp = tempfile.mkdtemp()
+print(f"{'schedule':12} {'m':>3} {'theory':>7} {'kind':>7} {'stage':>7} {'replay':>7} {'measured':>9} "
+      f"{'meas-replay':>11} {'F ms':>6} {'B/I ms':>7} {'W ms':>6}")
+tmp = args.keep or tempfile.mkdtemp()
+os.makedirs(tmp, exist_ok=True)
 for sched in args.schedules.split(","):
     for m in [int(x) for x in args.m.split(",")]:
         p = args.pp
@@ -79,20 +100,34 @@ for sched in args.schedules.split(","):
             + (["--chunks", str(v)] if v > 1 else []))
         lines = [json.loads(l) for l in open(metrics)][1:]
         measured = statistics.mean(statistics.mean(l["bubble"]) for l in lines)
-        t = action_times(trace, first_step_end(trace))
-        # The simulator's costs are a rank's whole share: v chunks' actions of 1/v each.
-        costs = ",".join(f"{k}={v * t[k]:.4f}" for k in ("F", "B", "I", "W") if k in t)
-        if "I" in t and "B" not in t:
-            costs += ",B=" + f"{v * (t['I'] + t['W']):.4f}"
-        out = run([args.bin, "schedule", "--pp", str(p), "--microbatches", str(m),
-                   "--schedule", "zb-h1" if sched == "zb" else sched, "--costs", costs]
-                  + (["--chunks", str(v)] if v > 1 else []))
-        predicted = float(re.search(r"bubble fraction ([0-9.]+)", out).group(1))
+        split = sched in ("zb", "zb-h1")
+        steps = step_actions(trace, m * v * (3 if split else 2))[1:]
+        shape = ["--pp", str(p), "--microbatches", str(m), "--schedule", "zb-h1" if split else sched] + \
+                (["--chunks", str(v)] if v > 1 else [])
+        # replay: each step with its own action times
+        replay = statistics.mean(simulate(shape, st, f"{tmp}/{sched}{m}-step{i + 1}.txt")
+                                 for i, st in enumerate(steps))
+        # stage: the mean per (stage, kind) given to every micro-batch
+        per = {}
+        for st in steps:
+            for a, d in st.items():
+                per.setdefault(re.sub(r"\d+$", "", a), []).append(d)
+        stage_mean = {k: statistics.mean(d) for k, d in per.items()}
+        stage = simulate(shape, {a: stage_mean[re.sub(r"\d+$", "", a)] for a in steps[0]}, f"{tmp}/{sched}{m}-stage.txt")
+        # kind: one mean per kind
+        kinds = {}
+        for st in steps:
+            for a, d in st.items():
+                kinds.setdefault(re.search(r"[FBIW]", a).group(0), []).append(d)
+        t = {k: statistics.mean(d) for k, d in kinds.items()}
+        kind = simulate(shape, {a: t[re.search(r"[FBIW]", a).group(0)] for a in steps[0]}, f"{tmp}/{sched}{m}-kind.txt")
         theory = (p - 1) / (v * m + p - 1)  # GPipe, 1F1B; interleaved with v chunks
-        if sched in ("zb", "zb-h1"):  # the paper's unit costs F = I = W = 1
+        if split:  # the paper's unit costs F = I = W = 1
             unit = run([args.bin, "schedule", "--pp", str(p), "--microbatches", str(m),
                         "--schedule", "zb-h1", "--costs", "F=1,B=2,I=1,W=1"])
             theory = float(re.search(r"bubble fraction ([0-9.]+)", unit).group(1))
-        print(f"{sched:10} {m:>3} {theory:8.3f} {predicted:10.3f} {measured:9.3f} "
-              f"{100 * (measured - predicted):+9.1f}p {t.get('F', 0):7.2f} {t.get('B', t.get('I', 0)):7.2f}")
+        label = sched if v == 1 else f"{sched} v{v}"
+        print(f"{label:12} {m:>3} {theory:7.3f} {kind:7.3f} {stage:7.3f} {replay:7.3f} {measured:9.3f} "
+              f"{100 * (measured - replay):+10.1f}p {t.get('F', 0):6.1f} {t.get('B', t.get('I', 0)):7.1f} "
+              f"{t.get('W', 0):6.1f}")
         sys.stdout.flush()
