@@ -9,6 +9,7 @@ PACKAGES=(
   libopenblas-openmp-dev libblis-dev libdnnl-dev   # BLAS candidates (docs/benchmarks.md)
   ocl-icd-opencl-dev opencl-c-headers              # oneDNN's CMake package requires OpenCL
   libopenmpi-dev openmpi-bin                       # the mpi backend
+  iproute2                                         # tests: two hosts as network namespaces
   libgtest-dev libgmock-dev libbenchmark-dev       # tests and benchmarks
   libxml2-dev                                      # tests read the SVG swimlanes back
   nlohmann-json3-dev libcli11-dev zlib1g-dev

@@ -153,7 +153,6 @@ const Case kCases[] = {
     {"HeadsNotDivisibleByTp", kTrain + "--tp 3", 2, {"--tp 3"}},
     {"ZeroWithParameterServer", kTrain + "--dp 2 --batch 4 --ps-servers 1 --zero 1", 2, {"ZeRO", "--ps-servers"}},
     {"ZeroStageFour", kTrain + "--zero 4", 2, {"--zero"}},
-    {"ZeroWithTp", kTrain + "--tp 2 --zero 1", 2, {"--zero", "--tp"}},
     {"MoreStagesThanLayers", kTrain + "--pp 5", 2, {"4 blocks", "--pp"}},
     {"PpBalanceWrongSum", kTrain + "--pp 2 --pp-balance 3,2", 2, {"--pp-balance", "sum to 4"}},
     {"PpBalanceNotANumber", kTrain + "--pp 2 --pp-balance 2,two", 2, {"--pp-balance", "'two'"}},
@@ -161,7 +160,6 @@ const Case kCases[] = {
     {"InterleavedWithoutChunks", kTrain + "--pp 2 --schedule interleaved", 2, {"--chunks 2"}},
     {"InterleavedMicrobatches", kTrain + "--pp 2 --schedule interleaved --chunks 2 --microbatches 3", 2, {"--microbatches 3", "multiple of 2"}},
     {"MicrobatchesNotDividingPipelineRows", kTrain + "--pp 2 --microbatches 5", 2, {"--microbatches"}},
-    {"ZeroWithPipeline", kTrain + "--pp 2 --zero 1", 2, {"--zero", "--pp"}},
 
     {"UnknownSchedule", kTrain + "--schedule sideways", 2, {"--schedule", "sideways"}},
     {"UnknownBackend", kTrain + "--backend carrier-pigeon", 2, {"--backend"}},

@@ -114,7 +114,6 @@ TEST(Validate, EveryFlagOutsideItsRangeIsNamed) {
       {"--chunks", [](auto& o) { o.pp = 2, o.schedule = "interleaved", o.chunks = 3, o.microbatches = 2; }},
       {"--chunks", [](auto& o) { o.pp = 2, o.schedule = "interleaved"; }},
       {"--chunks", [](auto& o) { o.pp = 2, o.chunks = 2; }},  // 1f1b runs one chunk
-      {"--zero", [](auto& o) { o.pp = 2, o.zero = 1; }},
       {"--bucket-mb", [](auto& o) { o.dp = 2, o.bucket_bytes = -1; }},
   };
   for (const Bad& b : cases) {

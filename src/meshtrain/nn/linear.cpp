@@ -55,8 +55,9 @@ void Linear::defer_weight_grad(Context& ctx, const Tensor& x, const Tensor& dy) 
   ctx.defer(
       [this, x, g](Context& c) {
         const int64_t C = in_local(), OC = out_local(), N = x.numel() / C;
+        // dW = x^T dy needs no weight values (under ZeRO-3 they are released by now).
         kernels::linear_backward(nullptr, weight.grad.data(), has_bias ? bias.grad.data() : nullptr, g.data(),
-                                 x.data(), weight.value.data(), N, C, OC, c.threads);
+                                 x.data(), nullptr, N, C, OC, c.threads);
         c.grad_ready(&weight);
         if (has_bias) c.grad_ready(&bias);
       },

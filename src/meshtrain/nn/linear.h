@@ -25,8 +25,8 @@ class Linear : public Layer {
   Tensor backward(Context& ctx, const Tensor& dy) override; // (N.., out) -> (N.., in)
   void collect_params(std::vector<Param*>& out) override;
 
-  int64_t in_local() const { return weight.value.dim(0); }
-  int64_t out_local() const { return weight.value.dim(1); }
+  int64_t in_local() const { return weight.local_shape()[0]; }  // also while ZeRO-3 has released the values
+  int64_t out_local() const { return weight.local_shape()[1]; }
 
   Param weight;  // (in, out), local part
   Param bias;    // (out), local part; empty when bias = false

@@ -50,16 +50,33 @@ DataParallel::DataParallel(std::vector<Unit> units, std::shared_ptr<comm::Commun
     for (nn::Param* p : u.params) params_.push_back(p);
 
   // Group parameters: stage 3 by unit, otherwise in reverse order by size.
+  auto own = [&](const nn::Param* p) {
+    return std::find(opt_.own_bucket.begin(), opt_.own_bucket.end(), p) != opt_.own_bucket.end();
+  };
   std::vector<std::vector<nn::Param*>> groups;
   if (opt_.zero == 3) {
     for (size_t i = 0; i < units.size(); ++i) {
-      unit_of_[units[i].module] = groups.size();
-      groups.push_back(units[i].params);
+      unit_of_[units[i].module] = i;
+      unit_buckets_.emplace_back();
+      std::vector<nn::Param*> rest;
+      for (nn::Param* p : units[i].params) {
+        if (!own(p)) {
+          rest.push_back(p);
+          continue;
+        }
+        unit_buckets_.back().push_back(groups.size());
+        groups.push_back({p});
+      }
+      if (!rest.empty()) unit_buckets_.back().push_back(groups.size()), groups.push_back(std::move(rest));
     }
   } else {
     std::vector<nn::Param*> cur;
     int64_t bytes = 0;
     for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
+      if (own(*it)) {
+        groups.push_back({*it});
+        continue;
+      }
       cur.push_back(*it);
       bytes += (*it)->value.bytes();
       if (bytes >= opt_.bucket_bytes) groups.push_back(std::move(cur)), cur.clear(), bytes = 0;
@@ -99,7 +116,7 @@ DataParallel::DataParallel(std::vector<Unit> units, std::shared_ptr<comm::Commun
     buckets_.push_back(std::move(b));
   }
   if (opt_.zero == 3)
-    for (size_t u = 0; u < buckets_.size(); ++u) release_unit(u);
+    for (size_t b = 0; b < buckets_.size(); ++b) release_bucket(b);
 
   // Segment parameters: this rank's slice of each parameter, for the sharded optimizer.
   if (opt_.zero >= 1) {
@@ -118,6 +135,7 @@ DataParallel::DataParallel(std::vector<Unit> units, std::shared_ptr<comm::Commun
                                     : Tensor::view(b->values, s, {e - s});
         seg->grad = opt_.zero >= 2 ? Tensor::view(b->grad_shard, s - lo, {e - s})
                                    : Tensor::view(b->grads, s, {e - s});
+        origin_[seg.get()] = p;
         segments_.push_back(std::move(seg));
       }
     }
@@ -203,8 +221,30 @@ double DataParallel::reduce_grad_sq(double local) {
   return v[0];
 }
 
+const nn::Param* DataParallel::origin(const nn::Param* q) const {
+  auto it = origin_.find(q);
+  return it == origin_.end() ? q : it->second;
+}
+
+std::span<float> DataParallel::synced_grad(const nn::Param* p) {
+  auto it = bucket_of_.find(p);
+  if (it == bucket_of_.end()) throw std::logic_error("synced_grad: " + p->name + " is not synchronised here");
+  if (opt_.zero <= 1) return {const_cast<nn::Param*>(p)->grad.data(), static_cast<size_t>(p->grad.numel())};
+  Bucket& b = *it->second;
+  if (b.params.size() != 1)
+    throw std::logic_error("synced_grad: " + p->name + " shares its bucket; give it own_bucket");
+  return span_of(b.grad_shard);
+}
+
 void DataParallel::finish_optimizer_step() {
-  if (opt_.zero == 0 || opt_.zero == 3) return;
+  if (opt_.zero == 3) {
+    // A unit prefetched for an order the schedule did not follow (interleaved pipelines run
+    // several chunks' units in turn) may still hold values gathered before this update.
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      if (buckets_[b]->gathered) release_bucket(b);
+    return;
+  }
+  if (opt_.zero == 0) return;
   std::vector<comm::Work> works;
   std::vector<Tensor> inputs;
   for (auto& b : buckets_) {
@@ -217,8 +257,8 @@ void DataParallel::finish_optimizer_step() {
 
 // ---- ZeRO-3 units ----
 
-void DataParallel::gather_unit(size_t u, bool wait) {
-  Bucket& b = *buckets_[u];
+void DataParallel::gather_bucket(size_t i, bool wait) {
+  Bucket& b = *buckets_[i];
   if (!b.gathered) {
     b.values = Tensor::empty({b.numel});
     b.view_values();
@@ -231,8 +271,8 @@ void DataParallel::gather_unit(size_t u, bool wait) {
   }
 }
 
-void DataParallel::release_unit(size_t u) {
-  Bucket& b = *buckets_[u];
+void DataParallel::release_bucket(size_t i) {
+  Bucket& b = *buckets_[i];
   b.gather_work.wait();
   b.gather_work = {};
   for (nn::Param* p : b.params) p->value = Tensor();
@@ -243,33 +283,34 @@ void DataParallel::release_unit(size_t u) {
 void DataParallel::on_pre(const nn::Module* m, bool backward) {
   auto it = unit_of_.find(m);
   if (it == unit_of_.end()) return;
-  const size_t u = it->second, n = buckets_.size();
-  gather_unit(u, true);
+  const size_t u = it->second, n = unit_buckets_.size();
+  for (size_t b : unit_buckets_[u]) gather_bucket(b, true);
   // Prefetch the next unit in execution order: forward root, 1, 2, ...; backward root, n-1, ...
   size_t next = n;
   if (!backward) next = u + 1;
   else next = u == 0 ? n - 1 : u - 1;
-  if (next >= 1 && next < n) gather_unit(next, false);
+  if (next >= 1 && next < n)
+    for (size_t b : unit_buckets_[next]) gather_bucket(b, false);
 }
 
 void DataParallel::on_post(const nn::Module* m, bool backward) {
   auto it = unit_of_.find(m);
   if (it == unit_of_.end()) return;
-  release_unit(it->second);
+  for (size_t b : unit_buckets_[it->second]) release_bucket(b);
 }
 
 // ---- checkpoints and evaluation ----
 
 void DataParallel::with_full_params(const std::function<void()>& fn) {
   if (opt_.zero < 3) return fn();
-  for (size_t u = 0; u < buckets_.size(); ++u) gather_unit(u, true);
+  for (size_t b = 0; b < buckets_.size(); ++b) gather_bucket(b, true);
   try {
     fn();
   } catch (...) {
-    for (size_t u = 0; u < buckets_.size(); ++u) release_unit(u);
+    for (size_t b = 0; b < buckets_.size(); ++b) release_bucket(b);
     throw;
   }
-  for (size_t u = 0; u < buckets_.size(); ++u) release_unit(u);
+  for (size_t b = 0; b < buckets_.size(); ++b) release_bucket(b);
 }
 
 std::vector<Tensor> DataParallel::gather_segments(const std::vector<Tensor>& segs) {

@@ -6,6 +6,7 @@
 //   - Stages 0-2: buckets are filled in reverse parameter order (the order backward produces
 //     gradients) up to `bucket_bytes`. Stage 3: one bucket per unit (the model's root
 //     parameters, then one per transformer block), because a unit is what is gathered.
+//     Parameters named in own_bucket sit alone in a bucket (stage 3: within their unit).
 //   - A bucket's communication starts (async Work) from the grad_ready hook as soon as its last
 //     gradient is final, so it overlaps the rest of backward; with gradient accumulation only
 //     the last micro-batch communicates (set_sync).
@@ -32,6 +33,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
@@ -45,6 +47,11 @@ inline constexpr int64_t kDefaultBucketBytes = 4 << 20;
 struct DataParallelOptions {
   int zero = 0;                           // ZeRO stage 0..3
   int64_t bucket_bytes = kDefaultBucketBytes;  // stages 0-2
+  // Parameters that get a bucket of their own (at stage 3: of their own within their unit), so
+  // that this rank's slice of them is the same on every rank that holds them whatever else the
+  // model holds: the tied token table of the first and the last pipeline stage, whose
+  // gradients are summed across the two stages (synced_grad).
+  std::vector<const nn::Param*> own_bucket = {};
 };
 
 // A unit of ZeRO-3: the module whose hooks gather it, and its parameters.
@@ -73,6 +80,11 @@ class DataParallel {
   std::vector<nn::Param*> optimizer_params();
   // The global sum of squares of the gradients from this rank's local one.
   double reduce_grad_sq(double local);
+  // The original parameter of an optimizer_params() entry (itself at stage 0).
+  const nn::Param* origin(const nn::Param* opt_param) const;
+  // After finish_grad_sync: the gradient of p this rank keeps, reduced over dp — all of it at
+  // stages 0-1, this rank's slice at stages 2-3 (p must have a bucket of its own there).
+  std::span<float> synced_grad(const nn::Param* p);
   // After the optimizer: stage 1/2 all-gather the updated values.
   void finish_optimizer_step();
 
@@ -102,8 +114,8 @@ class DataParallel {
   struct Bucket;
   void grad_ready(nn::Param* p);
   void launch(Bucket& b);
-  void gather_unit(size_t u, bool wait);
-  void release_unit(size_t u);
+  void gather_bucket(size_t b, bool wait);
+  void release_bucket(size_t b);
   void on_pre(const nn::Module* m, bool backward);
   void on_post(const nn::Module* m, bool backward);
 
@@ -112,8 +124,10 @@ class DataParallel {
   std::vector<nn::Param*> params_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::map<const nn::Param*, Bucket*> bucket_of_;
-  std::map<const nn::Module*, size_t> unit_of_;  // stage 3: module -> bucket index
+  std::map<const nn::Module*, size_t> unit_of_;  // stage 3: module -> unit index
+  std::vector<std::vector<size_t>> unit_buckets_;  // stage 3: the buckets of each unit
   std::vector<std::unique_ptr<nn::Param>> segments_;
+  std::map<const nn::Param*, const nn::Param*> origin_;  // segment -> its parameter
   nn::Hooks hooks_;
   bool sync_ = true;
 };

@@ -69,6 +69,7 @@ class RankTrainer {
   const nn::Param* wte_copy() {
     return o_.pp > 1 && stages_.back()->last() ? &stages_.back()->wte : nullptr;
   }
+  double global_grad_sq();
   double pp_sum(double v) {
     if (o_.pp == 1) return v;
     std::array<double, 1> a{v};

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "meshtrain/comm/world.h"
+#include "meshtrain/kernels/adamw.h"
 #include "meshtrain/model/gpt.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
@@ -66,6 +67,11 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     parallel::DataParallelOptions dpo;
     dpo.zero = o_.zero;
     if (o_.bucket_bytes > 0) dpo.bucket_bytes = o_.bucket_bytes;
+    // The tied token table of the first and last stage: a bucket of its own, so both stages
+    // slice it alike over dp and can sum their slices of its gradient.
+    if (o_.pp > 1)
+      for (auto& stage : stages_)
+        if (stage->first() || stage->last()) dpo.own_bucket.push_back(&stage->wte);
     ddp_ = std::make_unique<parallel::DataParallel>(units(), mesh_.dp_ptr(), dpo);
     params = ddp_->optimizer_params();
   }
@@ -156,6 +162,24 @@ StateBytes RankTrainer::state_bytes() {
   return s;
 }
 
+// The squared gradient norm of the whole model, the same on every rank. Each rank adds what it
+// holds — the parameters of its stages, or under ZeRO its dp slices of them — counting a
+// tp-replicated gradient on tp rank 0 only and the last stage's copy of the tied wte not at all;
+// the sums then run over dp (only when the ranks hold disjoint slices), tp and pp.
+double RankTrainer::global_grad_sq() {
+  const bool sliced = ddp_ && o_.zero >= 1;
+  double split = 0, replicated = 0;
+  for (nn::Param* q : sliced ? ddp_->optimizer_params() : stage_params()) {
+    const nn::Param* p = sliced ? ddp_->origin(q) : q;
+    if (p == wte_copy()) continue;
+    (p->shard.is_split() ? split : replicated) += kernels::sum_squares(q->grad.data(), q->grad.numel(), o_.threads);
+  }
+  std::array<double, 1> sq{split + (mesh_.coord().tp == 0 ? replicated : 0.0)};
+  if (sliced && o_.dp > 1) mesh_.dp_group().all_reduce(sq);
+  if (o_.tp > 1) mesh_.tp_group().all_reduce(sq);
+  return pp_sum(sq[0]);
+}
+
 // ---- the loop ----
 
 void RankTrainer::run() {
@@ -182,19 +206,7 @@ void RankTrainer::run() {
   // --resume: train() kept the file's lines up to `start`; continue it.
   if (lead_) metrics = std::make_unique<MetricsWriter>(o_.metrics, /*append=*/o_.resume);
   std::vector<int32_t> tok(M * rows * T), tgt(M * rows * T);  // the step's micro-batches
-  auto reduce_sq = [this](double local) {
-    if (o_.pp > 1) {
-      // Every parameter once: split ones summed over tp, replicated ones from tp rank 0, the
-      // stages summed over pp, the tied wte counted on the first stage only.
-      std::vector<nn::Param*> counted;
-      for (nn::Param* p : stage_params())
-        if (p != wte_copy()) counted.push_back(p);
-      return pp_sum(parallel::tp_grad_sq(counted, mesh_.tp_group()));
-    }
-    // Tensor parallelism: split gradients summed over tp, replicated ones counted once.
-    if (o_.tp > 1) return parallel::tp_grad_sq(stage_params(), mesh_.tp_group());
-    return ddp_ ? ddp_->reduce_grad_sq(local) : local;
-  };
+  auto reduce_sq = [this](double) { return global_grad_sq(); };
   auto t_start = Clock::now();
 
   for (int64_t step = start; step < o_.steps; ++step) {
@@ -232,9 +244,10 @@ void RankTrainer::run() {
       trace::Recorder::Span s(sh_.recorder, mesh_.rank(), trace::Track::compute, "wait for gradients", "wait");
       ddp_->finish_grad_sync();
     }
-    if (emb_) {  // the tied token table: first stage + last stage
+    if (emb_) {  // the tied token table: first stage + last stage (under ZeRO-2/3 their equal slices)
       nn::Param& wte = stages_[0]->first() ? stages_[0]->wte : stages_.back()->wte;
-      emb_->all_reduce(std::span<float>(wte.grad.data(), static_cast<size_t>(wte.grad.numel())));
+      emb_->all_reduce(ddp_ ? ddp_->synced_grad(&wte)
+                            : std::span<float>(wte.grad.data(), static_cast<size_t>(wte.grad.numel())));
     }
     const int rank = mesh_.rank();
     auto* rec = sh_.recorder;

@@ -135,11 +135,7 @@ void check_layout(const TrainOptions& o) {
   if (o.backend == "mpi" && !comm::launched_by_mpirun())
     bad("--backend mpi needs the program to be started by mpirun (mpirun -np N meshtrain train ...)");
   // The drivers of these land with their issues; until then say so instead of pretending.
-  if (o.tp > 1 && o.zero > 0)
-    bad("ZeRO (--zero > 0) together with tensor parallelism is not supported yet; use --zero 0 with --tp, or --tp 1");
   if (o.sequence_parallel && o.tp == 1) bad("--sequence-parallel needs --tp 2 or more");
-  if (o.pp > 1 && o.zero > 0)
-    bad("ZeRO (--zero > 0) together with pipeline parallelism is not supported yet; use --zero 0 with --pp, or --pp 1");
   if (o.pp > 1 && o.schedule == "interleaved" && o.chunks < 2)
     bad("--schedule interleaved runs several model chunks per pipeline rank; add --chunks 2 (or more)");
   if (o.chunks > 1 && (o.pp == 1 || o.schedule != "interleaved"))

@@ -1,0 +1,13 @@
+# Two hosts simulated as network namespaces joined by a veth pair, mpirun across them
+# (tests/hosts/two_hosts.sh): --dp 2 and --pp 2 with one rank per host reproduce the threads run.
+# Needs root and iproute2; where namespaces cannot be made (a container) the test is skipped.
+if(MESHTRAIN_HAVE_MPI)
+  find_program(MESHTRAIN_MPIRUN NAMES mpirun mpiexec)
+  foreach(layout dp pp)
+    add_test(NAME hosts_two_namespaces_${layout}2
+             COMMAND ${CMAKE_CURRENT_LIST_DIR}/two_hosts.sh $<TARGET_FILE:meshtrain> ${MESHTRAIN_MPIRUN}
+                     --${layout} 2 --microbatches 2)
+    set_tests_properties(hosts_two_namespaces_${layout}2 PROPERTIES TIMEOUT 400 LABELS hosts
+        PASS_REGULAR_EXPRESSION "TWO HOSTS OK" SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+  endforeach()
+endif()
