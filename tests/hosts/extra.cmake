@@ -1,6 +1,8 @@
 # Two hosts simulated as network namespaces joined by a veth pair, mpirun across them
-# (tests/hosts/two_hosts.sh): --dp 2 and --pp 2 with one rank per host reproduce the threads run.
-# Needs root and iproute2; where namespaces cannot be made (a container) the test is skipped.
+# (tests/hosts/netns.sh). two_hosts.sh: --dp 2 and --pp 2 with one rank per host reproduce the
+# threads run. host_fault.sh: a partition (the link taken down) and a stopped rank (SIGSTOP) end
+# the whole job with meshtrain's error within the deadline plus seconds, and --resume continues
+# on the uninterrupted curve. Needs root and iproute2; skipped where namespaces cannot be made.
 if(MESHTRAIN_HAVE_MPI)
   find_program(MESHTRAIN_MPIRUN NAMES mpirun mpiexec)
   foreach(layout dp pp)
@@ -9,5 +11,11 @@ if(MESHTRAIN_HAVE_MPI)
                      --${layout} 2 --microbatches 2)
     set_tests_properties(hosts_two_namespaces_${layout}2 PROPERTIES TIMEOUT 400 LABELS hosts
         PASS_REGULAR_EXPRESSION "TWO HOSTS OK" SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+  endforeach()
+  foreach(fault partition sigstop)
+    add_test(NAME hosts_fault_${fault}
+             COMMAND ${CMAKE_CURRENT_LIST_DIR}/host_fault.sh $<TARGET_FILE:meshtrain> ${MESHTRAIN_MPIRUN} ${fault})
+    set_tests_properties(hosts_fault_${fault} PROPERTIES TIMEOUT 400 LABELS hosts
+        PASS_REGULAR_EXPRESSION "HOST FAULT OK" SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
   endforeach()
 endif()

@@ -53,6 +53,7 @@ void OpContext::wait(RequestPtr& r) {
         why << "; rank " << peer << " was itself waiting for " << format_ranks(missing)
             << ", which did not post its side (busy outside communication)";
     }
+    t_.note_silent(missing);
     CommError e(ErrorKind::timeout, op_, group_, seq_, std::move(missing), why.str());
     t_.abort(std::string("rank ") + std::to_string(t_.rank()) + " of '" + group_ + "': " + e.what());
     throw e;

@@ -99,6 +99,9 @@ class Transport {
 
   // Make every member's pending and future waits fail (after a timeout or a failed rank).
   virtual void abort(const std::string& reason) = 0;
+  // The members that did not answer by a deadline (called before abort). A backend that gives
+  // the others time to report before it ends the job (mpi) need not wait for these.
+  virtual void note_silent(const std::vector<int>& ranks) { (void)ranks; }
 
   // The backend's own collective (Algorithm::native); `unsupported` where it has none.
   enum class NativeResult { done, timeout, unsupported };

@@ -46,6 +46,7 @@ constexpr int kNoticeTag = 1;
 constexpr int kDoneTag = 2;  // "this failed process has reported and is leaving" (1 byte)
 constexpr int kNoticeBytes = 512;
 std::vector<MPI_Request> g_notice_sends;  // kept (not freed) so the exit can drive them
+std::vector<char> g_silent;  // world ranks that missed a deadline of this process (under g_mpi)
 int g_world_rank = 0, g_world_size = 1;
 
 // What this process is blocked on, for the SIGTERM handler (double-buffered: the handler reads
@@ -87,6 +88,10 @@ void finish_reporting() {
   int missing = g_world_size - 1;
   {
     std::lock_guard g(g_mpi);
+    // A process that missed one of our deadlines (stopped, or behind a broken link) will not
+    // answer either: waiting for it would only delay the end of the job by the whole grace.
+    for (int r = 0; r < g_world_size && r < static_cast<int>(g_silent.size()); ++r)
+      if (g_silent[static_cast<std::size_t>(r)] && r != g_world_rank) heard[static_cast<std::size_t>(r)] = 1, --missing;
     for (int r = 0; r < g_world_size; ++r) {
       if (r == g_world_rank) continue;
       sends.emplace_back();
@@ -361,6 +366,20 @@ class MpiTransport final : public Transport {
   void abort(const std::string& reason) override {
     g_failed = true;
     send_notice(reason);
+  }
+
+  void note_silent(const std::vector<int>& ranks) override {
+    std::lock_guard g(g_mpi);
+    MPI_Group mine, world;
+    MPI_Comm_group(comm_, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> in(ranks.begin(), ranks.end()), out(ranks.size(), MPI_UNDEFINED);
+    MPI_Group_translate_ranks(mine, static_cast<int>(in.size()), in.data(), world, out.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+    g_silent.resize(static_cast<std::size_t>(g_world_size), 0);
+    for (int w : out)
+      if (w >= 0 && w < g_world_size) g_silent[static_cast<std::size_t>(w)] = 1;
   }
 
   NativeResult native(const NativeCall& c, Clock::time_point deadline) override {

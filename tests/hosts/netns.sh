@@ -1,0 +1,86 @@
+# Sourced by the two-host tests: two network namespaces joined by a veth pair stand for two
+# hosts, and `launch` is an mpirun across them (no sshd: an rsh agent runs `ip netns exec`; the
+# TCP transport and the runtime's own channel on the veth subnet only). Everything is torn down
+# on exit, whatever happened. Needs root and iproute2; exits 77 (skipped) with the reason where
+# namespaces cannot be made.
+#
+# After `hosts_up MPIRUN`: $ns_a/$ns_b (namespaces), $ip_a/$ip_b, $veth_b (host b's end),
+# $dir (a scratch directory), and the array launch=(... mpirun with every option ...).
+skip() { echo "SKIP: $*"; exit 77; }
+
+hosts_down() {
+  for ns in "$ns_a" "$ns_b"; do
+    if ip netns list 2> /dev/null | grep -qw "$ns"; then
+      ip netns pids "$ns" 2> /dev/null | xargs -r kill -9 2> /dev/null || true
+      ip netns del "$ns" 2> /dev/null || true  # takes its end of the veth pair, and so the pair
+    fi
+  done
+  rm -rf "$dir"
+}
+
+hosts_up() {
+  local mpirun=$1
+  [ "$(id -u)" -eq 0 ] || skip "making network namespaces needs root"
+  command -v ip > /dev/null || skip "no 'ip' command (Debian package iproute2)"
+  local tag=$$ net=$(($$ % 200 + 20))  # 10.231.<net>.0/24
+  ns_a=mt${tag}a ns_b=mt${tag}b
+  ip_a=10.231.$net.1 ip_b=10.231.$net.2
+  veth_b=v$ns_b
+  dir=$(mktemp -d)
+  trap hosts_down EXIT
+  ip netns add "$ns_a" 2> /dev/null || skip "cannot create a network namespace here (a container without CAP_SYS_ADMIN?)"
+  ip netns add "$ns_b"
+  ip link add "v$ns_a" type veth peer name "v$ns_b"
+  local ns
+  for ns in "$ns_a" "$ns_b"; do
+    ip link set "v$ns" netns "$ns"
+    ip -n "$ns" link set lo up
+  done
+  ip -n "$ns_a" addr add "$ip_a/24" dev "v$ns_a"
+  ip -n "$ns_b" addr add "$ip_b/24" dev "v$ns_b"
+  for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set "v$ns" up; done
+  # A TCP connection with unacknowledged data (the launcher's kill order to a daemon behind a
+  # broken link) gives up after tcp_retries2 retransmissions: 15 by default (about 15 minutes),
+  # 3 here (about 3 s on this link). Keepalive (below) covers the idle connections. Per host
+  # (namespace).
+  for ns in "$ns_a" "$ns_b"; do ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_retries2=3; done
+
+  # The rsh agent mpirun calls as `agent HOST COMMAND...`: the command runs in that host's namespace.
+  cat > "$dir/agent" <<AGENT
+#!/bin/sh
+host=\$1; shift
+case "\$host" in
+  $ip_a) ns=$ns_a ;;
+  $ip_b) ns=$ns_b ;;
+  *) echo "agent: unknown host \$host" >&2; exit 1 ;;
+esac
+exec ip netns exec "\$ns" /bin/sh -c "\$*"
+AGENT
+  chmod +x "$dir/agent"
+  # mpirun runs in host a; the daemon of host b reaches it over the veth pair. The keepalive
+  # settings make the runtime notice a silent peer in about 11 s instead of OpenMPI's default
+  # of minutes (docs/comm.md, "Two hosts and faults").
+  launch=(ip netns exec "$ns_a" "$mpirun" --allow-run-as-root --oversubscribe --bind-to none
+          --host "$ip_a:1,$ip_b:1" -np 2 --mca plm_rsh_agent "$dir/agent"
+          --mca btl tcp,self --mca btl_tcp_if_include "10.231.$net.0/24" --mca oob_tcp_if_include "10.231.$net.0/24"
+          --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3)
+
+  # Prove the placement: each rank prints the address of the namespace it runs in.
+  timeout 120 "${launch[@]}" /bin/sh -c \
+    'echo "rank $OMPI_COMM_WORLD_RANK: $(ip -brief addr | grep -o "10\.231\.[0-9]*\.[0-9]*")"' \
+    | sort > "$dir/placement.txt"
+  cat "$dir/placement.txt"
+  grep -qx "rank 0: $ip_a" "$dir/placement.txt" && grep -qx "rank 1: $ip_b" "$dir/placement.txt" \
+    || { echo "FAIL: the ranks did not run one in each namespace"; exit 1; }
+}
+
+# A small corpus (the layout tests' sentences).
+write_corpus() {
+  python3 - "$1" <<'PY'
+import sys
+lines = ["It is a truth universally acknowledged, that a single man\n",
+         "in possession of a good fortune, must be in want of a wife.\n",
+         "However little known the feelings or views of such a man\n"]
+open(sys.argv[1], "w").write("".join(lines[(i * 7) % 3] for i in range(600)))
+PY
+}
