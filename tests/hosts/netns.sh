@@ -28,7 +28,9 @@ hosts_up() {
   veth_b=v$ns_b
   dir=$(mktemp -d)
   trap hosts_down EXIT
-  ip netns add "$ns_a" 2> /dev/null || skip "cannot create a network namespace here (a container without CAP_SYS_ADMIN?)"
+  # Entering a namespace remounts /sys, which a chroot or an unprivileged container refuses.
+  { ip netns add "$ns_a" && ip netns exec "$ns_a" true; } > /dev/null 2>&1 \
+    || skip "cannot create and enter a network namespace here (a chroot, or a container without CAP_SYS_ADMIN)"
   ip netns add "$ns_b"
   ip link add "v$ns_a" type veth peer name "v$ns_b"
   local ns
