@@ -299,10 +299,10 @@ void copy_runs(const SplitView& v, int r, const float* local, float* full, bool 
 }  // namespace
 
 Tensor full_tensor(const nn::Param& p, const Tensor& local, comm::Communicator& tp) {
-  if (local.shape() != p.value.shape())
+  if (local.shape() != p.local_shape())
     throw std::invalid_argument(p.name + ": local tensor " + shape_str(local.shape()) +
                                 " is not laid out like the parameter " +
-                                shape_str(p.value.shape()));
+                                shape_str(p.local_shape()));
   if (!p.shard.is_split()) return local;
   if (p.shard.size != tp.size())
     throw std::invalid_argument(p.name + ": shard spec " + p.shard.str() +

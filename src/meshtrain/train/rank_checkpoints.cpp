@@ -68,16 +68,26 @@ void RankTrainer::gather_stages(const std::vector<nn::Param*>& params, std::vect
   comm::Communicator& pp = mesh_.pp_group();
   const int tag = 1 << 22;  // below the pipeline executor's range
   auto span = [](Tensor& t) { return std::span<float>(t.data(), static_cast<size_t>(t.numel())); };
+  const pipeline::ScheduleShape shape{o_.pp, o_.microbatches, o_.chunks};
+  const auto& spans = spans_;
   if (pp.rank() != 0) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i] == wte_copy()) continue;
-      for (Tensor* t : {&values[i], &m[i], &v[i]}) pp.send(span(*t), 0, {.tag = tag});
+    // In the order rank 0 expects: per chunk, stage_param_shapes' order (params() may list
+    // them otherwise: under ZeRO the data-parallel units put a stage's ends first).
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < params.size(); ++i) index[params[i]->name] = i;
+    for (int c = 0; c < shape.chunks; ++c) {
+      const int st = shape.stage_of(pp.rank(), c);
+      const bool last = st == shape.stages() - 1;
+      model::StageSpec spec{spans[st].first, spans[st].end, st == 0, last};
+      for (auto& [name, shape_of] : model::stage_param_shapes(sh_.cfg, spec)) {
+        if (last && name == "wte.weight") continue;
+        const size_t i = index.at(name);
+        for (Tensor* t : {&values[i], &m[i], &v[i]}) pp.send(span(*t), 0, {.tag = tag});
+      }
     }
     return;
   }
   gathered_names_.clear();
-  const pipeline::ScheduleShape shape{o_.pp, o_.microbatches, o_.chunks};
-  const auto& spans = spans_;
   for (int r = 1; r < o_.pp; ++r)
     for (int c = 0; c < shape.chunks; ++c) {
       const int st = shape.stage_of(r, c);
