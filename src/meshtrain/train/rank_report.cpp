@@ -105,15 +105,24 @@ void RankTrainer::print_header() {
     }
   }
   if (o_.dp > 1 || o_.zero > 0) {
-    // ZeRO's per-rank state against the analytic formula (float32 Adam: 4 + 4 + 8 bytes per
-    // parameter, each term divided by dp from its stage on).
-    StateBytes s = sh_.res.state_bytes;
-    const double n = static_cast<double>(cfg.num_params()), d = o_.dp, MiB = 1024.0 * 1024.0;
-    double ap = 4 * n / (o_.zero >= 3 ? d : 1), ag = 4 * n / (o_.zero >= 2 ? d : 1),
-           ao = 8 * n / (o_.zero >= 1 ? d : 1);
-    std::printf("state per rank (zero %d, dp %d): params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB"
-                " | analytic %.2f, %.2f, %.2f MiB\n",
-                o_.zero, o_.dp, s.params / MiB, s.grads / MiB, s.optimizer / MiB, ap / MiB, ag / MiB, ao / MiB);
+    // ZeRO's per-rank state (the engine's buffers and the optimizer's moments) against the
+    // analytic formula: float32 Adam, 4 + 4 + 8 bytes per parameter the rank holds (its stages'
+    // tp-local elements), each term divided by dp from its ZeRO stage on. One line per rank
+    // (the first 8).
+    const double d = o_.dp, MiB = 1024.0 * 1024.0;
+    const auto& ranks = sh_.res.ranks;
+    for (size_t r = 0; r < ranks.size() && r < 8; ++r) {
+      const StateBytes& s = ranks[r].bytes;
+      const double n = static_cast<double>(ranks[r].held_params);
+      const double ap = 4 * n / (o_.zero >= 3 ? d : 1), ag = 4 * n / (o_.zero >= 2 ? d : 1),
+                   ao = 8 * n / (o_.zero >= 1 ? d : 1);
+      const parallel::MeshCoord c = parallel::mesh_coord({o_.dp, o_.tp, o_.pp}, static_cast<int>(r));
+      std::printf("state of rank %zu (dp %d, tp %d, pp %d; zero %d, %.0f parameters held): params %.2f + grads %.2f "
+                  "+ optimizer %.2f MiB | analytic %.2f + %.2f + %.2f MiB\n",
+                  r, c.dp, c.tp, c.pp, o_.zero, n, s.params / MiB, s.grads / MiB, s.optimizer / MiB, ap / MiB,
+                  ag / MiB, ao / MiB);
+    }
+    if (ranks.size() > 8) std::printf("(state of the other %zu ranks: see the same formula)\n", ranks.size() - 8);
   }
   std::fflush(stdout);
 }

@@ -197,7 +197,20 @@ void RankTrainer::run() {
                   (o_.checkpoint_dir + "/" + step_folder_name(start)).c_str(), static_cast<long long>(start));
   }
   if (o_.save_initial && start == 0) save(0);
-  if (lead_) res.start_step = start, res.state_bytes = state_bytes();
+  {
+    const StateBytes mine = state_bytes();
+    int64_t held = 0;
+    for (nn::Param* p : stage_params()) held += p->local_numel();
+    const int world = mesh_.world().size();
+    std::vector<int64_t> all(4 * static_cast<size_t>(world));
+    mesh_.world().all_gather(std::array<int64_t, 4>{mine.params, mine.grads, mine.optimizer, held}, all);
+    if (lead_) {
+      res.start_step = start, res.state_bytes = mine;
+      res.ranks.clear();
+      for (int r = 0; r < world; ++r)
+        res.ranks.push_back({{all[4 * r], all[4 * r + 1], all[4 * r + 2]}, all[4 * r + 3]});
+    }
+  }
 
   const double flops_per_step = sh_.cfg.flops_per_token(T) * static_cast<double>(B * T);
   const double peak_gflops = measured_gemm_gflops(o_.threads) * mesh_.world().size();

@@ -96,6 +96,13 @@ struct StateBytes {
   int64_t optimizer = 0;
 };
 
+// Every rank's state and the parameters it holds (tp-local elements of its stages), for the
+// per-rank memory report against the analytic formulas.
+struct RankState {
+  StateBytes bytes;
+  int64_t held_params = 0;
+};
+
 struct TrainResult {
   model::GPTConfig config;
   std::vector<StepRecord> steps;  // the steps run by this call (after a resume: from there)
@@ -103,6 +110,7 @@ struct TrainResult {
   int64_t start_step = 0;
   double wall_s = 0;
   StateBytes state_bytes;
+  std::vector<RankState> ranks;  // by world rank
 };
 
 // A non-finite loss or gradient norm: the run stops at that step (what() names it) without
