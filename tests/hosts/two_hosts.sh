@@ -13,14 +13,4 @@ common=(train --data "$dir/corpus.txt" --batch 12 --seq 32 --steps 20 --warmup 5
         --threads 1 --quiet "$@")
 "$bin" "${common[@]}" --metrics "$dir/threads.jsonl"
 timeout 300 "${launch[@]}" "$bin" "${common[@]}" --backend mpi --metrics "$dir/hosts.jsonl"
-python3 - "$dir/threads.jsonl" "$dir/hosts.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 20, (len(a), len(b))
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(f"steps {len(a)}, first loss {a[0]:.4f}, last {a[-1]:.4f}, worst relative difference {worst:.2e}")
-assert a[-1] < a[0] - 0.5, "the curve did not move"
-assert worst < 1e-5, "the two-host run differs from the threads run"
-print("TWO HOSTS OK")
-PY
+python3 "$(dirname "$0")/../compare_losses.py" "$dir/threads.jsonl" "$dir/hosts.jsonl" 20 "the two-host run" "TWO HOSTS OK"

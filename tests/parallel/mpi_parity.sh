@@ -19,14 +19,4 @@ common=(train --data "$dir/corpus.txt" --batch 12 --seq 32 --steps 20 --warmup 5
 "$bin" "${common[@]}" --metrics "$dir/one.jsonl"
 "$mpirun" --allow-run-as-root --oversubscribe --mca btl vader,self --bind-to none -np "$np" \
   "$bin" "${common[@]}" "$@" --metrics "$dir/two.jsonl"
-python3 - "$dir/one.jsonl" "$dir/two.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 20, (len(a), len(b))
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(f"steps {len(a)}, first loss {a[0]:.4f}, last {a[-1]:.4f}, worst relative difference {worst:.2e}")
-assert a[-1] < a[0] - 0.5, "the curve did not move"
-assert worst < 1e-5, "the mpi run differs from the single-rank run"
-print("MPI PARITY OK")
-PY
+python3 "$(dirname "$0")/../compare_losses.py" "$dir/one.jsonl" "$dir/two.jsonl" 20 "the mpi run" "MPI PARITY OK"

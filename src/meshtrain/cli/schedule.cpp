@@ -43,6 +43,18 @@ struct ScheduleOptions {
 // Above this many (stage, micro-batch) pairs the lists and the picture are unreadable anyway.
 constexpr long kMaxPairs = 65536;
 
+// The whole of `text` as a finite number; NaN when it is not one.
+double finite_number(const std::string& text) {
+  std::size_t used = 0;
+  double v = NAN;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return NAN;
+  }
+  return used == text.size() && std::isfinite(v) ? v : NAN;
+}
+
 // "F=1,B=2,I=1,W=1,send=0,transfer=0", any subset, over the defaults of mp::Costs.
 mp::Costs parse_costs(const std::string& text) {
   mp::Costs c;
@@ -60,15 +72,9 @@ mp::Costs parse_costs(const std::string& text) {
       throw UsageError("--costs takes KIND=NUMBER items separated by commas, KIND one of F, B, I, W, send, "
                        "transfer (e.g. F=1,B=2); '" + item + "' is not one.");
     const std::string value = item.substr(eq + 1);
-    std::size_t used = 0;
-    double v = NAN;
-    try {
-      v = std::stod(value, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
+    const double v = finite_number(value);
     const bool compute = field != &c.send && field != &c.transfer;
-    if (value.empty() || used != value.size() || !std::isfinite(v) || (compute ? !(v > 0) : v < 0))
+    if (std::isnan(v) || (compute ? !(v > 0) : v < 0))
       throw UsageError("--costs: " + key + " must be a finite number " + (compute ? "above 0" : "of at least 0") +
                        ", not '" + value + "'.");
     *field = v;
@@ -105,14 +111,8 @@ void read_action_costs(const std::string& path, const mp::Schedule& sched, mp::C
     if (!mp::is_compute(a.kind) || !wanted.count(key))
       throw UsageError("--action-costs: " + where + action_text + " is not a compute action of this " + sched.name +
                        " schedule; give the --pp, --microbatches, --schedule and --chunks of the run it was measured in.");
-    std::size_t used = 0;
-    double v = NAN;
-    try {
-      v = std::stod(time_text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != time_text.size() || !std::isfinite(v) || v < 0)
+    const double v = finite_number(time_text);
+    if (std::isnan(v) || v < 0)
       throw UsageError("--action-costs: " + where + "the time of " + action_text +
                        " must be a finite number of at least 0, not '" + time_text + "'.");
     if (!costs.measured.emplace(key, v).second)
