@@ -6,6 +6,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+
+#include "meshtrain/model/config.h"
+#include "meshtrain/train/checkpoint.h"
 
 namespace meshtrain::cli {
 
@@ -19,5 +23,14 @@ void add_generate_command(CLI::App& app);    // cli/generate.cpp
 void add_schedule_command(CLI::App& app);    // cli/schedule.cpp: the ideal pipeline schedule
 void add_trace_command(CLI::App& app);       // cli/trace.cpp: `meshtrain trace render`
 void add_bench_comm_command(CLI::App& bench);  // cli/bench_comm.cpp: `meshtrain bench comm`
+void add_checkpoint_command(CLI::App& app);  // cli/checkpoint.cpp: `meshtrain checkpoint convert`
+
+// A checkpoint's model tensors with the config of its index, checked against each other (every
+// name and shape; cli/generate.cpp). Throws train::CheckpointError saying what disagrees.
+struct CheckedCheckpoint {
+  model::GPTConfig config;
+  train::CheckpointData data;  // step, config, state and model (no optimizer state)
+};
+CheckedCheckpoint checked_model_checkpoint(const std::string& path);
 
 }  // namespace meshtrain::cli

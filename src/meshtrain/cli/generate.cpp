@@ -17,38 +17,11 @@
 
 namespace meshtrain::cli {
 
-namespace {
-
-struct GenerateOptions {
-  std::string checkpoint;
-  std::string prompt = "\n";
-  int64_t tokens = 200;
-  float temperature = 0.8f;
-  uint64_t seed = 1;
-  int threads = 2;
-};
-
-int32_t sample(const float* probs, int64_t V, float u) {
-  float c = 0;
-  for (int64_t i = 0; i < V; ++i)
-    if ((c += probs[i]) > u) return static_cast<int32_t>(i);
-  return static_cast<int32_t>(V - 1);
-}
-
-// The flags alone, before the checkpoint is read (train/validate.h for the thread cap).
-void check_options(const GenerateOptions& o) {
-  if (o.tokens < 1) throw std::invalid_argument("--tokens must be at least 1, got " + std::to_string(o.tokens));
-  train::check_threads("--threads", o.threads, train::Machine::probe(), /*zero_means_auto=*/false);
-  if (!(o.temperature > 0) || !std::isfinite(o.temperature))
-    throw std::invalid_argument("--temperature must be a finite number above 0, got " + std::to_string(o.temperature));
-  if (o.prompt.empty()) throw std::invalid_argument("--prompt must not be empty");
-}
-
 // The model of a checkpoint: its index config, checked against the saved tensors (every name
-// and shape, nothing missing or extra) before the model is built, so a checkpoint whose
+// and shape, nothing missing or extra) before anything is built from them, so a checkpoint whose
 // contents disagree with its index is refused naming the tensor instead of sampling from
 // random or scrambled weights, and a config far larger than what was saved allocates nothing.
-std::unique_ptr<model::GPT> load_model(const std::string& path) {
+CheckedCheckpoint checked_model_checkpoint(const std::string& path) {
   train::CheckpointData ck = train::load_checkpoint_model(path);
   if (!ck.config.contains("model") || !ck.config["model"].is_object())
     throw train::CheckpointError("checkpoint " + path + " has no model config in its index; it was not written by "
@@ -81,7 +54,41 @@ std::unique_ptr<model::GPT> load_model(const std::string& path) {
                                    ".ln_1.weight, which its index config (n_layer " + std::to_string(cfg.n_layer) +
                                    ") needs; the checkpoint does not match its index");
   train::check_tensor_set("checkpoint " + path, model::gpt_param_shapes(cfg), ck.model);
-  auto gpt = std::make_unique<model::GPT>(cfg, 0);
+  return {cfg, std::move(ck)};
+}
+
+namespace {
+
+struct GenerateOptions {
+  std::string checkpoint;
+  std::string prompt = "\n";
+  int64_t tokens = 200;
+  float temperature = 0.8f;
+  uint64_t seed = 1;
+  int threads = 2;
+};
+
+int32_t sample(const float* probs, int64_t V, float u) {
+  float c = 0;
+  for (int64_t i = 0; i < V; ++i)
+    if ((c += probs[i]) > u) return static_cast<int32_t>(i);
+  return static_cast<int32_t>(V - 1);
+}
+
+// The flags alone, before the checkpoint is read (train/validate.h for the thread cap).
+void check_options(const GenerateOptions& o) {
+  if (o.tokens < 1) throw std::invalid_argument("--tokens must be at least 1, got " + std::to_string(o.tokens));
+  train::check_threads("--threads", o.threads, train::Machine::probe(), /*zero_means_auto=*/false);
+  if (!(o.temperature > 0) || !std::isfinite(o.temperature))
+    throw std::invalid_argument("--temperature must be a finite number above 0, got " + std::to_string(o.temperature));
+  if (o.prompt.empty()) throw std::invalid_argument("--prompt must not be empty");
+}
+
+std::unique_ptr<model::GPT> load_model(const std::string& path) {
+  CheckedCheckpoint c = checked_model_checkpoint(path);
+  std::map<std::string, const Tensor*> saved;
+  for (auto& [name, t] : c.data.model) saved[name] = &t;
+  auto gpt = std::make_unique<model::GPT>(c.config, 0);
   for (nn::Param* p : gpt->params()) p->value.copy_from(*saved.at(p->name));
   return gpt;
 }
