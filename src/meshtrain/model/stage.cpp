@@ -99,6 +99,13 @@ std::shared_ptr<const GPTLayout> plain_layout() {
 // ---- GPTStage ----
 
 namespace {
+// a + b in a new tensor: the skip connection's sum in forward, and its gradient's in backward.
+Tensor sum_of(const Tensor& a, const Tensor& b, int threads) {
+  Tensor sum = Tensor::empty(a.shape());
+  kernels::add(sum.data(), a.data(), b.data(), a.numel(), threads);
+  return sum;
+}
+
 Portal* portal_or_throw(Portal* p, const char* pass) {
   if (!p)
     throw std::logic_error(std::string("GPTStage: the skip connection crosses stages, but ") + pass +
@@ -144,9 +151,7 @@ Tensor GPTStage::trunk(nn::Context& ctx, const Tensor& x_in, const int32_t* toke
     if (i == cfg_.skip_to) {  // x + the output of block skip_from
       const Tensor& s = holds(cfg_.skip_from) ? skip : portal_or_throw(portal, "forward")->in;
       if (s.shape() != x.shape()) throw std::logic_error("GPTStage: the skip tensor's shape differs from block " + std::to_string(i) + "'s input");
-      Tensor sum = Tensor::empty(x.shape());
-      kernels::add(sum.data(), x.data(), s.data(), x.numel(), ctx.threads);
-      x = sum;
+      x = sum_of(x, s, ctx.threads);
     }
     ctx.pre_forward(h[k].get());
     x = h[k]->forward(ctx, x);
@@ -191,9 +196,7 @@ Tensor GPTStage::backward(nn::Context& ctx, const Tensor& dy, float grad_scale, 
     const int64_t i = spec_.first_layer + static_cast<int64_t>(k);
     if (i == cfg_.skip_from) {  // block skip_from's output also fed block skip_to's input
       const Tensor& g = holds(cfg_.skip_to) ? dskip : portal_or_throw(portal, "backward")->in;
-      Tensor sum = Tensor::empty(dx.shape());
-      kernels::add(sum.data(), dx.data(), g.data(), dx.numel(), ctx.threads);
-      dx = sum;
+      dx = sum_of(dx, g, ctx.threads);
     }
     ctx.pre_backward(h[k].get());
     dx = h[k]->backward(ctx, dx);

@@ -35,6 +35,10 @@ double AdamW::local_grad_sq() const {
 double AdamW::step(int64_t step, const std::function<double(double)>& norm_reduce) {
   double sq = local_grad_sq();
   if (norm_reduce) sq = norm_reduce(sq);
+  return step_with_grad_sq(step, sq);
+}
+
+double AdamW::step_with_grad_sq(int64_t step, double sq) {
   double norm = std::sqrt(sq);
   // A non-finite norm means a gradient overflowed or is NaN: apply nothing (no moment, no
   // weight, no update count changes) and let the caller stop the run on the returned norm.

@@ -42,6 +42,8 @@ class AdamW {
   // When that norm is not finite (NaN or inf) nothing is applied: weights, moments and the
   // update count stay as they were, and the caller sees the norm.
   double step(int64_t step, const std::function<double(double)>& norm_reduce = {});
+  // The same with the global sum of squares computed by the caller (no local pass here).
+  double step_with_grad_sq(int64_t step, double global_sq);
 
   // State for checkpoints: exp_avg.<name>, exp_avg_sq.<name> (local parts) and the step count.
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;

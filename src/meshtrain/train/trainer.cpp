@@ -219,7 +219,6 @@ void RankTrainer::run() {
   // --resume: train() kept the file's lines up to `start`; continue it.
   if (lead_) metrics = std::make_unique<MetricsWriter>(o_.metrics, /*append=*/o_.resume);
   std::vector<int32_t> tok(M * rows * T), tgt(M * rows * T);  // the step's micro-batches
-  auto reduce_sq = [this](double) { return global_grad_sq(); };
   auto t_start = Clock::now();
 
   for (int64_t step = start; step < o_.steps; ++step) {
@@ -274,7 +273,7 @@ void RankTrainer::run() {
     r.loss = static_cast<float>(mean_loss);
     {
       trace::Recorder::Span s(rec, rank, trace::Track::compute, "optimizer", "optimizer");
-      r.grad_norm = adam_->step(step, reduce_sq);  // applies nothing on a non-finite norm
+      r.grad_norm = adam_->step_with_grad_sq(step, global_grad_sq());  // applies nothing on a non-finite norm
       if (ddp_) ddp_->finish_optimizer_step();
     }
     if (!std::isfinite(r.grad_norm)) diverged(step, "gradient norm", r.grad_norm);
