@@ -118,3 +118,20 @@ TEST(Cli, GenerateSamplesFromACheckpoint) {
   EXPECT_EQ(missing.code, 2) << missing.output;
   std::filesystem::remove_all(dir);
 }
+
+TEST(Cli, UnknownPrecisionExits2) {
+  Result r = run("train --data " + corpus() + " --precision fp16 --steps 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--precision must be fp32 or bf16"), std::string::npos) << r.output;
+}
+
+TEST(Cli, Bf16SaysWhatRunsItsProducts) {
+  // Either oneDNN's bf16 kernels (AMX or AVX512-BF16) or, on a CPU with neither, a note saying
+  // the products are emulated; the run trains in both cases.
+  Result r = run("train --model gpt-tiny --data " + corpus() + " --precision bf16 --steps 2 --batch 2 --seq 16 --eval-every 0");
+  EXPECT_EQ(r.code, 0) << r.output;
+  const bool native = r.output.find("float32 accumulation on avx512_core_") != std::string::npos;
+  const bool emulated = r.output.find("note: --precision bf16:") != std::string::npos &&
+                        r.output.find("on emulated") != std::string::npos;
+  EXPECT_TRUE(native != emulated) << r.output;
+}

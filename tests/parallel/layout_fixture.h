@@ -43,4 +43,22 @@ inline train::TrainOptions layout_options(int dp) {
   return o;
 }
 
+// One cell of a layout matrix: gpt-tiny at B=12 over (dp, tp, pp), a ZeRO stage and a
+// schedule, two micro-batches when pipelined (3 or 6 rows each), and its printable name.
+inline train::TrainOptions matrix_options(int steps, int dp, int tp, int pp, int zero, const std::string& schedule) {
+  auto o = layout_options(dp);
+  o.steps = steps;
+  o.tp = tp;
+  o.pp = pp;
+  o.zero = zero;
+  o.schedule = schedule;
+  o.microbatches = pp > 1 ? 2 : 1;
+  return o;
+}
+
+inline std::string matrix_name(int dp, int tp, int pp, int zero, const std::string& schedule) {
+  return "dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_zero" +
+         std::to_string(zero) + "_" + (schedule == "1f1b" ? std::string("onef1b") : schedule);
+}
+
 }  // namespace meshtrain::testing

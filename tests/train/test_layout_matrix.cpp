@@ -24,14 +24,7 @@ namespace {
 constexpr int kSteps = 20;
 
 train::TrainOptions matrix_options(int dp, int tp, int pp, int zero, const std::string& schedule) {
-  auto o = layout_options(dp);
-  o.steps = kSteps;
-  o.tp = tp;
-  o.pp = pp;
-  o.zero = zero;
-  o.schedule = schedule;
-  o.microbatches = pp > 1 ? 2 : 1;  // B = 12: 6 or 12 rows per dp rank, 3 or 6 per micro-batch
-  return o;
+  return meshtrain::testing::matrix_options(kSteps, dp, tp, pp, zero, schedule);
 }
 
 const std::vector<train::StepRecord>& reference() {
@@ -42,9 +35,7 @@ const std::vector<train::StepRecord>& reference() {
 using Layout = std::tuple<int, int, int, int, std::string>;  // dp, tp, pp, zero, schedule
 
 std::string name_of(const Layout& l) {
-  auto [dp, tp, pp, zero, schedule] = l;
-  return "dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_zero" +
-         std::to_string(zero) + "_" + (schedule == "1f1b" ? std::string("onef1b") : schedule);
+  return std::apply(meshtrain::testing::matrix_name, l);
 }
 
 }  // namespace

@@ -2,21 +2,30 @@
 //   C(M, N) = alpha * op(A) * op(B) + beta * C,  op(X) = X or X^T.
 // The library behind it is chosen at build time (cmake/blas.cmake; figures that chose it in
 // docs/benchmarks.md). `threads` is this call's thread budget: several ranks sharing one
-// process each pass their own and never oversubscribe the cores. A later bf16 path keeps this
-// interface and adds a precision field to GemmOptions.
+// process each pass their own and never oversubscribe the cores. `precision` bf16 rounds A and
+// B to bfloat16 (kernels/bf16.h) and multiplies them with float32 accumulation into the float32
+// C: through oneDNN's matmul (AMX or AVX512-BF16 kernels, whichever the CPU has), or, where
+// neither exists or another BLAS is built in, through the float32 GEMM on the rounded operands
+// (the same numbers up to summation order, no speed-up; bf16_isa() says which).
 #pragma once
 
 #include <cstdint>
+
+#include "meshtrain/kernels/bf16.h"
 
 namespace meshtrain::kernels {
 
 enum class Trans { N, T };
 
 struct GemmOptions {
+  GemmOptions() = default;
+  // From a thread budget alone (float32), so callers that pass `threads` read as before.
+  GemmOptions(int threads, Precision precision = Precision::f32) : threads(threads), precision(precision) {}  // NOLINT
   // Thread budget of this call. With oneDNN or OpenBLAS (OpenMP builds) gemm() sets it as the
   // calling thread's own omp_set_num_threads() value, which that thread's later parallel
   // regions without a num_threads clause also see; no other thread's setting changes.
   int threads = 1;
+  Precision precision = Precision::f32;
 };
 
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,

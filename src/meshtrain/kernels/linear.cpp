@@ -8,7 +8,8 @@ namespace meshtrain::kernels {
 
 // ---- forward ----
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
-                    int64_t N, int64_t C, int64_t OC, int threads) {
+                    int64_t N, int64_t C, int64_t OC, const GemmOptions& opt) {
+  const int threads = opt.threads;
   // out(N, OC) = inp(N, C) @ weight(C, OC) (+ bias broadcast first, then beta = 1)
   float beta = 0.0f;
   if (bias) {
@@ -20,17 +21,18 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
     }
     beta = 1.0f;
   }
-  gemm(Trans::N, Trans::N, N, OC, C, 1.0f, inp, C, weight, OC, beta, out, OC, {threads});
+  gemm(Trans::N, Trans::N, N, OC, C, 1.0f, inp, C, weight, OC, beta, out, OC, opt);
 }
 
 // ---- backward ----
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC,
-                     int threads) {
+                     const GemmOptions& opt) {
+  const int threads = opt.threads;
   // dinp(N, C) = dout(N, OC) @ weight(C, OC)^T
-  if (dinp) gemm(Trans::N, Trans::T, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp, C, {threads});
+  if (dinp) gemm(Trans::N, Trans::T, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp, C, opt);
   // dweight(C, OC) += inp(N, C)^T @ dout(N, OC)
-  if (dweight) gemm(Trans::T, Trans::N, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC, {threads});
+  if (dweight) gemm(Trans::T, Trans::N, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC, opt);
   // dbias(OC) += sum over rows of dout; threads own column blocks of 64.
   if (dbias) {
     const int64_t blk = 64;

@@ -2,18 +2,22 @@
 //   forward:  out(N, OC) = inp(N, C) @ weight(C, OC) + bias(OC)
 //   backward: dinp(N, C) (=), dweight(C, OC) (+=), dbias(OC) (+=)
 // Gradient rule (nn/module.h): parameter gradients accumulate, activation gradients are written.
+// `opt` carries the thread budget and the precision of the three products (kernels/gemm.h); the
+// bias and its gradient are float32 always.
 #pragma once
 
 #include <cstdint>
 
+#include "meshtrain/kernels/gemm.h"
+
 namespace meshtrain::kernels {
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
-                    int64_t N, int64_t C, int64_t OC, int threads);
+                    int64_t N, int64_t C, int64_t OC, const GemmOptions& opt);
 // dinp may be null (no input gradient needed), dweight null (the weight gradient is deferred:
 // split backward), dbias null (no bias, or deferred).
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC,
-                     int threads);
+                     const GemmOptions& opt);
 
 }  // namespace meshtrain::kernels

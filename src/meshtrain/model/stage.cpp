@@ -38,7 +38,7 @@ GPTLayout::Loss GPTLayout::head(nn::Context& ctx, const void* key, const Tensor&
   const int64_t C = hN.dim(2), N = B * T;
   Tensor logits = Tensor::empty({N, V});
   kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, V, C, 1.f, hN.data(), C,
-                wte.value.data(), C, 0.f, logits.data(), V, {ctx.threads});
+                wte.value.data(), C, 0.f, logits.data(), V, ctx.gemm());
   Tensor losses = Tensor::empty({N}), lse = Tensor::empty({N});
   kernels::crossentropy_forward(losses.data(), lse.data(), logits.data(), targets, N, V,
                                 ctx.threads);
@@ -71,10 +71,10 @@ Tensor GPTLayout::head_backward(nn::Context& ctx, const void* key, nn::Param& wt
   Tensor& dlogits = logits;  // (N, V)
   // Tied output projection: dwte += dlogits^T hN; dh = dlogits wte.
   kernels::gemm(kernels::Trans::T, kernels::Trans::N, V, C, N, 1.f, dlogits.data(), V,
-                hN.data(), C, 1.f, wte.grad.data(), C, {ctx.threads});
+                hN.data(), C, 1.f, wte.grad.data(), C, ctx.gemm());
   Tensor dh = Tensor::empty(hN.shape());
   kernels::gemm(kernels::Trans::N, kernels::Trans::N, N, C, V, 1.f, dlogits.data(), V,
-                wte.value.data(), C, 0.f, dh.data(), C, {ctx.threads});
+                wte.value.data(), C, 0.f, dh.data(), C, ctx.gemm());
   return dh;
 }
 
@@ -83,7 +83,7 @@ Tensor GPTLayout::logits(nn::Context& ctx, const Tensor& hN, const nn::Param& wt
   const int64_t C = hN.dim(2);
   Tensor out = Tensor::empty({B, T, V});
   kernels::gemm(kernels::Trans::N, kernels::Trans::T, B * T, V, C, 1.f, hN.data(), C, wte.value.data(), C, 0.f,
-                out.data(), V, {ctx.threads});
+                out.data(), V, ctx.gemm());
   return out;
 }
 
@@ -178,7 +178,7 @@ Tensor GPTStage::forward(nn::Context& ctx, const Tensor& x_in, const int32_t* to
 Tensor GPTStage::logits(nn::Context& ctx, const int32_t* tokens, int64_t B, int64_t T) {
   if (!spec_.embedding || !spec_.head || spec_.first_layer != 0 || spec_.end_layer != cfg_.n_layer)
     throw std::logic_error("GPTStage::logits needs the whole model in one stage");
-  nn::Context eval(ctx.threads, /*training=*/false);
+  nn::Context eval(ctx.threads, /*training=*/false, ctx.precision);
   Tensor hN = ln_f->forward(eval, trunk(eval, Tensor(), tokens, B, T, nullptr));
   return layout_->logits(eval, hN, wte, B, T, cfg_.vocab_size);
 }

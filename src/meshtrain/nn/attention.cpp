@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "meshtrain/kernels/attention.h"
+#include "meshtrain/kernels/bf16.h"
 
 namespace meshtrain::nn {
 
@@ -26,6 +27,14 @@ Tensor CausalSelfAttention::attend(Context& ctx, const Tensor& qkv) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3;
   Tensor y = Tensor::empty({B, T, C});
   Tensor lse = Tensor::empty({B, n_head, T});
+  // bf16: the products take bf16 operands (Q, K, V rounded here, so backward sees the same
+  // values) and accumulate in float32, as do the softmax statistics; the kernel itself is the
+  // float32 one (a product of two bf16 values is exact in float32).
+  // qkv is c_attn's output, held by nothing else: rounded in place (a handle sharing its storage).
+  if (ctx.precision == kernels::Precision::bf16) {
+    Tensor shared = qkv;
+    kernels::round_bf16(shared.data(), shared.numel(), ctx.threads);
+  }
   kernels::attention_forward(y.data(), lse.data(), qkv.data(), B, T, C, n_head, ctx.threads);
   ctx.save(static_cast<const void*>(&core_), {qkv, y, lse});
   return y;
@@ -37,7 +46,12 @@ Tensor CausalSelfAttention::attend_backward(Context& ctx, const Tensor& dy) {
   const Tensor &qkv = s[0], &y = s[1], &lse = s[2];
   const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3;
   Tensor dqkv = Tensor::empty(qkv.shape());
-  kernels::attention_backward(dqkv.data(), dy.data(), qkv.data(), y.data(), lse.data(), B, T, C,
+  Tensor dy16;
+  if (ctx.precision == kernels::Precision::bf16) {
+    dy16 = dy.clone();
+    kernels::round_bf16(dy16.data(), dy16.numel(), ctx.threads);
+  }
+  kernels::attention_backward(dqkv.data(), (dy16.numel() ? dy16 : dy).data(), qkv.data(), y.data(), lse.data(), B, T, C,
                               n_head, ctx.threads);
   ctx.release(key);
   return dqkv;

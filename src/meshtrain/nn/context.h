@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "meshtrain/kernels/gemm.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::nn {
@@ -41,10 +42,13 @@ struct Portal {
 
 class Context {
  public:
-  explicit Context(int threads = 1, bool training = true) : threads(threads), training(training) {}
+  explicit Context(int threads = 1, bool training = true, kernels::Precision precision = kernels::Precision::f32)
+      : threads(threads), training(training), precision(precision) {}
 
   int threads;    // kernel thread budget of the rank that owns this context
+  kernels::GemmOptions gemm() const { return {threads, precision}; }
   bool training;  // false: forward only, nothing is saved
+  kernels::Precision precision;  // of the matrix products (kernels/bf16.h)
   Hooks* hooks = nullptr;  // not owned; null: no callbacks
 
   void grad_ready(Param* p) {

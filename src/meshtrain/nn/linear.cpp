@@ -25,7 +25,7 @@ Tensor Linear::forward(Context& ctx, const Tensor& x) {
   ys.back() = OC;
   Tensor y = Tensor::empty(ys);
   const float* b = has_bias && add_bias_in_forward ? bias.value.data() : nullptr;
-  kernels::linear_forward(y.data(), x.data(), weight.value.data(), b, N, C, OC, ctx.threads);
+  kernels::linear_forward(y.data(), x.data(), weight.value.data(), b, N, C, OC, ctx.gemm());
   ctx.save(this, {x});
   return y;
 }
@@ -37,12 +37,12 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   Tensor dx = Tensor::empty(x.shape());
   if (ctx.defer_weight_grads) {  // split backward: dx now, dW (and db) at the W action
     kernels::linear_backward(dx.data(), nullptr, nullptr, dy.data(), x.data(), weight.value.data(), N, C, OC,
-                             ctx.threads);
+                             ctx.gemm());
     defer_weight_grad(ctx, x, dy);
     return dx;
   }
   kernels::linear_backward(dx.data(), weight.grad.data(), has_bias ? bias.grad.data() : nullptr,
-                           dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.threads);
+                           dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.gemm());
   ctx.grad_ready(&weight);
   if (has_bias) ctx.grad_ready(&bias);
   return dx;
@@ -57,7 +57,7 @@ void Linear::defer_weight_grad(Context& ctx, const Tensor& x, const Tensor& dy) 
         const int64_t C = in_local(), OC = out_local(), N = x.numel() / C;
         // dW = x^T dy needs no weight values (under ZeRO-3 they are released by now).
         kernels::linear_backward(nullptr, weight.grad.data(), has_bias ? bias.grad.data() : nullptr, g.data(),
-                                 x.data(), nullptr, N, C, OC, c.threads);
+                                 x.data(), nullptr, N, C, OC, c.gemm());
         c.grad_ready(&weight);
         if (has_bias) c.grad_ready(&bias);
       },

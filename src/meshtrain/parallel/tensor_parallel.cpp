@@ -98,7 +98,7 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
   xs.back() = C;
   Tensor dx = Tensor::empty(xs);  // (B, T, in), partial over ranks
   kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, C, OC, 1.f, dy.data(), OC,
-                weight.value.data(), OC, 0.f, dx.data(), C, {ctx.threads});
+                weight.value.data(), OC, 0.f, dx.data(), C, ctx.gemm());
   gather.wait();
   Tensor dx_out = dx;
   comm::Work reduce = sp_ ? GatherFromSP::backward_start(*tp_, dx, dx_out)
@@ -109,7 +109,7 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
     return dx_out;
   }
   kernels::linear_backward(nullptr, weight.grad.data(), has_bias ? bias.grad.data() : nullptr,
-                           dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.threads);
+                           dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.gemm());
   reduce.wait();
   ctx.grad_ready(&weight);
   if (has_bias) ctx.grad_ready(&bias);

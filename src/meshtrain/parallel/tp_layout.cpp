@@ -53,7 +53,7 @@ model::GPTLayout::Loss TensorParallelLayout::head(nn::Context& ctx, const void* 
                                                   const nn::Param& wte, const int32_t* targets,
                                                   int64_t B, int64_t T, int64_t V) const {
   Tensor hin = opt_.sequence_parallel ? GatherFromSP::forward(*tp_, hN) : CopyToTP::forward(*tp_, hN);
-  VocabParallelCE ce = vocab_parallel_ce_forward(*tp_, hin, wte.value.data(), targets, V, ctx.threads);
+  VocabParallelCE ce = vocab_parallel_ce_forward(*tp_, hin, wte.value.data(), targets, V, ctx.gemm());
   if (ctx.training) {
     ctx.save(key, {hin, ce.logits, ce.lse});
     auto& t = ctx.ints(key);
@@ -74,7 +74,7 @@ Tensor TensorParallelLayout::head_backward(nn::Context& ctx, const void* key, nn
   ctx.release(key);
   const float dloss = valid ? grad_scale / static_cast<float>(valid) : 0.f;
   Tensor dpart = vocab_parallel_ce_backward(*tp_, ce, hin, wte.value.data(), wte.grad.data(),
-                                            targets.data(), dloss, V, ctx.threads);  // (B, T, C)
+                                            targets.data(), dloss, V, ctx.gemm());  // (B, T, C)
   hin = Tensor();
   return opt_.sequence_parallel ? GatherFromSP::backward(*tp_, dpart)
                                 : CopyToTP::backward(*tp_, std::move(dpart));
@@ -90,7 +90,7 @@ Tensor TensorParallelLayout::logits(nn::Context& ctx, const Tensor& hN, const nn
   Tensor hin = opt_.sequence_parallel ? GatherFromSP::forward(*tp_, hN) : CopyToTP::forward(*tp_, hN);  // (B, T, C)
   Tensor local = Tensor::empty({N, Vl});
   kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, Vl, C, 1.f, hin.data(), C, wte.value.data(), C, 0.f,
-                local.data(), Vl, {ctx.threads});
+                local.data(), Vl, ctx.gemm());
   std::vector<float> all(static_cast<size_t>(N * Vl * p));
   tp_->all_gather(std::span<const float>(local.data(), N * Vl), std::span<float>(all), {.algorithm = kTPAlgorithm});
   Tensor out = Tensor::empty({B, T, V});

@@ -48,13 +48,14 @@ void vocab_parallel_embedding_backward(comm::Communicator& tp, const Tensor& dx,
 
 VocabParallelCE vocab_parallel_ce_forward(comm::Communicator& tp, const Tensor& h,
                                           const float* wte_local, const int32_t* targets,
-                                          int64_t V, int threads) {
+                                          int64_t V, const kernels::GemmOptions& opt) {
+  const int threads = opt.threads;
   const VocabShard vs = vocab_shard(V, tp);
   const int64_t C = h.dim(-1), N = h.numel() / C, Vl = vs.size, Vr = vs.valid;
   VocabParallelCE ce;
   ce.logits = Tensor::empty({N, Vl});
   kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, Vl, C, 1.f, h.data(), C, wte_local, C,
-                0.f, ce.logits.data(), Vl, {threads});
+                0.f, ce.logits.data(), Vl, opt);
   const float* lg = ce.logits.data();
 
   // Row maxima over the whole vocabulary.
@@ -92,7 +93,9 @@ VocabParallelCE vocab_parallel_ce_forward(comm::Communicator& tp, const Tensor& 
 
 Tensor vocab_parallel_ce_backward(comm::Communicator& tp, VocabParallelCE& ce, const Tensor& h,
                                   const float* wte_local, float* dwte_local,
-                                  const int32_t* targets, float dloss, int64_t V, int threads) {
+                                  const int32_t* targets, float dloss, int64_t V,
+                                  const kernels::GemmOptions& opt) {
+  const int threads = opt.threads;
   const VocabShard vs = vocab_shard(V, tp);
   const int64_t C = h.dim(-1), N = h.numel() / C, Vl = vs.size, Vr = vs.valid;
   float* g = ce.logits.data();  // (N, V/p): logits in, dlogits out
@@ -111,10 +114,10 @@ Tensor vocab_parallel_ce_backward(comm::Communicator& tp, VocabParallelCE& ce, c
   }
   // dwte_local (V/p, C) += dlogits^T h;  dh (N, C) = dlogits wte_local (partial over ranks).
   kernels::gemm(kernels::Trans::T, kernels::Trans::N, Vl, C, N, 1.f, g, Vl, h.data(), C, 1.f,
-                dwte_local, C, {threads});
+                dwte_local, C, opt);
   Tensor dh = Tensor::empty(h.shape());
   kernels::gemm(kernels::Trans::N, kernels::Trans::N, N, C, Vl, 1.f, g, Vl, wte_local, C, 0.f,
-                dh.data(), C, {threads});
+                dh.data(), C, opt);
   ce.logits = Tensor();
   return dh;
 }

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/gemm.h"
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/tensor/tensor.h"
 
@@ -61,11 +62,12 @@ struct VocabParallelCE {
 // h (N, C) replicated over tp; wte_local (V/p, C); targets (N).
 VocabParallelCE vocab_parallel_ce_forward(comm::Communicator& tp, const Tensor& h,
                                           const float* wte_local, const int32_t* targets,
-                                          int64_t V, int threads);
+                                          int64_t V, const kernels::GemmOptions& opt);
 // Consumes ce.logits. dloss: the gradient of every counted row's loss (grad_scale / valid in a
 // mean). dwte_local (V/p, C) +=. Returns this rank's partial dh (N, C).
 Tensor vocab_parallel_ce_backward(comm::Communicator& tp, VocabParallelCE& ce, const Tensor& h,
                                   const float* wte_local, float* dwte_local,
-                                  const int32_t* targets, float dloss, int64_t V, int threads);
+                                  const int32_t* targets, float dloss, int64_t V,
+                                  const kernels::GemmOptions& opt);
 
 }  // namespace meshtrain::parallel

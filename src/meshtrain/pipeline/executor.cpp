@@ -31,8 +31,9 @@ Tensor take(std::map<Key, Tensor>& from, Key k, const Action& a) {
 }  // namespace
 
 Executor::Executor(Schedule schedule, int rank, comm::Communicator* pp,
-                   std::vector<StageRunner*> chunks, int threads)
-    : schedule_(std::move(schedule)), rank_(rank), pp_(pp), chunks_(std::move(chunks)), threads_(threads) {
+                   std::vector<StageRunner*> chunks, int threads, kernels::Precision precision)
+    : schedule_(std::move(schedule)), rank_(rank), pp_(pp), chunks_(std::move(chunks)), threads_(threads),
+      precision_(precision) {
   const ScheduleShape& s = schedule_.shape;
   if (static_cast<int>(chunks_.size()) != s.chunks)
     throw bad(std::to_string(chunks_.size()) + " chunks given for a schedule of " + std::to_string(s.chunks));
@@ -145,7 +146,7 @@ StepStats Executor::run_step() {
           if (recv_portal.count(k)) recv_portal[k].wait();
           portal.in = take(portal_in, k, a);
         }
-        auto& ctx = live[k] = std::make_unique<nn::Context>(threads_);
+        auto& ctx = live[k] = std::make_unique<nn::Context>(threads_, /*training=*/true, precision_);
         Tensor out = c.forward(*ctx, a.microbatch, input, portal);
         if (a.stage < last_stage) act_out[k] = std::move(out);
         if (c.portal_to() >= 0) ship(portal.out, a.stage, c.portal_to(), a.microbatch, Msg::portal, portal_in);
@@ -237,7 +238,7 @@ void Executor::forward_only(int microbatches) {
           pp_->recv(span_of(portal.in), s.rank_of(r.portal_from()), {.tag = tag(r.portal_from(), mb, Msg::portal)});
         }
       }
-      nn::Context ctx(threads_, /*training=*/false);
+      nn::Context ctx(threads_, /*training=*/false, precision_);
       x = r.forward(ctx, mb, x, portal);
       if (stage < last_stage && s.rank_of(stage + 1) != rank_)
         sends.emplace_back(pp_->isend(cspan_of(x), s.rank_of(stage + 1), {.tag = tag(stage, mb, Msg::activation)}), x);

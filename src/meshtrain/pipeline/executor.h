@@ -89,7 +89,7 @@ class Executor {
   // this rank's chunk c (stage schedule.shape.stage_of(rank, c)). `pp` is the pipeline group
   // (rank = pipeline rank); it may be null when pp == 1.
   Executor(Schedule schedule, int rank, comm::Communicator* pp, std::vector<StageRunner*> chunks,
-           int threads);
+           int threads, kernels::Precision precision = kernels::Precision::f32);
 
   // Runs this rank's list once (one step). Throws CommError from the transfers.
   StepStats run_step();
@@ -109,6 +109,7 @@ class Executor {
   comm::Communicator* pp_;
   std::vector<StageRunner*> chunks_;
   int threads_;
+  kernels::Precision precision_;
   int eval_round_ = 0;
 };
 

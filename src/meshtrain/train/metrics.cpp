@@ -26,16 +26,16 @@ static double status_field_mb(const char* key) {
 double peak_rss_mb() { return status_field_mb("VmHWM:"); }
 double current_rss_mb() { return status_field_mb("VmRSS:"); }
 
-double measured_gemm_gflops(int threads) {
+double measured_gemm_gflops(int threads, kernels::Precision precision) {
   static std::mutex mu;
-  static std::map<int, double> cache;
+  static std::map<kernels::Precision, double> cache;  // one thread's rate
   std::lock_guard<std::mutex> lock(mu);
-  if (auto it = cache.find(1); it != cache.end()) return it->second * threads;
+  if (auto it = cache.find(precision); it != cache.end()) return it->second * threads;
   const int64_t n = 1024;
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
   auto run = [&] {
     kernels::gemm(kernels::Trans::N, kernels::Trans::N, n, n, n, 1.f, a.data(), n, b.data(), n,
-                  0.f, c.data(), n, {1});
+                  0.f, c.data(), n, {1, precision});
   };
   run();  // warm up (thread pool, packing buffers)
   double best = 1e30;
@@ -45,7 +45,7 @@ double measured_gemm_gflops(int threads) {
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   double gflops = 2.0 * n * n * n / best / 1e9;
-  cache[1] = gflops;
+  cache[precision] = gflops;
   return gflops * threads;
 }
 

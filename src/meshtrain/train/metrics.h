@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/kernels/bf16.h"
+
 namespace meshtrain::train {
 
 // Peak and current resident set size of this process, in MiB (/proc/self/status).
@@ -20,8 +22,9 @@ double current_rss_mb();
 // what the machine's BLAS reaches per core, not a datasheet peak). One thread is measured
 // because a short multi-thread measurement is ruined by any other process on the machine (an
 // OpenMP barrier waits for a descheduled worker), while one thread only needs one free core.
-// Takes about a tenth of a second; cached.
-double measured_gemm_gflops(int threads);
+// Takes about a tenth of a second; cached per precision (bf16: the rate of kernels::gemm with
+// bf16 operands, so a bf16 run's MFU is against the bf16 rate of the same machine).
+double measured_gemm_gflops(int threads, kernels::Precision precision = kernels::Precision::f32);
 
 // Appends JSON lines to a file; a null writer (empty path) does nothing.
 class MetricsWriter {

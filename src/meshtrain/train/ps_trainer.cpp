@@ -169,7 +169,7 @@ float WorkerLoop::evaluate() {
   for (int64_t j = 0; j < o_.eval_batches; ++j) {
     for (int64_t r0 = 0; r0 < B; r0 += rows) {
       sh_.data.batch(Split::val, DataOrder::random, o_.seed, j, B, T, r0, r0 + rows, tok.data(), tgt.data());
-      nn::Context ctx(o_.threads, /*training=*/false);
+      nn::Context ctx(o_.threads, /*training=*/false, o_.precision);
       sum += model_.gpt->forward(ctx, tok.data(), tgt.data(), rows, T) / static_cast<double>(o_.dp);
     }
   }
@@ -210,7 +210,7 @@ void WorkerLoop::run() {
   const int64_t rows = B / o_.dp / M, row0 = w_ * (B / o_.dp);
   if (lead_) {
     metrics_ = std::make_unique<MetricsWriter>(o_.metrics);
-    peak_gflops_ = measured_gemm_gflops(o_.threads) * o_.dp;
+    peak_gflops_ = measured_gemm_gflops(o_.threads, o_.precision) * o_.dp;
     if (!o_.quiet) {
       char slowed[64];
       std::snprintf(slowed, sizeof slowed, " | worker 0 slowed %.2gx", o_.slow_worker_factor);
@@ -234,7 +234,7 @@ void WorkerLoop::run() {
     for (int64_t mb = 0; mb < M; ++mb) {
       const int64_t r0 = row0 + mb * rows;
       sh_.data.batch(Split::train, o_.data_order, o_.seed, clock, B, T, r0, r0 + rows, tok.data(), tgt.data());
-      nn::Context ctx(o_.threads);
+      nn::Context ctx(o_.threads, /*training=*/true, o_.precision);
       loss += model_.gpt->forward(ctx, tok.data(), tgt.data(), rows, T) / static_cast<double>(M);
       model_.gpt->backward(ctx, 1.0f / static_cast<float>(M));
     }

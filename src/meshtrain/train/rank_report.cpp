@@ -57,6 +57,13 @@ void RankTrainer::print_header() {
               static_cast<long long>(o_.batch), static_cast<long long>(o_.seq),
               parallel::MeshShape{o_.dp, o_.tp, o_.pp}.str().c_str(), o_.threads, o_.data.c_str(),
               static_cast<long long>(sh_.data.num_tokens(Split::train)));
+  if (o_.precision == kernels::Precision::bf16) {
+    const std::string isa = kernels::bf16_isa();
+    if (isa == "emulated") note("--precision bf16: " + kernels::bf16_fallback_note());
+    std::printf("precision bf16: matrix products with bf16 operands and float32 accumulation on %s%s; "
+                "master weights, Adam, layer norm, softmax and loss in float32\n",
+                isa.c_str(), isa == "emulated" ? " (see the note above)" : " (oneDNN)");
+  }
   {
     // Training memory against the analytic sum: parameters, gradients, two Adam moments (all
     // float32) and the activations one micro-batch saves (model/config.h).

@@ -18,7 +18,7 @@ Tensor GPTStageRunner::forward(nn::Context& ctx, int mb, const Tensor& input, nn
   float loss = 0;
   Tensor out;
   if (recompute_ && ctx.training) {
-    nn::Context light(ctx.threads, /*training=*/false);  // saves nothing
+    nn::Context light(ctx.threads, /*training=*/false, ctx.precision);  // saves nothing
     light.hooks = hooks_;
     out = stage_.forward(light, input, tokens_ + off, targets_ + off, rows_, T_, &loss, &portal);
     std::vector<Tensor> keep;  // the input, and the skip tensor this stage adds

@@ -94,7 +94,7 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     }
   }
   exec_ = std::make_unique<pipeline::Executor>(schedule, pp_rank, o_.pp > 1 ? &mesh_.pp_group() : nullptr,
-                                               runners, o_.threads);
+                                               runners, o_.threads, o_.precision);
   if (o_.pp > 1) {
     // The tied token table: the first stage's copy and the last stage's sum their gradients
     // over this group (one pair per (dp, tp) position).
@@ -213,7 +213,7 @@ void RankTrainer::run() {
   }
 
   const double flops_per_step = sh_.cfg.flops_per_token(T) * static_cast<double>(B * T);
-  const double peak_gflops = measured_gemm_gflops(o_.threads) * mesh_.world().size();
+  const double peak_gflops = measured_gemm_gflops(o_.threads, o_.precision) * mesh_.world().size();
   if (talk) print_header();
   std::unique_ptr<MetricsWriter> metrics;
   // --resume: train() kept the file's lines up to `start`; continue it.

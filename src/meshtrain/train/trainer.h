@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/kernels/bf16.h"
 #include "meshtrain/model/config.h"
 #include "meshtrain/train/data.h"
 #include "meshtrain/train/optimizer.h"
@@ -56,6 +57,7 @@ struct TrainOptions {
   uint64_t seed = 1337;
   AdamWConfig adam;
   int threads = 0;  // kernel threads per rank (0: cores / ranks)
+  kernels::Precision precision = kernels::Precision::f32;  // of the matrix products (--precision)
   int64_t eval_every = 250;
   int64_t eval_batches = 20;
   // outputs
