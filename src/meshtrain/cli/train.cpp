@@ -22,6 +22,7 @@ void add_train_command(CLI::App& app) {
   auto bucket_mb = std::make_shared<double>(0.0);
   auto staleness = std::make_shared<std::string>("0");
   auto precision = std::make_shared<std::string>("fp32");
+  auto comm_dtype = std::make_shared<std::string>("fp32");
   CLI::App* c = app.add_subcommand("train", "Train a GPT on a text or token file");
   c->add_option("--model", opt->model, "Named model: gpt-tiny, gpt-small, gpt2-124m")->capture_default_str();
   c->add_option("--config", opt->config_file, "Model config JSON file (instead of --model)");
@@ -59,6 +60,7 @@ void add_train_command(CLI::App& app) {
   c->add_option("--grad-clip", opt->adam.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
   c->add_option("--seed", opt->seed, "Seed of the initialisation and the data order")->check(integer<uint64_t>())->capture_default_str();
   c->add_option("--precision", *precision, "Matrix products in fp32, or bf16 (bf16 operands, float32 accumulation; float32 master weights, Adam, norms, softmax and loss)")->capture_default_str();
+  c->add_option("--comm-dtype", *comm_dtype, "Data-parallel gradient buckets on the wire as fp32, or bf16 (half the bytes; summed in float32)")->capture_default_str();
   c->add_option("--threads", opt->threads, "Kernel threads per rank (0: cores / ranks)")->check(integer<int>(0))->capture_default_str();
   c->add_option("--eval-every", opt->eval_every, "Validation loss every K steps (0: only at the end)")->check(integer<int64_t>(0))->capture_default_str();
   c->add_option("--eval-batches", opt->eval_batches, "Batches averaged for the validation loss")->check(integer<int64_t>(1))->capture_default_str();
@@ -71,7 +73,7 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--save-initial", opt->save_initial, "Also save the initial weights as step 0");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([opt, order, bucket_mb, bucket_flag, staleness, precision, comm_timeout, comm_timeout_opt] {
+  c->callback([opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt] {
     train::TrainOptions o = *opt;
     try {
       if (comm_timeout_opt->count() > 0) {
@@ -87,6 +89,11 @@ void add_train_command(CLI::App& app) {
         o.precision = kernels::parse_precision(*precision);
       } catch (const std::invalid_argument&) {
         throw std::invalid_argument("--precision must be fp32 or bf16, not '" + *precision + "'");
+      }
+      try {
+        o.comm_dtype = kernels::parse_precision(*comm_dtype);
+      } catch (const std::invalid_argument&) {
+        throw std::invalid_argument("--comm-dtype must be fp32 or bf16, not '" + *comm_dtype + "'");
       }
       if (*staleness == "inf" || *staleness == "unbounded") {
         o.staleness = -1;

@@ -52,6 +52,14 @@ struct DataParallelOptions {
   // model holds: the tied token table of the first and the last pipeline stage, whose
   // gradients are summed across the two stages (synced_grad).
   std::vector<const nn::Param*> own_bucket = {};
+  // Element type of the gradients on the wire (--comm-dtype). bf16: each rank sends its
+  // bucket's gradients rounded to bf16, half the bytes of float32, and the sums are made in
+  // float32 (comm_bf16 in data_parallel.cpp): an all-to-all of the bf16 slices (the
+  // reduce-scatter), a float32 sum in rank order on the slice's owner, then (stages 0 and 1)
+  // an all-gather of the owner's sum rounded to bf16, which every rank, the owner too, takes
+  // as the gradient, so replicas stay identical. The all-to-all overlaps backward as the
+  // float32 all-reduce does; the sum and the all-gather run when the step waits for it.
+  bool bf16_wire = false;
 };
 
 // A unit of ZeRO-3: the module whose hooks gather it, and its parameters.
@@ -114,6 +122,8 @@ class DataParallel {
   struct Bucket;
   void grad_ready(nn::Param* p);
   void launch(Bucket& b);
+  void launch_bf16(Bucket& b);  // bf16 wire: the all-to-all of bf16 slices
+  void finish_bf16(Bucket& b);  // bf16 wire: the float32 sum and (stages 0, 1) the all-gather
   void gather_bucket(size_t b, bool wait);
   void release_bucket(size_t b);
   void on_pre(const nn::Module* m, bool backward);

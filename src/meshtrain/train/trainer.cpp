@@ -67,6 +67,7 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     parallel::DataParallelOptions dpo;
     dpo.zero = o_.zero;
     if (o_.bucket_bytes > 0) dpo.bucket_bytes = o_.bucket_bytes;
+    dpo.bf16_wire = o_.comm_dtype == kernels::Precision::bf16;
     // The tied token table of the first and last stage: a bucket of its own, so both stages
     // slice it alike over dp and can sum their slices of its gradient.
     if (o_.pp > 1)
@@ -328,6 +329,12 @@ void RankTrainer::run() {
                 "(%.2fx the analytic %.0f MiB%s)\n",
                 static_cast<long long>(res.steps.size()), res.wall_s, final_val, rss,
                 rss / analytic_mb_, analytic_mb_, mesh_.world().size() > 1 ? " per rank; RSS counts the whole process" : "");
+    if (o_.dp > 1 && !res.steps.empty()) {
+      double sent = 0;
+      for (const StepRecord& s : res.steps) sent += static_cast<double>(s.comm_bytes_sent);
+      std::printf("data-parallel traffic: rank 0 sent %.0f bytes per step (gradients on the wire as %s)\n",
+                  sent / static_cast<double>(res.steps.size()), o_.comm_dtype == kernels::Precision::bf16 ? "bf16" : "fp32");
+    }
     std::fflush(stdout);
   }
 }

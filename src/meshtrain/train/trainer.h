@@ -58,6 +58,7 @@ struct TrainOptions {
   AdamWConfig adam;
   int threads = 0;  // kernel threads per rank (0: cores / ranks)
   kernels::Precision precision = kernels::Precision::f32;  // of the matrix products (--precision)
+  kernels::Precision comm_dtype = kernels::Precision::f32;  // of the dp gradient buckets on the wire (--comm-dtype)
   int64_t eval_every = 250;
   int64_t eval_batches = 20;
   // outputs
