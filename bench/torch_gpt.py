@@ -64,6 +64,9 @@ def parse_args(argv):
                    help="OPENBLAS_CORETYPE: 'auto' (default) sets it only when OpenBLAS falls back to "
                         "its generic SSE kernels on a CPU it does not know (AVX-512: SkylakeX, AVX2: "
                         "Haswell); 'none' leaves OpenBLAS's own choice; or a core name")
+    p.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                   help="bf16: forward (and so backward) under torch.autocast('cpu', dtype=torch.bfloat16), "
+                        "PyTorch's mixed precision on CPU (float32 weights and optimizer)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--max-seconds", type=float, default=None,
                    help="stop the timed steps once this much time has passed (at least one runs)")
@@ -332,9 +335,15 @@ def main(argv):
     gen = torch.Generator().manual_seed(args.seed + 1)
     batch = batcher(torch, args.data, cfg["vocab"], B, T, gen, "torch_gpt.py")
 
+    def forward(x, y):
+        if args.autocast == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return model(x, y)
+        return model(x, y)
+
     def step():
         x, y = batch()
-        loss = model(x, y)
+        loss = forward(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -373,7 +382,7 @@ def main(argv):
     med = statistics.median(times)
     mean = statistics.fmean(times)
     result = {
-        "impl": "pytorch", "torch": torch.__version__, "model": args.model, "params": n_params,
+        "impl": "pytorch", "autocast": args.autocast, "torch": torch.__version__, "model": args.model, "params": n_params,
         "batch": B, "seq": T, "steps": len(times), "warmup": args.warmup,
         "data": args.data or "random",
         "threads": {"intra_op": intra, "openblas": blas},

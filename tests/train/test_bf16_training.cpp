@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <string>
 #include <tuple>
@@ -23,7 +24,9 @@
 
 #include "meshtrain/kernels/bf16.h"
 #include "meshtrain/train/trainer.h"
+#include "meshtrain/train/checkpoint.h"
 #include "parallel/layout_fixture.h"
+#include "temp_dir.h"
 
 namespace train = meshtrain::train;
 using meshtrain::kernels::Precision;
@@ -109,3 +112,34 @@ TEST(Bf16Training, StaysWithinABandOfTheFloat32CurveFor300Steps) {
   EXPECT_LT(std::fabs(tail_bf16 - tail_f32), 0.02) << "bf16 ends elsewhere than float32";
 }
 
+
+// Checkpoints hold the float32 master weights and Adam state whatever the precision: a bf16
+// run resumes in bf16 bit for bit, and in fp32 (and back) from the same state.
+TEST(Bf16Training, CheckpointsResumeInEitherPrecision) {
+  meshtrain::testing::TempDir tmp("bf16ckpt");
+  auto o = layout_options(1);
+  o.steps = 10;
+  o.precision = Precision::bf16;
+  o.checkpoint_dir = tmp.file("a");
+  o.checkpoint_every = 5;
+  const auto whole = train::train(o).steps;  // steps 1-10, saved at 5 and 10
+  ASSERT_EQ(whole.size(), 10u);
+  auto resume_from_5 = [&](Precision p, const std::string& name) {
+    std::filesystem::create_directories(tmp.file(name));
+    std::filesystem::copy(tmp.file("a") + "/" + train::step_folder_name(5), tmp.file(name) + "/" + train::step_folder_name(5),
+                          std::filesystem::copy_options::recursive);
+    auto r = o;
+    r.checkpoint_dir = tmp.file(name);
+    r.resume = true;
+    r.precision = p;
+    return train::train(r).steps;
+  };
+  const auto same = resume_from_5(Precision::bf16, "b");
+  ASSERT_EQ(same.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(same[i].loss, whole[5 + i].loss) << "step " << 6 + i;
+  const auto f32 = resume_from_5(Precision::f32, "c");
+  ASSERT_EQ(f32.size(), 5u);
+  // Step 6 starts from the same weights: only the products' precision differs.
+  EXPECT_NE(f32[0].loss, whole[5].loss) << "the resumed run must really be float32";
+  EXPECT_LT(std::fabs(f32[0].loss - whole[5].loss) / whole[5].loss, 1e-3);
+}

@@ -61,8 +61,10 @@ void RankTrainer::print_header() {
     const std::string isa = kernels::bf16_isa();
     if (isa == "emulated") note("--precision bf16: " + kernels::bf16_fallback_note());
     std::printf("precision bf16: matrix products with bf16 operands and float32 accumulation on %s%s; "
-                "master weights, Adam, layer norm, softmax and loss in float32\n",
-                isa.c_str(), isa == "emulated" ? " (see the note above)" : " (oneDNN)");
+                "master weights, Adam, layer norm, softmax and loss in float32 | bf16 GEMM rate %.1f GFLOP/s "
+                "per thread (float32 %.1f; MFU is against the bf16 rate)\n",
+                isa.c_str(), isa == "emulated" ? " (see the note above)" : " (oneDNN)",
+                measured_gemm_gflops(1, kernels::Precision::bf16), measured_gemm_gflops(1));
   }
   {
     // Training memory against the analytic sum: parameters, gradients, two Adam moments (all
