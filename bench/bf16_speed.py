@@ -66,10 +66,12 @@ def meshtrain(model, B, T, precision):
         sys.exit(f"failed: {' '.join(cmd)}\n{r.stdout[-1000:]}{r.stderr[-2000:]}")
     lines = [json.loads(l) for l in open(metrics)][warm:]
     rate = re.search(r"bf16 GEMM rate ([\d.]+) GFLOP/s", r.stdout)
+    rss = re.search(r"peak RSS (\d+) MiB \(([\d.]+)x the analytic (\d+) MiB", r.stdout)
     return {"tokens_per_s": B * T / (statistics.median(l["step_ms"] for l in lines) / 1e3),
             "mfu": statistics.median(l["mfu"] for l in lines),
             "bf16_gemm_gflops": float(rate.group(1)) if rate else None,
-            "loss_last": lines[-1]["loss"]}
+            "loss_last": lines[-1]["loss"],
+            "peak_rss_mib": int(rss.group(1)) if rss else None, "analytic_mib": int(rss.group(3)) if rss else None}
 
 
 def torch(model, B, T, autocast):
@@ -115,7 +117,9 @@ for model, B, T in CASES:
            "fp32_over_torch_fp32": ratio("meshtrain fp32", "torch fp32"),
            "mfu_bf16": statistics.fmean(r["meshtrain bf16"]["mfu"] for r in reps),
            "mfu_fp32": statistics.fmean(r["meshtrain fp32"]["mfu"] for r in reps),
-           "bf16_gemm_gflops": reps[0]["meshtrain bf16"]["bf16_gemm_gflops"]}
+           "bf16_gemm_gflops": reps[0]["meshtrain bf16"]["bf16_gemm_gflops"],
+           "bf16_peak_rss_mib": reps[0]["meshtrain bf16"]["peak_rss_mib"],
+           "bf16_analytic_mib": reps[0]["meshtrain bf16"]["analytic_mib"]}
     results.append(row)
     print(json.dumps(row), flush=True)
 
@@ -129,6 +133,10 @@ for r in results:
           f"{t['torch fp32']:.0f} | {t['torch bf16 autocast']:.0f} | {r['bf16_over_torch_fp32']:.2f}x | "
           f"{r['bf16_over_torch_autocast']:.2f}x | {r['bf16_over_meshtrain_fp32']:.2f}x | "
           f"{100 * r['mfu_bf16']:.0f}% ({100 * r['mfu_fp32']:.0f}%) |")
+for r in results:
+    if r["bf16_peak_rss_mib"]:
+        print(f"{r['model']} B={r['batch']} T={r['seq']} bf16: peak RSS {r['bf16_peak_rss_mib']} MiB against the "
+              f"analytic {r['bf16_analytic_mib']} MiB ({r['bf16_peak_rss_mib'] / r['bf16_analytic_mib']:.2f}x)")
 rate = results[0]["bf16_gemm_gflops"] if results else None
 if rate:
     print(f"\nbf16 GEMM rate measured by meshtrain at start: {rate:.1f} GFLOP/s per thread (1024^3, 1 thread)")

@@ -15,6 +15,14 @@
 
 namespace meshtrain::train::detail {
 
+namespace {
+std::string fmt_mib(double mib) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", mib);
+  return buf;
+}
+}  // namespace
+
 // The executor's actions on the rank's timeline: compute on the compute track, waits for
 // pipeline transfers on the communication track; labelled with the micro-batch.
 void RankTrainer::record(const pipeline::StepStats& st) {
@@ -72,9 +80,22 @@ void RankTrainer::print_header() {
     StateBytes s = sh_.res.state_bytes;
     const double MiB = 1024.0 * 1024.0;
     const double act = cfg.activation_bytes(o_.batch / o_.dp / o_.microbatches, o_.seq);
-    const double total = static_cast<double>(s.params + s.grads + s.optimizer) + act;
-    std::printf("memory per rank (analytic): params %.1f + grads %.1f + adam %.1f + activations %.1f = %.1f MiB\n",
-                s.params / MiB, s.grads / MiB, s.optimizer / MiB, act / MiB, total / MiB);
+    // bf16: the GEMM's two thread-local operand buffers grow to the largest A and B operands
+    // (kernels/gemm.cpp), 2 bytes an element: the head's (rows x vocabulary) and (vocabulary x
+    // C) on a rank holding it, else an MLP product's.
+    double bf16_buffers = 0;
+    if (o_.precision == kernels::Precision::bf16) {
+      const double N = static_cast<double>(o_.batch / o_.dp / o_.microbatches * o_.seq), C = cfg.n_embd,
+                   V = static_cast<double>(cfg.vocab_size) / o_.tp, H = 4.0 * C / o_.tp;
+      bool head = false;
+      for (auto& st : stages_) head |= st->last();
+      const double a = head ? std::max(N * V, N * H) : N * H, b = head ? std::max(V * C, H * C) : std::max(H * C, N * H);
+      bf16_buffers = 2.0 * (a + b);
+    }
+    const double total = static_cast<double>(s.params + s.grads + s.optimizer) + act + bf16_buffers;
+    std::printf("memory per rank (analytic): params %.1f + grads %.1f + adam %.1f + activations %.1f%s = %.1f MiB\n",
+                s.params / MiB, s.grads / MiB, s.optimizer / MiB, act / MiB,
+                bf16_buffers > 0 ? (" + bf16 operand buffers " + fmt_mib(bf16_buffers / MiB)).c_str() : "", total / MiB);
     analytic_mb_ = total / MiB;
   }
   if (o_.tp > 1) {
