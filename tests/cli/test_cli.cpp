@@ -140,7 +140,7 @@ TEST(Cli, CommDtypeWithoutDataParallelExits2) {
   Result r = run("train --data " + corpus() + " --comm-dtype bf16 --steps 1");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--comm-dtype bf16"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("--dp 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--dp 2 or --tp 2"), std::string::npos) << r.output;
   r = run("train --data " + corpus() + " --dp 2 --comm-dtype int8 --steps 1");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--comm-dtype must be fp32 or bf16"), std::string::npos) << r.output;

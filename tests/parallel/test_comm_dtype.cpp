@@ -6,6 +6,7 @@
 //   g = bf16( (bf16(g0) + bf16(g1)) / 2 ): |g - (g0 + g1)/2| <= 2^-8 (|g0| + |g1|)/2 + 2^-8 |g| (+ float32 round-off)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/tp_regions.h"
 #include "meshtrain/train/data.h"
 
 using namespace meshtrain;
@@ -102,4 +104,57 @@ TEST(CommDtype, AtZeroTwoTheReduceScatterHalves) {
   ASSERT_GT(f32.bytes_sent, 0u);
   const double ratio = static_cast<double>(b16.bytes_sent) / static_cast<double>(f32.bytes_sent);
   EXPECT_NEAR(ratio, 0.5, 0.001) << b16.bytes_sent << " vs " << f32.bytes_sent;
+}
+
+// Tensor parallelism's regions under TPWireScope(true): the all-reduce of a row-parallel output,
+// the all-gather and reduce-scatter of sequence parallelism, each against its float32 form.
+TEST(CommDtype, TensorParallelRegionsCarryBf16AndSumInFloat32) {
+  const int p = 2;
+  const int64_t B = 2, T = 8, C = 12;  // (B, T, C), T divides over p
+  std::vector<std::vector<float>> x(p);
+  for (int r = 0; r < p; ++r)
+    for (int64_t i = 0; i < B * T * C; ++i) x[r].push_back(std::sin(0.37 * i + r) * (1 + r));
+  struct Got {
+    std::vector<float> reduced, gathered, scattered;
+    uint64_t bytes = 0;
+  };
+  auto run = [&](bool bf16) {
+    std::vector<Got> got(p);
+    comm::run_threads(p, [&](comm::Communicator& tp) {
+      const parallel::TPWireScope wire(bf16);
+      const int r = tp.rank();
+      const uint64_t b0 = tp.stats().bytes_sent;
+      Tensor t = Tensor::empty({B, T, C});
+      std::copy(x[r].begin(), x[r].end(), t.data());
+      Tensor sum = parallel::ReduceFromTP::forward(tp, t.clone());
+      Tensor shard = parallel::ReduceScatterToSP::forward(tp, t);    // (B, T/p, C): own rows of the sum
+      Tensor full = parallel::GatherFromSP::forward(tp, shard);      // back to (B, T, C)
+      got[r].reduced.assign(sum.data(), sum.data() + sum.numel());
+      got[r].scattered.assign(shard.data(), shard.data() + shard.numel());
+      got[r].gathered.assign(full.data(), full.data() + full.numel());
+      got[r].bytes = tp.stats().bytes_sent - b0;
+    });
+    return got;
+  };
+  const auto f32 = run(false), b16 = run(true);
+  EXPECT_NEAR(double(b16[0].bytes) / double(f32[0].bytes), 0.5, 0.02) << b16[0].bytes << " vs " << f32[0].bytes;
+  for (int r = 1; r < p; ++r) {
+    EXPECT_EQ(b16[r].reduced, b16[0].reduced) << "every rank holds the same all-reduced activation";
+    EXPECT_EQ(b16[r].gathered, b16[0].gathered);
+  }
+  for (size_t i = 0; i < b16[0].reduced.size(); ++i) {
+    // The bf16 of the float32 sum of the bf16 inputs.
+    float s = 0;
+    for (int r = 0; r < p; ++r) s += kernels::round_bf16(x[r][i]);
+    ASSERT_EQ(b16[0].reduced[i], kernels::round_bf16(s)) << i;
+  }
+  for (int r = 0; r < p; ++r)
+    for (size_t i = 0; i < b16[r].scattered.size(); ++i) {
+      // The owner keeps the float32 sum of the bf16 inputs (no second rounding).
+      const size_t g = r * b16[r].scattered.size() + i;
+      float s = 0;
+      for (int q = 0; q < p; ++q) s += kernels::round_bf16(x[q][g]);
+      ASSERT_EQ(b16[r].scattered[i], s) << "rank " << r << " element " << i;
+      ASSERT_EQ(b16[0].gathered[g], kernels::round_bf16(s)) << g;
+    }
 }

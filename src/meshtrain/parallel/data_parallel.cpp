@@ -1,6 +1,6 @@
 #include "meshtrain/parallel/data_parallel.h"
 
-#include "meshtrain/kernels/bf16.h"
+#include "meshtrain/parallel/bf16_wire.h"
 
 #include <algorithm>
 #include <array>
@@ -186,54 +186,20 @@ void DataParallel::grad_ready(nn::Param* p) {
   if (++b.ready == static_cast<int>(b.params.size())) launch(b);
 }
 
-// ---- bf16 on the wire ----
-// Slice q of the bucket (counts[q] values from its offset) travels as bf16 in block q of
-// `wire_out`: blocks of `slots` floats (two bf16 each, the largest slice rounded up to even).
-namespace {
-int64_t wire_slots(const std::vector<std::size_t>& counts) {
-  const int64_t most = static_cast<int64_t>(*std::max_element(counts.begin(), counts.end()));
-  return (most + 1) / 2;
-}
-kernels::bf16_t* as_bf16(float* slots) { return reinterpret_cast<kernels::bf16_t*>(slots); }
-}  // namespace
-
+// ---- bf16 on the wire (bf16_wire.h) ----
 void DataParallel::launch_bf16(Bucket& b) {
-  const int P = dp_->size();
-  const int64_t slots = wire_slots(b.counts);
-  b.wire_out.assign(static_cast<size_t>(slots * P), 0.f);
+  pack_bf16_slices(b.grads.data(), b.counts, b.wire_out);
   b.wire_in.assign(b.wire_out.size(), 0.f);
-  int64_t off = 0;
-  for (int q = 0; q < P; ++q) {
-    kernels::to_bf16(b.grads.data() + off, as_bf16(b.wire_out.data() + q * slots), static_cast<int64_t>(b.counts[q]));
-    off += static_cast<int64_t>(b.counts[q]);
-  }
   b.grad_work = dp_->all_to_all_async(std::span<const float>(b.wire_out), std::span<float>(b.wire_in));
 }
 
 void DataParallel::finish_bf16(Bucket& b) {
   const int P = dp_->size();
-  const int64_t slots = wire_slots(b.counts), n = b.slice_n;
   // The owner's float32 sum of every rank's bf16 slice, in rank order, then the average.
-  std::vector<float> sum(static_cast<size_t>(n), 0.f);
-  for (int q = 0; q < P; ++q) {
-    const kernels::bf16_t* in = as_bf16(b.wire_in.data() + q * slots);
-    for (int64_t i = 0; i < n; ++i) sum[i] += kernels::from_bf16(in[i]);
-  }
-  const float inv = 1.0f / static_cast<float>(P);
-  for (float& v : sum) v *= inv;
-  if (opt_.zero >= 2) {
-    std::copy(sum.begin(), sum.end(), b.grad_shard.data());
-  } else {
-    // Everyone's gradient is the bf16 of the owner's sum: an all-gather of bf16 slices.
-    std::vector<float> mine(static_cast<size_t>(slots), 0.f);
-    kernels::to_bf16(sum.data(), as_bf16(mine.data()), n);
-    dp_->all_gather(std::span<const float>(mine), std::span<float>(b.wire_in));
-    int64_t off = 0;
-    for (int q = 0; q < P; ++q) {
-      kernels::from_bf16(as_bf16(b.wire_in.data() + q * slots), b.grads.data() + off, static_cast<int64_t>(b.counts[q]));
-      off += static_cast<int64_t>(b.counts[q]);
-    }
-  }
+  std::vector<float> sum(static_cast<size_t>(b.slice_n));
+  sum_bf16_blocks(b.wire_in, P, bf16_slots(b.counts), b.slice_n, 1.0f / static_cast<float>(P), sum.data());
+  if (opt_.zero >= 2) std::copy(sum.begin(), sum.end(), b.grad_shard.data());
+  else all_gather_bf16(*dp_, sum.data(), b.counts, b.grads.data());  // every rank takes the bf16 of it
   b.wire_out = {};
   b.wire_in = {};
 }

@@ -1,6 +1,8 @@
 // Tensor-parallel region operations: each forward next to its backward mirror (tp_regions.h).
 #include "meshtrain/parallel/tp_regions.h"
 
+#include "meshtrain/parallel/bf16_wire.h"
+
 #include <cstring>
 #include <span>
 #include <stdexcept>
@@ -8,7 +10,37 @@
 
 namespace meshtrain::parallel {
 
+// ---- wire type ----
 namespace {
+thread_local bool tp_bf16_wire = false;
+}  // namespace
+TPWireScope::TPWireScope(bool bf16) : previous_(tp_bf16_wire) { tp_bf16_wire = bf16; }
+TPWireScope::~TPWireScope() { tp_bf16_wire = previous_; }
+bool TPWireScope::bf16() { return tp_bf16_wire; }
+
+namespace {
+
+// The three collectives of the regions, on the wire type of the calling thread.
+void tp_all_reduce(comm::Communicator& tp, std::span<float> x) {
+  if (tp_bf16_wire) return all_reduce_bf16(tp, x);
+  tp.all_reduce(x, {.algorithm = kTPAlgorithm});
+}
+comm::Work tp_all_reduce_start(comm::Communicator& tp, std::span<float> x) {
+  if (tp_bf16_wire) return all_reduce_bf16(tp, x), comm::Work{};
+  return tp.all_reduce_async(x, {.algorithm = kTPAlgorithm});
+}
+comm::Work tp_all_gather(comm::Communicator& tp, std::span<const float> in, std::span<float> out, bool async) {
+  if (tp_bf16_wire) return all_gather_bf16(tp, in, out), comm::Work{};
+  if (async) return tp.all_gather_async(in, out, {.algorithm = kTPAlgorithm});
+  tp.all_gather(in, out, {.algorithm = kTPAlgorithm});
+  return {};
+}
+comm::Work tp_reduce_scatter(comm::Communicator& tp, std::span<const float> in, std::span<float> out, bool async) {
+  if (tp_bf16_wire) return reduce_scatter_bf16(tp, in, out), comm::Work{};
+  if (async) return tp.reduce_scatter_async(in, out, {.algorithm = kTPAlgorithm});
+  tp.reduce_scatter(in, out, {.algorithm = kTPAlgorithm});
+  return {};
+}
 
 // The dimension a sequence shard splits: T of (B, T, C), N of (N, C).
 int seq_dim(const Shape& s) {
@@ -26,25 +58,25 @@ std::span<const float> all(const Tensor& t) {
 // Full (B, T, C) from every rank's (B, T/p, C) shard: the rank-major gather is the full tensor.
 Tensor all_gather_seq(comm::Communicator& tp, const Tensor& x) {
   Tensor out = Tensor::empty(sp_full_shape(x.shape(), tp.size()));
-  tp.all_gather(all(x), all(out), {.algorithm = kTPAlgorithm});
+  tp_all_gather(tp, all(x), all(out), false);
   return out;
 }
 
 // Own (B, T/p, C) shard of the sum over ranks of (B, T, C).
 Tensor reduce_scatter_seq(comm::Communicator& tp, const Tensor& x) {
   Tensor out = Tensor::empty(sp_local_shape(x.shape(), tp.size()));
-  tp.reduce_scatter(all(x), all(out), {.algorithm = kTPAlgorithm});
+  tp_reduce_scatter(tp, all(x), all(out), false);
   return out;
 }
 
 // The same two, started asynchronously.
 comm::Work all_gather_seq_start(comm::Communicator& tp, const Tensor& x, Tensor& out) {
   out = Tensor::empty(sp_full_shape(x.shape(), tp.size()));
-  return tp.all_gather_async(all(x), all(out), {.algorithm = kTPAlgorithm});
+  return tp_all_gather(tp, all(x), all(out), true);
 }
 comm::Work reduce_scatter_seq_start(comm::Communicator& tp, const Tensor& x, Tensor& out) {
   out = Tensor::empty(sp_local_shape(x.shape(), tp.size()));
-  return tp.reduce_scatter_async(all(x), all(out), {.algorithm = kTPAlgorithm});
+  return tp_reduce_scatter(tp, all(x), all(out), true);
 }
 
 }  // namespace
@@ -69,16 +101,16 @@ Shape sp_local_shape(const Shape& full, int p) {
 // ---- CopyToTP ----
 Tensor CopyToTP::forward(comm::Communicator&, const Tensor& x) { return x; }
 Tensor CopyToTP::backward(comm::Communicator& tp, Tensor dy) {
-  tp.all_reduce(all(dy), {.algorithm = kTPAlgorithm});
+  tp_all_reduce(tp, all(dy));
   return dy;
 }
 comm::Work CopyToTP::backward_start(comm::Communicator& tp, Tensor& dy) {
-  return tp.all_reduce_async(all(dy), {.algorithm = kTPAlgorithm});
+  return tp_all_reduce_start(tp, all(dy));
 }
 
 // ---- ReduceFromTP ----
 Tensor ReduceFromTP::forward(comm::Communicator& tp, Tensor x) {
-  tp.all_reduce(all(x), {.algorithm = kTPAlgorithm});
+  tp_all_reduce(tp, all(x));
   return x;
 }
 Tensor ReduceFromTP::backward(comm::Communicator&, const Tensor& dy) { return dy; }

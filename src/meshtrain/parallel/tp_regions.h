@@ -21,6 +21,13 @@
 // (the output is allocated at once; it, and the input, must stay untouched until the Work
 // completes), so a layer can overlap it with computation that does not need the result.
 //
+// bf16 on the wire (--comm-dtype bf16): while a TPWireScope(true) is alive on the calling rank
+// thread, the three collectives below carry bf16 and sum in float32 (parallel/bf16_wire.h):
+// an all-reduce leaves every rank the bf16 of the float32 sum, an all-gather every rank the
+// bf16 of each shard, a reduce-scatter the owner's float32 sum. They then run to completion
+// inside the `*_start` calls (which return a finished Work): the bf16 exchange is two steps
+// with a sum between, not one asynchronous operation.
+//
 // Limits: float32 activations; T (or N for 2-D) must divide by p (validate_tp checks seq % tp).
 // Collectives run with kTPAlgorithm (ring): bandwidth-optimal and with an exact, documented
 // byte count (an all-reduce of n floats over p ranks sends 2 (p-1)/p n floats per rank).
@@ -32,6 +39,19 @@
 namespace meshtrain::parallel {
 
 inline constexpr comm::Algorithm kTPAlgorithm = comm::Algorithm::ring;
+
+// The wire type of the calling thread's tensor-parallel regions (see the top of this file).
+class TPWireScope {
+ public:
+  explicit TPWireScope(bool bf16);
+  ~TPWireScope();
+  TPWireScope(const TPWireScope&) = delete;
+  TPWireScope& operator=(const TPWireScope&) = delete;
+  static bool bf16();  // the calling thread's current setting
+
+ private:
+  bool previous_;
+};
 
 // Shape of the full activation whose sequence shard has shape `local`, and the reverse.
 Shape sp_full_shape(const Shape& local, int p);

@@ -18,6 +18,7 @@
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/tp_regions.h"
 #include "meshtrain/parallel/tp_layout.h"
 #include "meshtrain/pipeline/executor.h"
 #include "meshtrain/train/checkpoint.h"
@@ -184,6 +185,8 @@ double RankTrainer::global_grad_sq() {
 // ---- the loop ----
 
 void RankTrainer::run() {
+  // Tensor parallelism's activations on the wire (tp_regions.h), for this rank thread.
+  const parallel::TPWireScope tp_wire(o_.comm_dtype == kernels::Precision::bf16);
   TrainResult& res = sh_.res;
   const int64_t B = o_.batch, T = o_.seq, M = o_.microbatches;
   const int64_t rows = B / o_.dp / M;  // rows of one micro-batch on this rank
@@ -289,6 +292,7 @@ void RankTrainer::run() {
     r.comm_wait_ms = (c1.wait_seconds - c0.wait_seconds) * 1e3;
     comm::CommStats tp1 = mesh_.tp_group().stats();
     const uint64_t tp_bytes = tp1.bytes_sent - tp0.bytes_sent;
+    r.tp_bytes_sent = tp_bytes;
     const bool last = step + 1 == o_.steps;
     if (o_.eval_every > 0 && ((step + 1) % o_.eval_every == 0 || last)) r.val_loss = evaluate();
     if (o_.checkpoint_every > 0 && ((step + 1) % o_.checkpoint_every == 0 || last)) save(step + 1);
@@ -329,12 +333,18 @@ void RankTrainer::run() {
                 "(%.2fx the analytic %.0f MiB%s)\n",
                 static_cast<long long>(res.steps.size()), res.wall_s, final_val, rss,
                 rss / analytic_mb_, analytic_mb_, mesh_.world().size() > 1 ? " per rank; RSS counts the whole process" : "");
-    if (o_.dp > 1 && !res.steps.empty()) {
+    const char* wire = o_.comm_dtype == kernels::Precision::bf16 ? "bf16" : "fp32";
+    auto per_step = [&](uint64_t StepRecord::*field) {
       double sent = 0;
-      for (const StepRecord& s : res.steps) sent += static_cast<double>(s.comm_bytes_sent);
+      for (const StepRecord& s : res.steps) sent += static_cast<double>(s.*field);
+      return sent / static_cast<double>(std::max<size_t>(1, res.steps.size()));
+    };
+    if (o_.dp > 1)
       std::printf("data-parallel traffic: rank 0 sent %.0f bytes per step (gradients on the wire as %s)\n",
-                  sent / static_cast<double>(res.steps.size()), o_.comm_dtype == kernels::Precision::bf16 ? "bf16" : "fp32");
-    }
+                  per_step(&StepRecord::comm_bytes_sent), wire);
+    if (o_.tp > 1)
+      std::printf("tensor-parallel traffic: rank 0 sent %.0f bytes per step (activations on the wire as %s)\n",
+                  per_step(&StepRecord::tp_bytes_sent), wire);
     std::fflush(stdout);
   }
 }

@@ -83,7 +83,8 @@ struct StepRecord {
   double mfu = 0;
   double peak_rss_mb = 0;
   // rank 0's communication in this step (data-parallel group)
-  uint64_t comm_bytes_sent = 0;
+  uint64_t comm_bytes_sent = 0;  // the dp group's
+  uint64_t tp_bytes_sent = 0;    // the tp group's
   uint64_t comm_bytes_received = 0;
   double comm_wait_ms = 0;  // time blocked on communication not hidden behind compute
   std::optional<float> val_loss;

@@ -124,9 +124,10 @@ void check_layout(const TrainOptions& o) {
     bad("--slow-worker slows a parameter-server worker; add --ps-servers N or drop --slow-worker");
   if (o.ps_servers > 0 && o.zero > 0)
     bad("ZeRO and the parameter server are two ways to shard; choose one (drop --zero or --ps-servers)");
-  if (o.comm_dtype == kernels::Precision::bf16 && (o.dp < 2 || o.ps_servers > 0))
-    bad("--comm-dtype bf16 sends the data-parallel gradient buckets as bf16; it needs --dp 2 or more "
-        "and no --ps-servers (drop it, or add data-parallel ranks)");
+  if (o.comm_dtype == kernels::Precision::bf16 && ((o.dp < 2 && o.tp < 2) || o.ps_servers > 0))
+    bad("--comm-dtype bf16 sends the data-parallel gradient buckets and the tensor-parallel activations as "
+        "bf16; it needs --dp 2 or --tp 2 or more, and no --ps-servers (drop it, or add data- or "
+        "tensor-parallel ranks)");
   if (o.ps_servers > 0 && (o.tp > 1 || o.pp > 1))
     bad("the parameter server runs whole-model workers; use --tp 1 --pp 1 with --ps-servers");
   if (o.ps_servers > 0 && (o.checkpoint_every > 0 || o.resume || o.save_initial))
