@@ -134,6 +134,10 @@ TEST(Cli, Bf16SaysWhatRunsItsProducts) {
   const bool emulated = r.output.find("note: --precision bf16:") != std::string::npos &&
                         r.output.find("on emulated") != std::string::npos;
   EXPECT_TRUE(native != emulated) << r.output;
+  // Without AMX (AVX512-BF16 only) the program says so.
+  if (r.output.find("on avx512_core_bf16") != std::string::npos) {
+    EXPECT_NE(r.output.find("note: --precision bf16: this CPU has no AMX tiles"), std::string::npos) << r.output;
+  }
 }
 
 TEST(Cli, CommDtypeWithoutDataParallelExits2) {
