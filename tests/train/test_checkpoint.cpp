@@ -222,7 +222,7 @@ TEST_F(CheckpointTest, RoundTripModelOptimizerConfigState) {
   const std::string ckdir = path("run");
   const std::string folder = save_checkpoint(ckdir, d);
   EXPECT_EQ(folder, (fs::path(ckdir) / "step_00000100").string());
-  for (const char* f : {"model.safetensors", "optimizer.safetensors", "index.json"})
+  for (const char* f : {"model-00000.safetensors", "optimizer-00000.safetensors", "index.json"})
     EXPECT_TRUE(fs::is_regular_file(fs::path(folder) / f)) << f;
   EXPECT_EQ(read_bytes(ckdir + "/latest"), "step_00000100\n");
   EXPECT_EQ(*latest_checkpoint(ckdir), folder);
@@ -238,13 +238,13 @@ TEST_F(CheckpointTest, RoundTripModelOptimizerConfigState) {
   // index.json records each file's size and CRC32.
   const auto index = nlohmann::json::parse(read_bytes(folder + "/index.json"));
   EXPECT_EQ(index["step"], 100);
-  const FileDigest md = file_digest(folder + "/model.safetensors");
-  EXPECT_EQ(index["files"]["model.safetensors"]["size"], md.size);
-  EXPECT_EQ(index["files"]["model.safetensors"]["crc32"], md.crc32);
+  const FileDigest md = file_digest(folder + "/model-00000.safetensors");
+  EXPECT_EQ(index["files"]["model-00000.safetensors"]["size"], md.size);
+  EXPECT_EQ(index["files"]["model-00000.safetensors"]["crc32"], md.crc32);
   // Model weights from the directory, the step folder and the bare file.
   expect_same(load_model_weights(ckdir), d.model);
   expect_same(load_model_weights(folder), d.model);
-  expect_same(load_model_weights(folder + "/model.safetensors"), d.model);
+  expect_same(load_model_weights(folder + "/model-00000.safetensors"), d.model);
 }
 
 TEST_F(CheckpointTest, LatestFollowsNewestAndSameStepIsReplaced) {
@@ -273,7 +273,7 @@ TEST_F(CheckpointTest, LatestFollowsNewestAndSameStepIsReplaced) {
 TEST_F(CheckpointTest, EveryTruncatedOrFlippedFileIsRefused) {
   const std::string base = path("base");
   const std::string base_folder = save_checkpoint(base, sample(100));
-  for (const std::string file : {"model.safetensors", "optimizer.safetensors", "index.json"}) {
+  for (const std::string file : {"model-00000.safetensors", "optimizer-00000.safetensors", "index.json"}) {
     const auto size = static_cast<int64_t>(fs::file_size(base_folder + "/" + file));
     // Damage: truncate by one byte, by half, or flip one byte at the start, middle, end.
     std::vector<std::pair<std::string, std::function<void(std::string&)>>> damages = {
@@ -299,7 +299,7 @@ TEST_F(CheckpointTest, EveryTruncatedOrFlippedFileIsRefused) {
         fs::remove(target);
       }
       expect_checkpoint_error([&] { load_checkpoint(ckdir); }, file, "step_00000100");
-      if (file != "optimizer.safetensors")
+      if (file != "optimizer-00000.safetensors")
         expect_checkpoint_error([&] { load_model_weights(ckdir); }, file, "step_00000100");
     }
   }
@@ -311,7 +311,7 @@ TEST_F(CheckpointTest, LeftoverTmpFolderIsIgnored) {
   save_checkpoint(ckdir, sample(100));
   // An interrupted save of step 200: a partial .tmp folder, `latest` not yet updated.
   fs::create_directories(ckdir + "/step_00000200.tmp");
-  write_bytes(ckdir + "/step_00000200.tmp/model.safetensors", "partial");
+  write_bytes(ckdir + "/step_00000200.tmp/model-00000.safetensors", "partial");
   EXPECT_EQ(*latest_checkpoint(ckdir), ckdir + "/step_00000100");
   EXPECT_EQ(load_checkpoint(ckdir).step, 100);
   // Pruning ignores it; the next save of step 200 replaces it.

@@ -192,6 +192,9 @@ void RankTrainer::run() {
   int64_t start = 0;
   if (sh_.resume) {
     start = restore();
+    std::vector<int64_t> read(mesh_.world().size());
+    mesh_.world().all_gather(std::array<int64_t, 1>{restore_bytes_read_}, read);
+    if (lead_) res.restore_bytes_read = read;
     if (talk)
       std::printf("resumed from %s at step %lld\n",
                   (o_.checkpoint_dir + "/" + step_folder_name(start)).c_str(), static_cast<long long>(start));
@@ -309,6 +312,17 @@ void RankTrainer::run() {
       line["peak_saved_activation_bytes"] = std::vector<int64_t>{pst.peak_saved_bytes};
     }
     if (r.val_loss) line["val_loss"] = *r.val_loss;
+    if (pending_save_) {  // this step's checkpoint, per world rank
+      nlohmann::json c = {{"step", *pending_save_}, {"seconds", res.last_save_s}};
+      for (const RankSave& s : res.saves) {
+        c["rank_seconds"].push_back(s.seconds);
+        c["bytes_written"].push_back(s.bytes_written);
+        c["resident_bytes"].push_back(s.resident_bytes);
+        c["peak_bytes"].push_back(s.peak_bytes);
+      }
+      line["checkpoint"] = c;
+      pending_save_.reset();
+    }
     metrics->write(line);
     if (talk && o_.log_every > 0 && ((step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps);
     if (talk && r.val_loss)
@@ -377,7 +391,7 @@ TrainResult train(TrainOptions o) {
   const bool lead = o.backend != "mpi" || comm::mpi_world()->rank() == 0;
   // Checkpoints are settled before any rank starts: what to resume from (verified, and
   // matching this run), or that a new run will not overwrite another run's step folders.
-  std::optional<CheckpointData> resume = prepare_checkpoints(o, res.config, lead);
+  std::optional<CheckpointIndex> resume = prepare_checkpoints(o, res.config, lead);
   std::unique_ptr<trace::Recorder> recorder;
   if (!o.trace.empty()) recorder = std::make_unique<trace::Recorder>();
   Shared sh{o, res.config, data, res, recorder.get(), resume ? &*resume : nullptr};
