@@ -191,13 +191,21 @@ void RankTrainer::run() {
 
   int64_t start = 0;
   if (sh_.resume) {
+    const auto t0 = Clock::now();
     start = restore();
-    std::vector<int64_t> read(mesh_.world().size());
-    mesh_.world().all_gather(std::array<int64_t, 1>{restore_bytes_read_}, read);
-    if (lead_) res.restore_bytes_read = read;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    const int world = mesh_.world().size();
+    std::vector<int64_t> read(2 * static_cast<size_t>(world));
+    mesh_.world().all_gather(std::array<int64_t, 2>{restore_bytes_read_, static_cast<int64_t>(ns)}, read);
+    int64_t most = 0, slowest = 0;
+    for (int r = 0; r < world; ++r) {
+      if (lead_) res.restore_bytes_read.push_back(read[2 * r]);
+      most = std::max(most, read[2 * r]), slowest = std::max(slowest, read[2 * r + 1]);
+    }
     if (talk)
-      std::printf("resumed from %s at step %lld\n",
-                  (o_.checkpoint_dir + "/" + step_folder_name(start)).c_str(), static_cast<long long>(start));
+      std::printf("resumed from %s at step %lld (each rank read only its pieces: at most %.1f MiB, in %.2f s)\n",
+                  (o_.checkpoint_dir + "/" + step_folder_name(start)).c_str(), static_cast<long long>(start),
+                  static_cast<double>(most) / (1024.0 * 1024.0), static_cast<double>(slowest) * 1e-9);
   }
   if (o_.save_initial && start == 0) save(0);
   {
