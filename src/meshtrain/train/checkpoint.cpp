@@ -457,20 +457,6 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return folder.string();
 }
 
-const StoredTensor* CheckpointIndex::find(const std::string& name) const {
-  for (const auto* part : {&model, &optimizer}) {
-    auto it = part->find(name);
-    if (it != part->end()) return &it->second;
-  }
-  return nullptr;
-}
-
-std::vector<std::pair<std::string, Shape>> CheckpointIndex::shapes(const std::map<std::string, StoredTensor>& part) const {
-  std::vector<std::pair<std::string, Shape>> out;
-  for (const auto& [n, t] : part) out.emplace_back(n, t.shape);
-  return out;
-}
-
 CheckpointIndex open_checkpoint(const std::string& path, bool model_only) try {
   CheckpointIndex out;
   out.folder = resolve_step_folder(path);
@@ -559,33 +545,6 @@ ResumePoint find_resume_point(const std::string& dir) {
     rp.notes.push_back("`latest` in " + dir + " names " + *latest + " but the newest valid step folder is " +
                        chosen + "; resuming from " + chosen);
   return rp;
-}
-
-void check_tensor_set(const std::string& source, const std::vector<std::pair<std::string, Shape>>& expected,
-                      const std::vector<std::pair<std::string, Tensor>>& tensors) {
-  std::vector<std::pair<std::string, Shape>> saved;
-  for (const auto& [n, t] : tensors) saved.emplace_back(n, t.shape());
-  check_tensor_set(source, expected, saved);
-}
-
-void check_tensor_set(const std::string& source, const std::vector<std::pair<std::string, Shape>>& expected,
-                      const std::vector<std::pair<std::string, Shape>>& saved) {
-  std::map<std::string, const Shape*> got;
-  for (const auto& [n, s] : saved) got[n] = &s;
-  for (const auto& [name, shape] : expected) {
-    auto it = got.find(name);
-    if (it == got.end())
-      throw CheckpointError(source + " lacks tensor " + name + " " + shape_str(shape) +
-                            ", which its index config needs; the checkpoint does not match its index");
-    if (*it->second != shape)
-      throw CheckpointError(source + ": tensor " + name + " has shape " + shape_str(*it->second) +
-                            " but its index config needs " + shape_str(shape) +
-                            "; the checkpoint does not match its index");
-    got.erase(it);
-  }
-  if (!got.empty())
-    throw CheckpointError(source + " holds tensor " + got.begin()->first +
-                          ", which its index config has no place for; the checkpoint does not match its index");
 }
 
 }  // namespace meshtrain::train

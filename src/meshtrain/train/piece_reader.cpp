@@ -1,8 +1,10 @@
 // Reading a checkpoint's pieces (checkpoint.h): PieceReader copies out of the mapped rank files
-// only the elements asked for, and the full-tensor loaders assemble one logical tensor at a time.
+// only the elements asked for, and the full-tensor loaders assemble one logical tensor at a time;
+// the checks of an index's tensor set.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "meshtrain/train/checkpoint.h"
 
@@ -30,6 +32,20 @@ bool same_cut(const nn::ShardSpec& a, const nn::ShardSpec& b) {
 }
 
 }  // namespace
+
+const StoredTensor* CheckpointIndex::find(const std::string& name) const {
+  for (const auto* part : {&model, &optimizer}) {
+    auto it = part->find(name);
+    if (it != part->end()) return &it->second;
+  }
+  return nullptr;
+}
+
+std::vector<std::pair<std::string, Shape>> CheckpointIndex::shapes(const std::map<std::string, StoredTensor>& part) const {
+  std::vector<std::pair<std::string, Shape>> out;
+  for (const auto& [n, t] : part) out.emplace_back(n, t.shape);
+  return out;
+}
 
 const SafetensorsFile& PieceReader::file(const std::string& name) {
   auto& f = files_[name];
@@ -139,6 +155,35 @@ std::vector<std::pair<std::string, Tensor>> load_model_weights(const std::string
   return load_checkpoint_model(path).model;
 } catch (const fs::filesystem_error& e) {
   throw CheckpointError("cannot load weights from " + path + ": " + e.what());
+}
+
+// ---- tensor sets ----
+
+void check_tensor_set(const std::string& source, const std::vector<std::pair<std::string, Shape>>& expected,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::vector<std::pair<std::string, Shape>> saved;
+  for (const auto& [n, t] : tensors) saved.emplace_back(n, t.shape());
+  check_tensor_set(source, expected, saved);
+}
+
+void check_tensor_set(const std::string& source, const std::vector<std::pair<std::string, Shape>>& expected,
+                      const std::vector<std::pair<std::string, Shape>>& saved) {
+  std::map<std::string, const Shape*> got;
+  for (const auto& [n, s] : saved) got[n] = &s;
+  for (const auto& [name, shape] : expected) {
+    auto it = got.find(name);
+    if (it == got.end())
+      throw CheckpointError(source + " lacks tensor " + name + " " + shape_str(shape) +
+                            ", which its index config needs; the checkpoint does not match its index");
+    if (*it->second != shape)
+      throw CheckpointError(source + ": tensor " + name + " has shape " + shape_str(*it->second) +
+                            " but its index config needs " + shape_str(shape) +
+                            "; the checkpoint does not match its index");
+    got.erase(it);
+  }
+  if (!got.empty())
+    throw CheckpointError(source + " holds tensor " + got.begin()->first +
+                          ", which its index config has no place for; the checkpoint does not match its index");
 }
 
 }  // namespace meshtrain::train
