@@ -119,7 +119,7 @@ TEST(ShardedCheckpoint, EveryRankWritesItsShardAndNoMore) {
 
 // Resuming reads from the pieces only what a rank holds: its stage's values (all of them at
 // ZeRO 0-2, its segments at ZeRO-3) and the moments of its optimizer slices, exactly its state
-// bytes, whatever layout saved them.
+// bytes, whatever layout saved them, straight into its tensors (no tensor memory is allocated).
 TEST(ShardedCheckpoint, ResumingRankReadsOnlyWhatItHolds) {
   meshtrain::testing::TempDir dir("sharded_read");
   auto o = options(2, 2, 2, 3, 2);
@@ -150,6 +150,7 @@ TEST(ShardedCheckpoint, ResumingRankReadsOnlyWhatItHolds) {
     for (int k = 0; k < world; ++k) {
       const auto& b = res.ranks[k].bytes;
       EXPECT_EQ(res.restore_bytes_read[k], b.params + b.optimizer) << "rank " << k;
+      EXPECT_EQ(res.restore_tensor_bytes[k], 0) << "rank " << k << ": read into its tensors in place";
       if (t.zero == 3) {  // an eighth of the model and its moments, give or take the replicated tensors
         EXPECT_LT(res.restore_bytes_read[k], data_bytes / 4) << "rank " << k;
       }

@@ -192,15 +192,18 @@ void RankTrainer::run() {
   int64_t start = 0;
   if (sh_.resume) {
     const auto t0 = Clock::now();
+    reset_tensor_bytes_peak_thread();
+    const int64_t live = tensor_bytes_live_thread();
     start = restore();
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
     const int world = mesh_.world().size();
-    std::vector<int64_t> read(2 * static_cast<size_t>(world));
-    mesh_.world().all_gather(std::array<int64_t, 2>{restore_bytes_read_, static_cast<int64_t>(ns)}, read);
+    std::vector<int64_t> read(3 * static_cast<size_t>(world));
+    mesh_.world().all_gather(
+        std::array<int64_t, 3>{restore_bytes_read_, static_cast<int64_t>(ns), tensor_bytes_peak_thread() - live}, read);
     int64_t most = 0, slowest = 0;
     for (int r = 0; r < world; ++r) {
-      if (lead_) res.restore_bytes_read.push_back(read[2 * r]);
-      most = std::max(most, read[2 * r]), slowest = std::max(slowest, read[2 * r + 1]);
+      if (lead_) res.restore_bytes_read.push_back(read[3 * r]), res.restore_tensor_bytes.push_back(read[3 * r + 2]);
+      most = std::max(most, read[3 * r]), slowest = std::max(slowest, read[3 * r + 1]);
     }
     if (talk)
       std::printf("resumed from %s at step %lld (each rank read only its pieces: at most %.1f MiB, in %.2f s)\n",

@@ -123,6 +123,7 @@ struct TrainResult {
   std::vector<RankSave> saves;   // the run's last checkpoint save, by world rank
   double last_save_s = 0;        // that save on rank 0, from the first barrier to `latest`
   std::vector<int64_t> restore_bytes_read;  // --resume: piece bytes each rank read, by world rank
+  std::vector<int64_t> restore_tensor_bytes;  // and the tensor memory that rose while it read (peak - before)
 };
 
 // A non-finite loss or gradient norm: the run stops at that step (what() names it) without
