@@ -26,9 +26,9 @@
 //    "config": {...}, "state": {...},                         (caller-given JSON objects)
 //    "files": {"model-00000.safetensors": {"size": N, "crc32": C}, ...},   every rank's files
 //    "tensors": {"wte.weight": {"shape": [50257, 768], "pieces": [
-//        {"file": "model-00000.safetensors", "key": "wte.weight[tp 0/2][0:9649152]",
+//        {"file": "model-00000.safetensors", "key": "wte.weight[tp 0/2][0:9649536]",
 //         "tp": {"dim": 0, "groups": 1, "rank": 0, "size": 2, "padded": true},
-//         "range": [0, 9649152]}, ...]}, ...},               ("tp" absent: replicated)
+//         "range": [0, 9649536]}, ...]}, ...},               ("tp" absent: replicated)
 //    "index_crc32": C}   CRC32 of the compact dump of this object without "index_crc32"
 //   The file is nlohmann::json::dump(2) plus a newline; loading insists on exactly that form,
 //   so a changed byte anywhere (even whitespace) is caught, and the CRC catches changed values.
