@@ -79,32 +79,32 @@ TEST_F(ResumeCli, DeletedLatestResumesTheNewestFolderAndKeepsTheOthers) {
   Result first = train("--steps 4 --checkpoint-every 2");
   ASSERT_EQ(first.code, 0) << first.output;
   fs::remove(ck / "latest");
-  const std::string step2 = read_all(ck / "step_00000002" / "model.safetensors");
-  const std::string step4 = read_all(ck / "step_00000004" / "model.safetensors");
-  const auto t4 = fs::last_write_time(ck / "step_00000004" / "model.safetensors");
+  const std::string step2 = read_all(ck / "step_00000002" / "model-00000.safetensors");
+  const std::string step4 = read_all(ck / "step_00000004" / "model-00000.safetensors");
+  const auto t4 = fs::last_write_time(ck / "step_00000004" / "model-00000.safetensors");
   Result r = train("--steps 6 --checkpoint-every 2 --resume");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(has(r, "`latest` is missing")) << r.output;
   EXPECT_TRUE(has(r, "at step 4")) << r.output;
-  EXPECT_EQ(read_all(ck / "step_00000002" / "model.safetensors"), step2);
-  EXPECT_EQ(read_all(ck / "step_00000004" / "model.safetensors"), step4);
-  EXPECT_TRUE(fs::last_write_time(ck / "step_00000004" / "model.safetensors") == t4);
+  EXPECT_EQ(read_all(ck / "step_00000002" / "model-00000.safetensors"), step2);
+  EXPECT_EQ(read_all(ck / "step_00000004" / "model-00000.safetensors"), step4);
+  EXPECT_TRUE(fs::last_write_time(ck / "step_00000004" / "model-00000.safetensors") == t4);
   EXPECT_EQ(read_all(ck / "latest"), "step_00000006\n");
 }
 
 TEST_F(ResumeCli, NewRunIntoAnotherRunsDirectoryExits2) {
   ASSERT_EQ(train("--steps 2 --checkpoint-every 2").code, 0);
-  const std::string before = read_all(ck / "step_00000002" / "model.safetensors");
+  const std::string before = read_all(ck / "step_00000002" / "model-00000.safetensors");
   Result r = train("--steps 2 --checkpoint-every 2 --seed 7");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_TRUE(has(r, "already holds checkpoints")) << r.output;
   EXPECT_TRUE(has(r, "--resume")) << r.output;
-  EXPECT_EQ(read_all(ck / "step_00000002" / "model.safetensors"), before);
+  EXPECT_EQ(read_all(ck / "step_00000002" / "model-00000.safetensors"), before);
   // With --resume but another seed: another run's checkpoint, refused.
   Result other = train("--steps 4 --checkpoint-every 2 --seed 7 --resume");
   EXPECT_EQ(other.code, 2) << other.output;
   EXPECT_TRUE(has(other, "seed")) << other.output;
-  EXPECT_EQ(read_all(ck / "step_00000002" / "model.safetensors"), before);
+  EXPECT_EQ(read_all(ck / "step_00000002" / "model-00000.safetensors"), before);
 }
 
 TEST_F(ResumeCli, MissingDirectoryExits2) {
@@ -124,7 +124,7 @@ TEST_F(ResumeCli, EmptyDirectoryStartsFromStepZeroWithANote) {
 
 TEST_F(ResumeCli, NoValidFolderExits2) {
   ASSERT_EQ(train("--steps 2 --checkpoint-every 2").code, 0);
-  fs::resize_file(ck / "step_00000002" / "optimizer.safetensors", 10);
+  fs::resize_file(ck / "step_00000002" / "optimizer-00000.safetensors", 10);
   Result r = train("--steps 4 --checkpoint-every 2 --resume");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_TRUE(has(r, "is a valid checkpoint")) << r.output;

@@ -186,7 +186,7 @@ TEST(DataParallel, BadLayoutsAreRefused) {
   EXPECT_THROW(train::train(o), std::invalid_argument);
 }
 
-// A checkpoint saved at dp 2 with ZeRO-2 resumes at dp 1 (full logical tensors), and the
+// A checkpoint saved at dp 2 with ZeRO-2 resumes at dp 1 (pieces of named logical tensors), and the
 // resumed curve continues the uninterrupted one.
 TEST(DataParallel, CheckpointResumesOnAnotherLayout) {
   meshtrain::testing::TempDir tmp("dp_ckpt");
@@ -223,7 +223,7 @@ TEST(TrainerLayouts, TensorParallelMatchesSingleRank) {
   }
 }
 
-// Saved at tp 2, resumed at dp 2 (and the reverse is the same code path): full logical tensors.
+// Saved at tp 2, resumed at dp 2 (and the reverse is the same code path): pieces of named logical tensors.
 TEST(TrainerLayouts, CheckpointFromTensorParallelResumesOnDataParallel) {
   meshtrain::testing::TempDir tmp("tp_ckpt");
   const fs::path dir = tmp.path() / "ck";

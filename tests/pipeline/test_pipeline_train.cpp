@@ -120,7 +120,7 @@ TEST(PipelineLayouts, HandGivenAndProfiledBalance) {
   EXPECT_GT(c.embedding, 0.0);
 }
 
-// Checkpoints hold full logical tensors: saved at pp 2 they resume at pp 1 and the reverse
+// Checkpoints hold pieces of named logical tensors: saved at pp 2 they resume at pp 1 and the reverse
 // (also into an interleaved layout), on the uninterrupted curve.
 TEST(PipelineLayouts, CheckpointsCrossLayouts) {
   meshtrain::testing::TempDir tmp("pp_ckpt");

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/nn/param.h"
 #include "meshtrain/tensor/rng.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/safetensors.h"
@@ -222,7 +223,7 @@ TEST_F(CheckpointTest, RoundTripModelOptimizerConfigState) {
   const std::string ckdir = path("run");
   const std::string folder = save_checkpoint(ckdir, d);
   EXPECT_EQ(folder, (fs::path(ckdir) / "step_00000100").string());
-  for (const char* f : {"model.safetensors", "optimizer.safetensors", "index.json"})
+  for (const char* f : {"model-00000.safetensors", "optimizer-00000.safetensors", "index.json"})
     EXPECT_TRUE(fs::is_regular_file(fs::path(folder) / f)) << f;
   EXPECT_EQ(read_bytes(ckdir + "/latest"), "step_00000100\n");
   EXPECT_EQ(*latest_checkpoint(ckdir), folder);
@@ -238,13 +239,13 @@ TEST_F(CheckpointTest, RoundTripModelOptimizerConfigState) {
   // index.json records each file's size and CRC32.
   const auto index = nlohmann::json::parse(read_bytes(folder + "/index.json"));
   EXPECT_EQ(index["step"], 100);
-  const FileDigest md = file_digest(folder + "/model.safetensors");
-  EXPECT_EQ(index["files"]["model.safetensors"]["size"], md.size);
-  EXPECT_EQ(index["files"]["model.safetensors"]["crc32"], md.crc32);
+  const FileDigest md = file_digest(folder + "/model-00000.safetensors");
+  EXPECT_EQ(index["files"]["model-00000.safetensors"]["size"], md.size);
+  EXPECT_EQ(index["files"]["model-00000.safetensors"]["crc32"], md.crc32);
   // Model weights from the directory, the step folder and the bare file.
   expect_same(load_model_weights(ckdir), d.model);
   expect_same(load_model_weights(folder), d.model);
-  expect_same(load_model_weights(folder + "/model.safetensors"), d.model);
+  expect_same(load_model_weights(folder + "/model-00000.safetensors"), d.model);
 }
 
 TEST_F(CheckpointTest, LatestFollowsNewestAndSameStepIsReplaced) {
@@ -273,7 +274,7 @@ TEST_F(CheckpointTest, LatestFollowsNewestAndSameStepIsReplaced) {
 TEST_F(CheckpointTest, EveryTruncatedOrFlippedFileIsRefused) {
   const std::string base = path("base");
   const std::string base_folder = save_checkpoint(base, sample(100));
-  for (const std::string file : {"model.safetensors", "optimizer.safetensors", "index.json"}) {
+  for (const std::string file : {"model-00000.safetensors", "optimizer-00000.safetensors", "index.json"}) {
     const auto size = static_cast<int64_t>(fs::file_size(base_folder + "/" + file));
     // Damage: truncate by one byte, by half, or flip one byte at the start, middle, end.
     std::vector<std::pair<std::string, std::function<void(std::string&)>>> damages = {
@@ -299,7 +300,7 @@ TEST_F(CheckpointTest, EveryTruncatedOrFlippedFileIsRefused) {
         fs::remove(target);
       }
       expect_checkpoint_error([&] { load_checkpoint(ckdir); }, file, "step_00000100");
-      if (file != "optimizer.safetensors")
+      if (file != "optimizer-00000.safetensors")
         expect_checkpoint_error([&] { load_model_weights(ckdir); }, file, "step_00000100");
     }
   }
@@ -311,7 +312,7 @@ TEST_F(CheckpointTest, LeftoverTmpFolderIsIgnored) {
   save_checkpoint(ckdir, sample(100));
   // An interrupted save of step 200: a partial .tmp folder, `latest` not yet updated.
   fs::create_directories(ckdir + "/step_00000200.tmp");
-  write_bytes(ckdir + "/step_00000200.tmp/model.safetensors", "partial");
+  write_bytes(ckdir + "/step_00000200.tmp/model-00000.safetensors", "partial");
   EXPECT_EQ(*latest_checkpoint(ckdir), ckdir + "/step_00000100");
   EXPECT_EQ(load_checkpoint(ckdir).step, 100);
   // Pruning ignores it; the next save of step 200 replaces it.
@@ -336,4 +337,95 @@ TEST_F(CheckpointTest, MissingOrDanglingCheckpointsAreClearErrors) {
   const auto ws = load_model_weights(path("hub"));
   ASSERT_EQ(ws.size(), 1u);
   EXPECT_TRUE(same(ws[0].second, w));
+}
+
+// ---- pieces (version 2) ----
+
+namespace {
+
+// The pieces of `full` as saved by `ranks` tp ranks cutting it with `spec` (rank set per piece),
+// each tp-local tensor split again into `parts` flat ranges (as ZeRO segments are); rank
+// (tp, part) writes one file pair.
+std::string save_cut(const std::string& dir, const std::string& name, const Tensor& full, nn::ShardSpec spec,
+                     int parts) {
+  const std::string tmp = begin_save(dir, 1);
+  std::vector<RankFiles> files;
+  for (int r = 0; r < spec.size; ++r) {
+    nn::ShardSpec s = spec;
+    s.rank = r;
+    Tensor local = s.is_split() ? Tensor(s.local_shape(full.shape())) : full.clone();
+    if (s.is_split())
+      s.for_each_run(full.shape(), 0, local.numel(), [&](int64_t l, int64_t g, int64_t n) {
+        std::memcpy(local.data() + l, full.data() + g, n * sizeof(float));
+      });
+    const int64_t n = local.numel();
+    for (int k = 0; k < parts; ++k) {
+      const int64_t b = n * k / parts, e = n * (k + 1) / parts;
+      RankPieces pieces;
+      if (e > b) pieces.model.push_back({{name, full.shape(), s, b, e}, Tensor::view(local, b, {e - b})});
+      files.push_back(write_rank_pieces(tmp, static_cast<int>(files.size()), pieces));
+    }
+  }
+  return commit_save(dir, 1, nlohmann::json::object(), nlohmann::json::object(), files);
+}
+
+}  // namespace
+
+// A tensor saved at one tp cut (and in ZeRO-like ranges) reads back at any other cut and range,
+// element for element, reading exactly the bytes asked for: the fused qkv weight (three groups)
+// from tp 2 to tp 4 and 1, a padded vocabulary split from tp 3 to tp 2.
+TEST_F(CheckpointTest, PiecesReadAtAnyOtherCut) {
+  struct Case {
+    std::string name;
+    Shape shape;
+    nn::ShardSpec saved;
+    std::vector<nn::ShardSpec> loads;
+  };
+  const std::vector<Case> cases = {
+      {"h.0.attn.c_attn.weight", {8, 24}, nn::ShardSpec::split(1, 0, 2, 3),
+       {nn::ShardSpec::split(1, 0, 4, 3), nn::ShardSpec::split(1, 0, 2, 3), nn::ShardSpec::replicated()}},
+      {"wte.weight", {10, 6}, nn::ShardSpec::split_padded(0, 0, 3),
+       {nn::ShardSpec::split_padded(0, 0, 2), nn::ShardSpec::split_padded(0, 0, 4), nn::ShardSpec::replicated()}},
+  };
+  for (const Case& c : cases) {
+    const Tensor full = random_tensor(c.shape, c.name);
+    const std::string dir = path("cut_" + c.name);
+    const std::string folder = save_cut(dir, c.name, full, c.saved, 3);
+    const CheckpointIndex index = open_checkpoint(folder);
+    ASSERT_EQ(index.model.at(c.name).pieces.size(), static_cast<size_t>(3 * c.saved.size));
+    for (nn::ShardSpec load : c.loads)
+      for (int r = 0; r < load.size; ++r) {
+        load.rank = r;
+        SCOPED_TRACE(c.name + " saved " + c.saved.str() + " read " + load.str());
+        const int64_t n = shape_numel(load.local_shape(c.shape));
+        Tensor want(load.local_shape(c.shape));  // padding rows stay 0
+        load.for_each_run(c.shape, 0, n, [&](int64_t l, int64_t g, int64_t k) {
+          std::memcpy(want.data() + l, full.data() + g, k * sizeof(float));
+        });
+        // The whole local tensor, then an odd range of it.
+        for (auto [b, e] : {std::pair<int64_t, int64_t>{0, n}, {n / 3, n - 1}}) {
+          PieceReader rd(index);
+          std::vector<float> got(e - b, -1.f);
+          rd.read(c.name, c.shape, load, b, e, got.data());
+          int64_t real = 0;
+          load.for_each_run(c.shape, b, e, [&](int64_t, int64_t, int64_t k) { real += k; });
+          EXPECT_EQ(rd.bytes_read(), 4 * real);
+          for (int64_t i = b; i < e; ++i) ASSERT_EQ(got[i - b], want.data()[i]) << "element " << i;
+        }
+      }
+  }
+}
+
+// An index whose pieces leave an element out or give one twice is refused on opening.
+TEST_F(CheckpointTest, PiecesThatDoNotTileTheTensorAreRefused) {
+  const Tensor full = random_tensor({4, 4}, "w");
+  auto save = [&](const std::string& dir, std::vector<std::pair<int64_t, int64_t>> ranges) {
+    const std::string tmp = begin_save(dir, 1);
+    RankPieces pieces;
+    for (auto [b, e] : ranges) pieces.model.push_back({{"w", {4, 4}, {}, b, e}, Tensor::view(full, b, {e - b})});
+    return commit_save(dir, 1, nlohmann::json::object(), nlohmann::json::object(), {write_rank_pieces(tmp, 0, pieces)});
+  };
+  EXPECT_EQ(max_abs_diff(PieceReader(open_checkpoint(save(path("ok"), {{0, 5}, {5, 16}}))).full("w"), full), 0.f);
+  expect_checkpoint_error([&] { open_checkpoint(save(path("gap"), {{0, 5}, {6, 16}})); }, "do not cover element 5");
+  expect_checkpoint_error([&] { open_checkpoint(save(path("twice"), {{0, 6}, {5, 16}})); }, "overlap");
 }

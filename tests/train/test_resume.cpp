@@ -174,12 +174,12 @@ TEST_F(Resume, StaleLatestResumesTheNewestValidFolder) {
 
 TEST_F(Resume, InvalidNewestFolderIsSkippedWithANote) {
   first_run();
-  flip_byte(ck / "step_00000004" / "model.safetensors");
+  flip_byte(ck / "step_00000004" / "model-00000.safetensors");
   const Snapshot before = snapshot_steps(ck);
   const auto rp = train::find_resume_point(ck.string());
   EXPECT_EQ(rp.step, 2);
   EXPECT_TRUE(mentions(rp.notes, "skipping step_00000004")) << ::testing::PrintToString(rp.notes);
-  EXPECT_TRUE(mentions(rp.notes, "model.safetensors")) << ::testing::PrintToString(rp.notes);
+  EXPECT_TRUE(mentions(rp.notes, "model-00000.safetensors")) << ::testing::PrintToString(rp.notes);
   auto r = train::train(resume_options(3));  // ends at step 3: saves step_00000003 only
   EXPECT_EQ(r.start_step, 2);
   EXPECT_EQ(r.steps.size(), 1u);
@@ -189,7 +189,7 @@ TEST_F(Resume, InvalidNewestFolderIsSkippedWithANote) {
 
 TEST_F(Resume, NoValidFolderIsRefused) {
   first_run();
-  flip_byte(ck / "step_00000004" / "model.safetensors");
+  flip_byte(ck / "step_00000004" / "model-00000.safetensors");
   fs::remove(ck / "step_00000002" / "index.json");
   const Snapshot before = snapshot_steps(ck);
   try {

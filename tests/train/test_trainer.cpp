@@ -114,7 +114,7 @@ TEST(Trainer, CorruptCheckpointIsRefused) {
   o.checkpoint_dir = (dir / "ckpt").string();
   o.checkpoint_every = 2;
   train::train(o);
-  fs::path model_file = dir / "ckpt" / "step_00000002" / "model.safetensors";
+  fs::path model_file = dir / "ckpt" / "step_00000002" / "model-00000.safetensors";
   ASSERT_TRUE(fs::exists(model_file));
   {
     std::fstream f(model_file, std::ios::in | std::ios::out | std::ios::binary);
@@ -129,7 +129,7 @@ TEST(Trainer, CorruptCheckpointIsRefused) {
     train::train(r);
     FAIL() << "a corrupted checkpoint was loaded";
   } catch (const train::CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model-00000.safetensors"), std::string::npos) << e.what();
   }
   // Truncated.
   fs::resize_file(model_file, fs::file_size(model_file) - 100);

@@ -2,7 +2,8 @@
 // safetensors file — the tensor names, (in, out) layouts and float32 dtype of the GPT-2
 // checkpoints on the Hugging Face hub (model/gpt.h), metadata {"format": "pt"}, no optimizer
 // state. DIR is a checkpoint directory (its newest step folder that verifies, as --resume picks)
-// or one step folder; the model is checked against the config of its index first.
+// or one step folder; the model is checked against the config of its index first, then written
+// one tensor at a time, each assembled from the pieces the ranks saved.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -39,13 +40,15 @@ void convert(const ConvertOptions& o) {
     folder = *rp.folder;
   }
   CheckedCheckpoint c = checked_model_checkpoint(folder);
-  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  const auto tensors = c.index.shapes(c.index.model);
   int64_t params = 0;
-  for (auto& [name, t] : c.data.model) tensors.emplace_back(name, &t), params += t.numel();
-  train::write_safetensors(o.out, tensors, {{"format", "pt"}});
+  for (const auto& [name, shape] : tensors) params += shape_numel(shape);
+  // One tensor at a time, assembled from its pieces, written and dropped.
+  train::PieceReader rd(c.index);
+  train::write_safetensors(o.out, tensors, [&](const std::string& name) { return rd.full(name); }, {{"format", "pt"}});
   std::printf("wrote %s: %zu tensors, %lld parameters (float32), model %s at step %lld of %s\n", o.out.c_str(),
               tensors.size(), static_cast<long long>(params), c.config.name.c_str(),
-              static_cast<long long>(c.data.step), folder.c_str());
+              static_cast<long long>(c.index.step), folder.c_str());
 }
 
 }  // namespace

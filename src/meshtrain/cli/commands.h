@@ -25,11 +25,12 @@ void add_trace_command(CLI::App& app);       // cli/trace.cpp: `meshtrain trace 
 void add_bench_comm_command(CLI::App& bench);  // cli/bench_comm.cpp: `meshtrain bench comm`
 void add_checkpoint_command(CLI::App& app);  // cli/checkpoint.cpp: `meshtrain checkpoint convert`
 
-// A checkpoint's model tensors with the config of its index, checked against each other (every
-// name and shape; cli/generate.cpp). Throws train::CheckpointError saying what disagrees.
+// A checkpoint's model (its index: names, shapes, where the pieces lie) with the config of its
+// index, checked against each other (every name and shape; cli/generate.cpp) before any tensor
+// is read. Throws train::CheckpointError saying what disagrees.
 struct CheckedCheckpoint {
   model::GPTConfig config;
-  train::CheckpointData data;  // step, config, state and model (no optimizer state)
+  train::CheckpointIndex index;  // step, config, state and the model's pieces (no optimizer state)
 };
 CheckedCheckpoint checked_model_checkpoint(const std::string& path);
 

@@ -21,8 +21,10 @@ namespace meshtrain::cli {
 // and shape, nothing missing or extra) before anything is built from them, so a checkpoint whose
 // contents disagree with its index is refused naming the tensor instead of sampling from
 // random or scrambled weights, and a config far larger than what was saved allocates nothing.
+// Only the index and the files' CRCs are read here; the tensors are read by the caller, one
+// at a time (train::PieceReader).
 CheckedCheckpoint checked_model_checkpoint(const std::string& path) {
-  train::CheckpointData ck = train::load_checkpoint_model(path);
+  train::CheckpointIndex ck = train::open_checkpoint(path, /*model_only=*/true);
   if (!ck.config.contains("model") || !ck.config["model"].is_object())
     throw train::CheckpointError("checkpoint " + path + " has no model config in its index; it was not written by "
                                  "meshtrain train");
@@ -36,24 +38,23 @@ CheckedCheckpoint checked_model_checkpoint(const std::string& path) {
     throw train::CheckpointError("checkpoint " + path + ": the model config in its index is impossible (" +
                                  e.what() + ")");
   }
-  std::map<std::string, const Tensor*> saved;
-  for (auto& [name, t] : ck.model) saved[name] = &t;
+  const auto& saved = ck.model;
   // First what is cheap to check, so that a config far larger than what was saved (n_embd or
   // n_layer in the millions) is refused before its tensor list is even built.
   const Shape wte{cfg.vocab_size, cfg.n_embd};
   auto wte_it = saved.find("wte.weight");
   if (wte_it == saved.end())
     throw train::CheckpointError("checkpoint " + path + " lacks tensor wte.weight; the checkpoint does not match its index");
-  if (wte_it->second->shape() != wte)
+  if (wte_it->second.shape != wte)
     throw train::CheckpointError("checkpoint " + path + ": tensor wte.weight has shape " +
-                                 shape_str(wte_it->second->shape()) + " but its index config needs " + shape_str(wte) +
+                                 shape_str(wte_it->second.shape) + " but its index config needs " + shape_str(wte) +
                                  "; the checkpoint does not match its index");
   for (int64_t i = 0; i < cfg.n_layer; ++i)
     if (!saved.count("h." + std::to_string(i) + ".ln_1.weight"))
       throw train::CheckpointError("checkpoint " + path + " lacks tensor h." + std::to_string(i) +
                                    ".ln_1.weight, which its index config (n_layer " + std::to_string(cfg.n_layer) +
                                    ") needs; the checkpoint does not match its index");
-  train::check_tensor_set("checkpoint " + path, model::gpt_param_shapes(cfg), ck.model);
+  train::check_tensor_set("checkpoint " + path, model::gpt_param_shapes(cfg), ck.shapes(ck.model));
   return {cfg, std::move(ck)};
 }
 
@@ -86,10 +87,9 @@ void check_options(const GenerateOptions& o) {
 
 std::unique_ptr<model::GPT> load_model(const std::string& path) {
   CheckedCheckpoint c = checked_model_checkpoint(path);
-  std::map<std::string, const Tensor*> saved;
-  for (auto& [name, t] : c.data.model) saved[name] = &t;
   auto gpt = std::make_unique<model::GPT>(c.config, 0);
-  for (nn::Param* p : gpt->params()) p->value.copy_from(*saved.at(p->name));
+  train::PieceReader rd(c.index);  // each tensor straight from its pieces into the parameter
+  for (nn::Param* p : gpt->params()) rd.read(p->name, p->global_shape, {}, 0, p->value.numel(), p->value.data());
   return gpt;
 }
 

@@ -61,6 +61,28 @@ int64_t ShardSpec::real_rows(const Shape& global) const {
   return std::clamp<int64_t>(global[dim] - static_cast<int64_t>(rank) * local, 0, local);
 }
 
+void ShardSpec::for_each_run(const Shape& global, int64_t begin, int64_t end,
+                             const std::function<void(int64_t, int64_t, int64_t)>& fn) const {
+  if (begin >= end) return;
+  if (!is_split()) return fn(begin, begin, end - begin);
+  const Shape local = local_shape(global);
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(dim) + 1; d < global.size(); ++d) inner *= global[d];
+  const int64_t part_global = global[dim] / groups, part_local = local[dim] / groups;
+  const int64_t real = std::clamp<int64_t>(part_global - static_cast<int64_t>(rank) * part_local, 0, part_local);
+  const int64_t block = part_local * inner, real_n = real * inner;
+  if (block == 0) return;
+  for (int64_t i = begin; i < end;) {
+    const int64_t b = i / block, w = i % block, next = std::min(end, (b + 1) * block);
+    if (w < real_n) {
+      const int64_t o = b / groups, g = b % groups;
+      const int64_t row0 = o * groups * part_global + g * part_global + static_cast<int64_t>(rank) * part_local;
+      fn(i, row0 * inner + w, std::min(next, b * block + real_n) - i);
+    }
+    i = next;
+  }
+}
+
 std::string ShardSpec::str() const {
   if (!is_split()) return "replicated";
   std::ostringstream os;

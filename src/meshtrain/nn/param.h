@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "meshtrain/tensor/tensor.h"
@@ -42,6 +43,14 @@ struct ShardSpec {
   int64_t global_index(const Shape& global, int64_t i) const;
   // Rows of `dim` this rank holds that are real (not padding): local rows minus padding.
   int64_t real_rows(const Shape& global) const;
+  // The local flat range [begin, end) as runs contiguous in both the local and the global tensor:
+  // fn(local_index, global_index, count) for each, in increasing order of both indices; padding
+  // is skipped. Viewing the tensor as (outer, D, inner) with D = groups * part_global, rank r's
+  // part of group g is rows g * part_global + r * part_local + [0, part_local) of D, so each
+  // local block of part_local * inner elements is one run. Checkpoints (gathering, cutting,
+  // reading pieces saved at another tp) all map through this one function.
+  void for_each_run(const Shape& global, int64_t begin, int64_t end,
+                    const std::function<void(int64_t local, int64_t global, int64_t n)>& fn) const;
   std::string str() const;  // "replicated" or "split(dim=1, groups=3, 2/4)"
 };
 

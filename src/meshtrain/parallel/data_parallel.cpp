@@ -139,6 +139,7 @@ DataParallel::DataParallel(std::vector<Unit> units, std::shared_ptr<comm::Commun
         seg->grad = opt_.zero >= 2 ? Tensor::view(b->grad_shard, s - lo, {e - s})
                                    : Tensor::view(b->grads, s, {e - s});
         origin_[seg.get()] = p;
+        segment_offset_[seg.get()] = s - b->offsets[i];
         segments_.push_back(std::move(seg));
       }
     }
@@ -322,91 +323,11 @@ void DataParallel::on_post(const nn::Module* m, bool backward) {
   for (size_t b : unit_buckets_[it->second]) release_bucket(b);
 }
 
-// ---- checkpoints and evaluation ----
+// ---- checkpoints ----
 
-void DataParallel::with_full_params(const std::function<void()>& fn) {
-  if (opt_.zero < 3) return fn();
-  for (size_t b = 0; b < buckets_.size(); ++b) gather_bucket(b, true);
-  try {
-    fn();
-  } catch (...) {
-    for (size_t b = 0; b < buckets_.size(); ++b) release_bucket(b);
-    throw;
-  }
-  for (size_t b = 0; b < buckets_.size(); ++b) release_bucket(b);
-}
-
-std::vector<Tensor> DataParallel::gather_segments(const std::vector<Tensor>& segs) {
-  if (opt_.zero == 0) return segs;
-  std::vector<Tensor> full;
-  size_t k = 0;
-  for (auto& b : buckets_) {
-    Tensor slice = Tensor::empty({b->slice_n}), whole = Tensor::empty({b->numel});
-    int64_t pos = 0;
-    // This rank's segments of the bucket are consecutive in segments_, in slice order.
-    while (pos < b->slice_n) {
-      const Tensor& s = segs.at(k++);
-      std::memcpy(slice.data() + pos, s.data(), s.bytes());
-      pos += s.numel();
-    }
-    dp_->all_gather(span_of(slice), span_of(whole), b->counts);
-    for (size_t i = 0; i < b->params.size(); ++i) {
-      Tensor t = Tensor::empty(b->params[i]->local_shape());
-      std::memcpy(t.data(), whole.data() + b->offsets[i], t.bytes());
-      full.push_back(std::move(t));
-    }
-  }
-  // `full` is in bucket order; return it in params_ order.
-  std::map<const nn::Param*, Tensor> by_param;
-  size_t i = 0;
-  for (auto& b : buckets_)
-    for (nn::Param* p : b->params) by_param[p] = full[i++];
-  std::vector<Tensor> out;
-  for (nn::Param* p : params_) out.push_back(by_param[p]);
-  return out;
-}
-
-std::vector<Tensor> DataParallel::slice_segments(const std::vector<Tensor>& full) {
-  if (opt_.zero == 0) return full;
-  std::map<const nn::Param*, const Tensor*> by_param;
-  for (size_t i = 0; i < params_.size(); ++i) by_param[params_[i]] = &full.at(i);
-  std::vector<Tensor> out;
-  for (auto& b : buckets_) {
-    const int64_t lo = b->slice_off, hi = b->slice_off + b->slice_n;
-    for (size_t i = 0; i < b->params.size(); ++i) {
-      const int64_t s = std::max(lo, b->offsets[i]);
-      const int64_t e = std::min(hi, b->offsets[i] + b->params[i]->local_numel());
-      if (s >= e) continue;
-      Tensor t = Tensor::empty({e - s});
-      std::memcpy(t.data(), by_param[b->params[i]]->data() + (s - b->offsets[i]), t.bytes());
-      out.push_back(std::move(t));
-    }
-  }
-  return out;
-}
-
-void DataParallel::load_full_params(const std::vector<Tensor>& full) {
-  std::map<const nn::Param*, const Tensor*> by_param;
-  for (size_t i = 0; i < params_.size(); ++i) by_param[params_[i]] = &full.at(i);
-  for (auto& b : buckets_) {
-    for (size_t i = 0; i < b->params.size(); ++i) {
-      const Tensor& src = *by_param[b->params[i]];
-      if (src.numel() != b->params[i]->local_numel())
-        throw std::invalid_argument("load_full_params: " + b->params[i]->name + " has " +
-                                    std::to_string(src.numel()) + " elements, expected " +
-                                    std::to_string(b->params[i]->local_numel()));
-      if (opt_.zero < 3) {
-        std::memcpy(b->values.data() + b->offsets[i], src.data(), src.bytes());
-        continue;
-      }
-      // Stage 3: the part of this parameter inside this rank's slice.
-      const int64_t lo = b->slice_off, hi = b->slice_off + b->slice_n;
-      const int64_t s = std::max(lo, b->offsets[i]), e = std::min(hi, b->offsets[i] + src.numel());
-      if (s < e)
-        std::memcpy(b->value_shard.data() + (s - lo), src.data() + (s - b->offsets[i]),
-                    (e - s) * sizeof(float));
-    }
-  }
+int64_t DataParallel::segment_offset(const nn::Param* q) const {
+  auto it = segment_offset_.find(q);
+  return it == segment_offset_.end() ? 0 : it->second;
 }
 
 DataParallel::Memory DataParallel::memory() const {

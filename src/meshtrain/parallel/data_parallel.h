@@ -96,17 +96,11 @@ class DataParallel {
   // After the optimizer: stage 1/2 all-gather the updated values.
   void finish_optimizer_step();
 
-  // ---- gathering for checkpoints and evaluation (collective) ----
-  // Full values of every parameter into its own storage for the duration of the call.
-  void with_full_params(const std::function<void()>& fn);
-  // Full tensors (per original parameter, in `params` order) from per-segment tensors (one per
-  // optimizer_params() entry, e.g. the optimizer's exp_avg); stage 0 returns them as is.
-  std::vector<Tensor> gather_segments(const std::vector<Tensor>& segments);
-  // The inverse: this rank's segment tensors from full per-parameter tensors.
-  std::vector<Tensor> slice_segments(const std::vector<Tensor>& full);
-  // Sets every parameter from full values (in params() order): stage 3 keeps only its slices.
-  void load_full_params(const std::vector<Tensor>& full);
-  // The original parameters, in the order gather_segments returns.
+  // ---- checkpoints (each rank saves and loads what it holds, train/checkpoint.h) ----
+  // The flat element offset of an optimizer_params() entry inside its parameter's (tp-local)
+  // tensor: the segment covers [offset, offset + numel) of origin(q); 0 at stage 0.
+  int64_t segment_offset(const nn::Param* opt_param) const;
+  // The original parameters, in units' order.
   const std::vector<nn::Param*>& params() const { return params_; }
 
   // ---- accounting ----
@@ -138,6 +132,7 @@ class DataParallel {
   std::vector<std::vector<size_t>> unit_buckets_;  // stage 3: the buckets of each unit
   std::vector<std::unique_ptr<nn::Param>> segments_;
   std::map<const nn::Param*, const nn::Param*> origin_;  // segment -> its parameter
+  std::map<const nn::Param*, int64_t> segment_offset_;   // segment -> its offset in the parameter
   nn::Hooks hooks_;
   bool sync_ = true;
 };

@@ -258,45 +258,7 @@ std::unique_ptr<model::GPT> build_gpt(const model::GPTConfig& cfg, uint64_t seed
 }
 
 // ---- checkpoints: full logical tensors <-> shards ----
-// A split tensor viewed as (outer, D, inner), D = global[dim] = groups * part_global; the local
-// tensor is (outer, groups * part_local, inner) with part_local = part_global / p, and rank r's
-// run of group g sits at rows g * part_global + r * part_local of D.
-
-namespace {
-struct SplitView {
-  int64_t outer = 1, inner = 1, groups = 1, part_local = 0, part_global = 0;
-  int64_t rows(int r) const {  // real rows of rank r's run (fewer than part_local when padded)
-    return std::clamp<int64_t>(part_global - r * part_local, 0, part_local);
-  }
-};
-SplitView split_view(const nn::Param& p) {
-  const Shape& g = p.global_shape;
-  const int d = p.shard.dim;
-  SplitView v;
-  for (int i = 0; i < d; ++i) v.outer *= g[i];
-  for (size_t i = d + 1; i < g.size(); ++i) v.inner *= g[i];
-  v.groups = p.shard.groups;
-  v.part_global = g[d] / v.groups;
-  v.part_local = p.shard.local_shape(g)[d] / v.groups;
-  return v;
-}
-// Copies rank r's runs between a local buffer and the full tensor (to_full: local -> full).
-void copy_runs(const SplitView& v, int r, const float* local, float* full, bool to_full,
-               float* local_out, const float* full_in) {
-  const int64_t stride = v.part_local * v.inner, run = v.rows(r) * v.inner;
-  if (run == 0) return;
-  for (int64_t o = 0; o < v.outer; ++o)
-    for (int64_t g = 0; g < v.groups; ++g) {
-      const int64_t li = (o * v.groups + g) * stride;
-      const int64_t fi = (o * v.groups * v.part_global + g * v.part_global + r * v.part_local) *
-                         v.inner;
-      if (to_full)
-        std::memcpy(full + fi, local + li, run * sizeof(float));
-      else
-        std::memcpy(local_out + li, full_in + fi, run * sizeof(float));
-    }
-}
-}  // namespace
+// Both directions map through ShardSpec::for_each_run (nn/param.h), as checkpoint pieces do.
 
 Tensor full_tensor(const nn::Param& p, const Tensor& local, comm::Communicator& tp) {
   if (local.shape() != p.local_shape())
@@ -312,9 +274,14 @@ Tensor full_tensor(const nn::Param& p, const Tensor& local, comm::Communicator& 
   tp.all_gather(std::span<const float>(local.data(), n), std::span<float>(all),
                 {.algorithm = kTPAlgorithm});
   Tensor full = Tensor::empty(p.global_shape);
-  const SplitView v = split_view(p);
-  for (int r = 0; r < tp.size(); ++r)
-    copy_runs(v, r, all.data() + r * n, full.data(), true, nullptr, nullptr);
+  for (int r = 0; r < tp.size(); ++r) {
+    nn::ShardSpec s = p.shard;
+    s.rank = r;
+    const float* src = all.data() + static_cast<size_t>(r) * n;
+    s.for_each_run(p.global_shape, 0, n, [&](int64_t l, int64_t g, int64_t k) {
+      std::memcpy(full.data() + g, src + l, static_cast<size_t>(k) * sizeof(float));
+    });
+  }
   return full;
 }
 
@@ -329,7 +296,9 @@ Tensor local_shard(const nn::Param& p, const Tensor& full) {
   if (!p.shard.is_split()) return full.clone();
   Tensor local = p.shard.padded ? Tensor(p.shard.local_shape(p.global_shape))  // zero padding
                                 : Tensor::empty(p.shard.local_shape(p.global_shape));
-  copy_runs(split_view(p), p.shard.rank, nullptr, nullptr, false, local.data(), full.data());
+  p.shard.for_each_run(p.global_shape, 0, local.numel(), [&](int64_t l, int64_t g, int64_t k) {
+    std::memcpy(local.data() + l, full.data() + g, static_cast<size_t>(k) * sizeof(float));
+  });
   return local;
 }
 

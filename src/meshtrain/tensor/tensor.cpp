@@ -40,10 +40,18 @@ const std::shared_ptr<std::atomic<int64_t>>& thread_counter() {
   return counter;
 }
 
+// Its peak: only the owning thread raises the count (by allocating), so a plain thread_local.
+int64_t& thread_peak() {
+  thread_local int64_t peak = 0;
+  return peak;
+}
+
 }  // namespace
 
 int64_t tensor_bytes_live() { return g_live_bytes.load(std::memory_order_relaxed); }
 int64_t tensor_bytes_live_thread() { return thread_counter()->load(std::memory_order_relaxed); }
+int64_t tensor_bytes_peak_thread() { return std::max(thread_peak(), tensor_bytes_live_thread()); }
+void reset_tensor_bytes_peak_thread() { thread_peak() = tensor_bytes_live_thread(); }
 
 // ---- storage ----
 
@@ -59,7 +67,8 @@ void Tensor::allocate(int64_t n) {
   const int64_t live = n * static_cast<int64_t>(sizeof(float));
   g_live_bytes.fetch_add(live, std::memory_order_relaxed);
   auto counter = thread_counter();
-  counter->fetch_add(live, std::memory_order_relaxed);
+  const int64_t now = counter->fetch_add(live, std::memory_order_relaxed) + live;
+  thread_peak() = std::max(thread_peak(), now);
   data_ = std::shared_ptr<float[]>(static_cast<float*>(p), [counter, live](float* q) {
     std::free(q);
     g_live_bytes.fetch_sub(live, std::memory_order_relaxed);

@@ -81,6 +81,10 @@ class Tensor {
 // per-rank memory with it). Both are exact at any moment; each costs one atomic load.
 int64_t tensor_bytes_live();         // the whole process
 int64_t tensor_bytes_live_thread();  // storage allocated by the calling thread
+// The highest tensor_bytes_live_thread() since the last reset (or the thread's start): checked
+// at every allocation of the calling thread, the only moment its count can rise.
+int64_t tensor_bytes_peak_thread();
+void reset_tensor_bytes_peak_thread();  // the peak becomes the current live count
 
 // Largest absolute element-wise difference; the shapes must match.
 float max_abs_diff(const Tensor& a, const Tensor& b);

@@ -1,5 +1,6 @@
-// Checkpoint directories: save (tmp folder, fsync, atomic swap, `latest`), verify, load.
-// Layout and guarantees are in checkpoint.h.
+// Checkpoint directories: the sharded save (tmp folder, every rank's files, index, atomic swap,
+// `latest`), the index and its pieces, verification, resume. Layout and guarantees are in
+// checkpoint.h; reading pieces is in piece_reader.cpp.
 #include "meshtrain/train/checkpoint.h"
 
 #include <fcntl.h>
@@ -22,9 +23,10 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFormat = "meshtrain-checkpoint";
-constexpr int kVersion = 1;
-constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr int kVersion = 2;
+constexpr const char* kModelFile = "model.safetensors";          // version 1
+constexpr const char* kOptimizerFile = "optimizer.safetensors";  // version 1
+constexpr const char* kPiecesKey = "meshtrain.pieces";           // a rank file's piece table
 constexpr const char* kIndexFile = "index.json";
 constexpr const char* kLatestFile = "latest";
 
@@ -65,18 +67,30 @@ std::string read_text(const std::string& path) {
 
 // ---- index.json ----
 
-std::string index_text(const CheckpointRefs& data, const FileDigest& model,
-                       const FileDigest& optimizer) {
-  nlohmann::json j;
-  j["format"] = kFormat;
-  j["version"] = kVersion;
-  j["step"] = data.step;
-  j["config"] = data.config;
-  j["state"] = data.state;
-  j["files"][kModelFile] = {{"size", model.size}, {"crc32", model.crc32}};
-  j["files"][kOptimizerFile] = {{"size", optimizer.size}, {"crc32", optimizer.crc32}};
+std::string index_text(nlohmann::json j) {
   j["index_crc32"] = crc_of(j.dump());  // "index_crc32" is not yet in j when dumped
   return j.dump(2) + "\n";
+}
+
+// ---- pieces as JSON ----
+
+nlohmann::json tp_json(const nn::ShardSpec& s) {
+  return {{"dim", s.dim}, {"groups", s.groups}, {"rank", s.rank}, {"size", s.size}, {"padded", s.padded}};
+}
+
+// The key of a piece inside its file (checkpoint.h).
+std::string piece_key(const PieceSpec& p) {
+  if (p.whole()) return p.name;
+  std::string k = p.name;
+  if (p.tp.is_split()) k += "[tp " + std::to_string(p.tp.rank) + "/" + std::to_string(p.tp.size) + "]";
+  return k + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]";
+}
+
+// One entry of a rank file's piece table (and, with "file", of the index).
+nlohmann::json piece_json(const PieceSpec& p) {
+  nlohmann::json j = {{"name", p.name}, {"shape", p.shape}, {"range", {p.begin, p.end}}};
+  if (p.tp.is_split()) j["tp"] = tp_json(p.tp);
+  return j;
 }
 
 // Reads and checks index.json of a step folder: parses, its own CRC, format, file list.
@@ -105,6 +119,8 @@ nlohmann::json read_index(const std::string& folder) {
                         " but records " + std::to_string(recorded));
   if (j["format"] != kFormat || !j["version"].is_number_integer())
     corrupt(folder, std::string(kIndexFile) + " is not a meshtrain checkpoint index");
+  if (j["version"].get<int>() < 1)
+    corrupt(folder, std::string(kIndexFile) + " records format version " + j["version"].dump());
   if (j["version"].get<int>() > kVersion)
     throw CheckpointError("checkpoint " + folder + " has format version " +
                           j["version"].dump() + ", newer than this build reads (" +
@@ -112,6 +128,8 @@ nlohmann::json read_index(const std::string& folder) {
   if (!j["step"].is_number_integer() || !j["config"].is_object() || !j["state"].is_object() ||
       !j["files"].is_object())
     corrupt(folder, std::string(kIndexFile) + " lacks step, config, state or files");
+  if (j["version"].get<int>() >= 2 && (!j.contains("tensors") || !j["tensors"].is_object()))
+    corrupt(folder, std::string(kIndexFile) + " lacks its tensors");
   const auto name_step = parse_step_folder(fs::path(folder).filename().string());
   if (name_step && *name_step != j["step"].get<int64_t>())
     corrupt(folder, std::string(kIndexFile) + " records step " + j["step"].dump() +
@@ -181,8 +199,134 @@ void prune(const std::string& dir, int64_t saved_step, int keep_last) {
     fs::remove_all(older[i].second);
 }
 
-NamedTensors read_checked(const std::string& folder, const std::string& name) {
-  return read_safetensors((fs::path(folder) / name).string());
+// The files a loader needs verified: version 1's fixed pair, or every file the index lists
+// (with model_only, those that do not hold optimizer state).
+std::vector<std::string> files_to_verify(const nlohmann::json& index, bool model_only) {
+  if (index["version"].get<int>() == 1)
+    return model_only ? std::vector<std::string>{kModelFile} : std::vector<std::string>{kModelFile, kOptimizerFile};
+  std::vector<std::string> out;
+  for (auto it = index["files"].begin(); it != index["files"].end(); ++it)
+    if (!model_only || it.key().rfind("optimizer", 0) != 0) out.push_back(it.key());
+  return out;
+}
+
+void verify_files(const std::string& folder, const nlohmann::json& index, bool model_only) {
+  const auto files = files_to_verify(index, model_only);
+  if (files.empty()) corrupt(folder, std::string(kIndexFile) + " lists no files");
+  for (const std::string& f : files) verify_file(folder, index, f);
+}
+
+// ---- the index's pieces ----
+
+StoredPiece parse_piece(const std::string& folder, const std::string& name, const Shape& shape,
+                        const nlohmann::json& files, const nlohmann::json& j) {
+  const std::string where = std::string(kIndexFile) + ": a piece of " + name;
+  if (!j.is_object() || !j.contains("file") || !j["file"].is_string() || !j.contains("key") ||
+      !j["key"].is_string() || !j.contains("range") || !j["range"].is_array() || j["range"].size() != 2 ||
+      !j["range"][0].is_number_unsigned() || !j["range"][1].is_number_unsigned())
+    corrupt(folder, where + " lacks file, key or range");
+  StoredPiece p;
+  p.file = j["file"].get<std::string>();
+  p.key = j["key"].get<std::string>();
+  if (!files.contains(p.file)) corrupt(folder, where + " names " + p.file + ", which the index does not list");
+  p.spec.name = name;
+  p.spec.shape = shape;
+  p.spec.begin = j["range"][0].get<int64_t>();
+  p.spec.end = j["range"][1].get<int64_t>();
+  if (j.contains("tp")) {
+    const auto& t = j["tp"];
+    for (const char* k : {"dim", "groups", "rank", "size"})
+      if (!t.is_object() || !t.contains(k) || !t[k].is_number_integer()) corrupt(folder, where + " has a bad tp spec");
+    if (!t.contains("padded") || !t["padded"].is_boolean()) corrupt(folder, where + " has a bad tp spec");
+    nn::ShardSpec& s = p.spec.tp;
+    s.kind = nn::ShardSpec::Kind::kSplit;
+    s.dim = t["dim"].get<int>(), s.groups = t["groups"].get<int>(), s.rank = t["rank"].get<int>();
+    s.size = t["size"].get<int>(), s.padded = t["padded"].get<bool>();
+    if (s.size < 2 || s.rank < 0 || s.rank >= s.size || s.groups < 1 || s.dim < 0 ||
+        s.dim >= static_cast<int>(shape.size()))
+      corrupt(folder, where + " has a tp spec that cannot cut " + shape_str(shape) + ": " + t.dump());
+  }
+  Shape local;
+  try {
+    local = p.spec.tp.local_shape(shape);
+  } catch (const std::invalid_argument& e) {
+    corrupt(folder, where + " has a tp spec that cannot cut " + shape_str(shape) + " (" + e.what() + ")");
+  }
+  if (p.spec.begin > p.spec.end || p.spec.end > shape_numel(local))
+    corrupt(folder, where + " has range [" + std::to_string(p.spec.begin) + ", " + std::to_string(p.spec.end) +
+                        ") outside its " + std::to_string(shape_numel(local)) + " elements");
+  return p;
+}
+
+// Whether the pieces of a tensor cover every element of it exactly once.
+void check_tiling(const std::string& folder, const std::string& name, const StoredTensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (global index, count)
+  for (const StoredPiece& p : t.pieces)
+    p.spec.tp.for_each_run(t.shape, p.spec.begin, p.spec.end,
+                           [&](int64_t, int64_t g, int64_t n) { runs.emplace_back(g, n); });
+  std::sort(runs.begin(), runs.end());
+  int64_t next = 0;
+  for (const auto& [g, n] : runs) {
+    if (g < next) corrupt(folder, std::string(kIndexFile) + ": pieces of " + name + " overlap at element " + std::to_string(g));
+    if (g > next) break;
+    next = g + n;
+  }
+  if (next != shape_numel(t.shape))
+    incomplete(folder, "the pieces of " + name + " " + shape_str(t.shape) + " do not cover element " +
+                           std::to_string(next));
+}
+
+// Version 2: the "tensors" object. Version 1: each tensor of the two files one whole piece.
+void read_tensors(const std::string& folder, const nlohmann::json& index, bool model_only, CheckpointIndex& out) {
+  if (out.version == 1) {
+    for (const char* f : {kModelFile, kOptimizerFile}) {
+      if (model_only && std::string(f) == kOptimizerFile) continue;
+      for (const SafetensorsEntry& e : read_safetensors_header((fs::path(folder) / f).string())) {
+        StoredTensor t{e.shape, {}};
+        t.pieces.push_back({{e.name, e.shape, {}, 0, shape_numel(e.shape)}, f, e.name});
+        (std::string(f) == kModelFile ? out.model : out.optimizer)[e.name] = std::move(t);
+      }
+    }
+    return;
+  }
+  const auto& tensors = index["tensors"];
+  for (auto it = tensors.begin(); it != tensors.end(); ++it) {
+    const auto& j = *it;
+    if (!j.is_object() || !j.contains("shape") || !j["shape"].is_array() || !j.contains("pieces") ||
+        !j["pieces"].is_array() || j["pieces"].empty() || !j["pieces"][0].is_object() ||
+        !j["pieces"][0].contains("file") || !j["pieces"][0]["file"].is_string())
+      corrupt(folder, std::string(kIndexFile) + ": tensor " + it.key() + " lacks shape or pieces");
+    // Model or optimizer state: the kind of file its pieces lie in (rank_file_name).
+    const bool opt = j["pieces"][0]["file"].get<std::string>().rfind("optimizer", 0) == 0;
+    if (opt && model_only) continue;
+    StoredTensor t;
+    for (const auto& d : j["shape"]) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40))
+        corrupt(folder, std::string(kIndexFile) + ": tensor " + it.key() + " has a bad shape");
+      t.shape.push_back(d.get<int64_t>());
+    }
+    for (const auto& pj : j["pieces"]) t.pieces.push_back(parse_piece(folder, it.key(), t.shape, index["files"], pj));
+    for (const StoredPiece& p : t.pieces)
+      if ((p.file.rfind("optimizer", 0) == 0) != opt)
+        corrupt(folder, std::string(kIndexFile) + ": tensor " + it.key() + " has pieces in model and optimizer files");
+    check_tiling(folder, it.key(), t);
+    (opt ? out.optimizer : out.model)[it.key()] = std::move(t);
+  }
+}
+
+// A save's failures as CheckpointWriteError naming the checkpoint.
+template <class F>
+auto writing(const std::string& what, F&& f) {
+  try {
+    return f();
+  } catch (const fs::filesystem_error& e) {
+    throw CheckpointWriteError("cannot save checkpoint " + what + ": " + e.what() +
+                               "; check free disk space and permissions");
+  } catch (const CheckpointError& e) {  // from the file writers: already names file and cause
+    throw CheckpointWriteError("cannot save checkpoint " + what + ": " + e.what());
+  } catch (const nlohmann::json::exception& e) {  // a rank file's piece table
+    throw CheckpointWriteError("cannot save checkpoint " + what + ": a piece table does not parse (" + e.what() + ")");
+  }
 }
 
 }  // namespace
@@ -195,34 +339,98 @@ std::string step_folder_name(int64_t step) {
   return buf;
 }
 
-std::string save_checkpoint(const std::string& dir, const CheckpointRefs& data, int keep_last) {
-  if (data.step < 0) throw std::invalid_argument("checkpoint step must be >= 0");
-  if (!data.config.is_object() || !data.state.is_object())
-    throw std::invalid_argument("checkpoint config and state must be JSON objects");
-  const std::string name = step_folder_name(data.step);
-  const std::string final_path = (fs::path(dir) / name).string();
-  const std::string tmp = final_path + ".tmp";
-  try {
+std::string rank_file_name(const std::string& kind, int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "-%05d.safetensors", rank);
+  return kind + buf;
+}
+
+std::string begin_save(const std::string& dir, int64_t step) {
+  if (step < 0) throw std::invalid_argument("checkpoint step must be >= 0");
+  const std::string tmp = (fs::path(dir) / step_folder_name(step)).string() + ".tmp";
+  return writing(tmp, [&] {
     fs::create_directories(dir);
     fs::remove_all(tmp);  // left over from an interrupted save of this step
     fs::create_directory(tmp);
-    const std::map<std::string, std::string> meta = {{"format", "pt"}};
-    const FileDigest model = write_safetensors((fs::path(tmp) / kModelFile).string(), data.model, meta);
-    const FileDigest optimizer =
-        write_safetensors((fs::path(tmp) / kOptimizerFile).string(), data.optimizer, meta);
-    write_file_atomic((fs::path(tmp) / kIndexFile).string(), index_text(data, model, optimizer));
+    return tmp;
+  });
+}
+
+RankFiles write_rank_pieces(const std::string& tmp, int rank, const RankPieces& pieces) {
+  auto write = [&](const std::string& kind, const std::vector<SavePiece>& list) {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    nlohmann::json table = nlohmann::json::object();
+    for (const SavePiece& p : list) {
+      if (p.data.numel() != p.spec.numel())
+        throw std::invalid_argument("piece " + piece_key(p.spec) + " has " + std::to_string(p.data.numel()) +
+                                    " elements");
+      const std::string key = piece_key(p.spec);
+      tensors.emplace_back(key, Tensor::view(p.data, 0, p.spec.whole() ? p.spec.shape : Shape{p.spec.numel()}));
+      table[key] = piece_json(p.spec);
+    }
+    const std::string path = (fs::path(tmp) / rank_file_name(kind, rank)).string();
+    return writing(path, [&] { return write_safetensors(path, tensors, {{"format", "pt"}, {kPiecesKey, table.dump()}}); });
+  };
+  return {write("model", pieces.model), write("optimizer", pieces.optimizer)};
+}
+
+std::string commit_save(const std::string& dir, int64_t step, const nlohmann::json& config,
+                        const nlohmann::json& state, const std::vector<RankFiles>& files, int keep_last) {
+  if (!config.is_object() || !state.is_object())
+    throw std::invalid_argument("checkpoint config and state must be JSON objects");
+  const std::string name = step_folder_name(step);
+  const std::string final_path = (fs::path(dir) / name).string();
+  const std::string tmp = final_path + ".tmp";
+  return writing(final_path, [&] {
+    nlohmann::json j;
+    j["format"] = kFormat;
+    j["version"] = kVersion;
+    j["step"] = step;
+    j["config"] = config;
+    j["state"] = state;
+    j["files"] = nlohmann::json::object();
+    j["tensors"] = nlohmann::json::object();
+    for (size_t r = 0; r < files.size(); ++r) {
+      for (const auto& [kind, digest] : {std::pair{"model", files[r].model}, std::pair{"optimizer", files[r].optimizer}}) {
+        const std::string f = rank_file_name(kind, static_cast<int>(r));
+        j["files"][f] = {{"size", digest.size}, {"crc32", digest.crc32}};
+        // The rank's piece table, from its file's header (what it wrote, not what we expect).
+        const auto meta = read_safetensors_metadata((fs::path(tmp) / f).string());
+        const auto it = meta.find(kPiecesKey);
+        if (it == meta.end()) throw CheckpointError(f + " has no piece table");
+        const auto table = nlohmann::json::parse(it->second);
+        for (auto p = table.begin(); p != table.end(); ++p) {
+          auto& t = j["tensors"][(*p)["name"].get<std::string>()];
+          t["shape"] = (*p)["shape"];
+          nlohmann::json piece = {{"file", f}, {"key", p.key()}, {"range", (*p)["range"]}};
+          if (p->contains("tp")) piece["tp"] = (*p)["tp"];
+          t["pieces"].push_back(piece);
+        }
+      }
+    }
+    write_file_atomic((fs::path(tmp) / kIndexFile).string(), index_text(j));
     fsync_directory(tmp);
     install_folder(tmp, final_path);
     fsync_directory(dir);
     write_file_atomic((fs::path(dir) / kLatestFile).string(), name + "\n");
-    if (keep_last > 0) prune(dir, data.step, keep_last);
-  } catch (const fs::filesystem_error& e) {
-    throw CheckpointWriteError("cannot save checkpoint " + final_path + ": " + e.what() +
-                               "; check free disk space and permissions");
-  } catch (const CheckpointError& e) {  // from the file writers: already names file and cause
-    throw CheckpointWriteError("cannot save checkpoint " + final_path + ": " + e.what());
-  }
-  return final_path;
+    if (keep_last > 0) prune(dir, step, keep_last);
+    return final_path;
+  });
+}
+
+std::string save_checkpoint(const std::string& dir, const CheckpointRefs& data, int keep_last) {
+  if (!data.config.is_object() || !data.state.is_object())
+    throw std::invalid_argument("checkpoint config and state must be JSON objects");
+  RankPieces pieces;
+  auto add = [](std::vector<SavePiece>& out, const std::string& name, const Tensor* t) {
+    if (t == nullptr) throw std::invalid_argument("tensor '" + name + "' is null");
+    out.push_back({{name, t->shape(), {}, 0, t->numel()}, *t});
+  };
+  for (const auto& [n, t] : data.model) add(pieces.model, n, t);
+  for (const auto& [n, t] : data.optimizer) add(pieces.optimizer, n, t);
+  const std::string tmp = begin_save(dir, data.step);
+  const RankFiles files = write_rank_pieces(tmp, 0, pieces);
+  return commit_save(dir, data.step, data.config, data.state, {files}, keep_last);
 }
 
 std::string save_checkpoint(const std::string& dir, const CheckpointData& data, int keep_last) {
@@ -249,15 +457,16 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return folder.string();
 }
 
-CheckpointData load_checkpoint_model(const std::string& path) try {
-  const std::string folder = resolve_step_folder(path);
-  const nlohmann::json index = read_index(folder);
-  verify_file(folder, index, kModelFile);
-  CheckpointData out;
+CheckpointIndex open_checkpoint(const std::string& path, bool model_only) try {
+  CheckpointIndex out;
+  out.folder = resolve_step_folder(path);
+  const nlohmann::json index = read_index(out.folder);
+  verify_files(out.folder, index, model_only);
+  out.version = index["version"].get<int>();
   out.step = index["step"].get<int64_t>();
   out.config = index["config"];
   out.state = index["state"];
-  out.model = read_checked(folder, kModelFile);
+  read_tensors(out.folder, index, model_only, out);
   return out;
 } catch (const fs::filesystem_error& e) {
   throw CheckpointError("cannot load checkpoint " + path + ": " + e.what());
@@ -277,12 +486,10 @@ std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& dir
 }
 
 void verify_checkpoint(const std::string& folder) try {
-  const nlohmann::json index = read_index(folder);
-  for (const char* f : {kModelFile, kOptimizerFile}) verify_file(folder, index, f);
+  verify_files(folder, read_index(folder), false);
 } catch (const fs::filesystem_error& e) {
   throw CheckpointError("cannot read checkpoint " + folder + ": " + e.what());
 }
-
 ResumePoint find_resume_point(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(dir, ec))
@@ -338,61 +545,6 @@ ResumePoint find_resume_point(const std::string& dir) {
     rp.notes.push_back("`latest` in " + dir + " names " + *latest + " but the newest valid step folder is " +
                        chosen + "; resuming from " + chosen);
   return rp;
-}
-
-void check_tensor_set(const std::string& source, const std::vector<std::pair<std::string, Shape>>& expected,
-                      const std::vector<std::pair<std::string, Tensor>>& tensors) {
-  std::map<std::string, const Tensor*> got;
-  for (const auto& [n, t] : tensors) got[n] = &t;
-  for (const auto& [name, shape] : expected) {
-    auto it = got.find(name);
-    if (it == got.end())
-      throw CheckpointError(source + " lacks tensor " + name + " " + shape_str(shape) +
-                            ", which its index config needs; the checkpoint does not match its index");
-    if (it->second->shape() != shape)
-      throw CheckpointError(source + ": tensor " + name + " has shape " + shape_str(it->second->shape()) +
-                            " but its index config needs " + shape_str(shape) +
-                            "; the checkpoint does not match its index");
-    got.erase(it);
-  }
-  if (!got.empty())
-    throw CheckpointError(source + " holds tensor " + got.begin()->first +
-                          ", which its index config has no place for; the checkpoint does not match its index");
-}
-
-CheckpointData load_checkpoint(const std::string& path) try {
-  const std::string folder = resolve_step_folder(path);
-  const nlohmann::json index = read_index(folder);
-  for (const char* f : {kModelFile, kOptimizerFile}) verify_file(folder, index, f);
-  CheckpointData out;
-  out.step = index["step"].get<int64_t>();
-  out.config = index["config"];
-  out.state = index["state"];
-  out.model = read_checked(folder, kModelFile);
-  out.optimizer = read_checked(folder, kOptimizerFile);
-  return out;
-} catch (const fs::filesystem_error& e) {
-  throw CheckpointError("cannot load checkpoint " + path + ": " + e.what());
-}
-
-std::vector<std::pair<std::string, Tensor>> load_model_weights(const std::string& path) try {
-  if (fs::is_regular_file(path)) return read_safetensors(path);
-  if (!fs::is_directory(path))
-    throw CheckpointError("weights " + path +
-                          " do not exist; pass a checkpoint directory, a step folder or a "
-                          ".safetensors file");
-  const fs::path p(path);
-  if (!fs::exists(p / kIndexFile) && !fs::exists(p / kLatestFile)) {
-    if (fs::is_regular_file(p / kModelFile)) return read_safetensors((p / kModelFile).string());
-    throw CheckpointError("no weights in " + path + ": it holds neither a checkpoint (" +
-                          kIndexFile + " or latest) nor " + kModelFile);
-  }
-  const std::string folder = resolve_step_folder(path);
-  const nlohmann::json index = read_index(folder);
-  verify_file(folder, index, kModelFile);
-  return read_checked(folder, kModelFile);
-} catch (const fs::filesystem_error& e) {
-  throw CheckpointError("cannot load weights from " + path + ": " + e.what());
 }
 
 }  // namespace meshtrain::train

@@ -88,16 +88,6 @@ void AdamW::load_state_tensors(const std::vector<std::pair<std::string, Tensor>>
   }
 }
 
-void AdamW::load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) {
-  if (m.size() != m_.size() || v.size() != v_.size())
-    throw std::runtime_error("optimizer state has " + std::to_string(m.size()) +
-                             " tensors, the optimizer " + std::to_string(m_.size()));
-  for (size_t i = 0; i < m_.size(); ++i) {
-    m_[i].copy_from(m[i]);
-    v_[i].copy_from(v[i]);
-  }
-}
-
 int64_t AdamW::state_bytes() const {
   int64_t b = 0;
   for (size_t i = 0; i < m_.size(); ++i) b += m_[i].bytes() + v_[i].bytes();

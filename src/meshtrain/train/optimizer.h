@@ -48,11 +48,12 @@ class AdamW {
   // State for checkpoints: exp_avg.<name>, exp_avg_sq.<name> (local parts) and the step count.
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;
   void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors);
-  // Sets the moments from tensors in the constructor's parameter order.
-  void load_moments(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq);
-  // Moments per parameter, in the order of the constructor's params.
+  // Moments per parameter, in the order of the constructor's params; a checkpoint restore
+  // reads into them in place.
   const std::vector<Tensor>& exp_avg() const { return m_; }
   const std::vector<Tensor>& exp_avg_sq() const { return v_; }
+  std::vector<Tensor>& exp_avg() { return m_; }
+  std::vector<Tensor>& exp_avg_sq() { return v_; }
   int64_t updates() const { return t_; }
   void set_updates(int64_t t) { t_ = t; }
 

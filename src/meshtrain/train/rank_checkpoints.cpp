@@ -1,19 +1,16 @@
-// Checkpoints of the rank loop: full logical tensors gathered over dp, tp and the pipeline
-// stages and written by rank 0; restoring this rank's part; choosing what --resume continues.
+// Checkpoints of the rank loop: every rank saves the pieces it holds (train/checkpoint.h) and
+// restores what it needs from the pieces that overlap it; choosing what --resume continues.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
-#include <span>
 
-#include "meshtrain/parallel/tensor_parallel.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/rank_trainer.h"
 
 namespace meshtrain::train::detail {
-
-// ---- checkpoints: full logical tensors, gathered over dp, written by rank 0 ----
 
 nlohmann::json run_config(const model::GPTConfig& cfg, const TrainOptions& o) {
   return {{"model", cfg.to_json()}, {"batch", o.batch},  {"seq", o.seq},
@@ -21,133 +18,158 @@ nlohmann::json run_config(const model::GPTConfig& cfg, const TrainOptions& o) {
           {"steps", o.steps},       {"layout", {{"dp", o.dp}, {"tp", o.tp}, {"pp", o.pp}, {"zero", o.zero}}}};
 }
 
-void RankTrainer::save(int64_t step) {
-  std::vector<nn::Param*> params = model_params();
-  std::vector<Tensor> values;
-  auto copy_values = [&] {
-    for (nn::Param* p : params) values.push_back(p->value.clone());
-  };
-  if (ddp_) ddp_->with_full_params(copy_values);
-  else copy_values();
-  std::vector<Tensor> m = adam_->exp_avg(), v = adam_->exp_avg_sq();
-  if (ddp_) m = ddp_->gather_segments(m), v = ddp_->gather_segments(v);
-  if (o_.tp > 1) {
-    // Tensor-parallel shards into full logical tensors (collective over tp).
-    for (size_t i = 0; i < params.size(); ++i) {
-      values[i] = parallel::full_tensor(*params[i], values[i], mesh_.tp_group());
-      m[i] = parallel::full_tensor(*params[i], m[i], mesh_.tp_group());
-      v[i] = parallel::full_tensor(*params[i], v[i], mesh_.tp_group());
+// ---- saving: each rank its pieces ----
+
+// What this rank writes: of every parameter it holds, its value, exp_avg and exp_avg_sq over
+// the same flat range of the tp-local tensor, as views (nothing is copied). Every logical
+// element is written by exactly one rank: under ZeRO 1-3 each dp rank its segments; without
+// ZeRO each dp rank the dp_rank-th of dp near-equal ranges of every parameter (the copies are
+// equal); a tp-replicated parameter by tp rank 0 only; the last stage's copy of the tied wte not
+// at all.
+RankPieces RankTrainer::my_pieces() {
+  RankPieces out;
+  const std::vector<nn::Param*> opt = ddp_ ? ddp_->optimizer_params() : stage_params();
+  const bool sliced = ddp_ && o_.zero >= 1;
+  const std::vector<Tensor>&m = adam_->exp_avg(), &v = adam_->exp_avg_sq();
+  const int64_t d = mesh_.coord().dp, P = o_.dp;
+  for (size_t k = 0; k < opt.size(); ++k) {
+    nn::Param* q = opt[k];
+    const nn::Param* p = ddp_ ? ddp_->origin(q) : q;
+    if (p == wte_copy() || (!p->shard.is_split() && mesh_.coord().tp != 0)) continue;
+    int64_t begin = 0, end = 0;
+    if (sliced) {
+      begin = ddp_->segment_offset(q), end = begin + q->value.numel();
+    } else {
+      const int64_t n = p->local_numel();
+      begin = d * (n / P) + std::min(d, n % P), end = begin + n / P + (d < n % P ? 1 : 0);
     }
+    if (begin == end) continue;
+    const int64_t at = sliced ? 0 : begin;  // where the range starts in q's tensors
+    auto piece = [&](const std::string& name, const Tensor& t) {
+      return SavePiece{{name, p->global_shape, p->shard, begin, end}, Tensor::view(t, at, {end - begin})};
+    };
+    out.model.push_back(piece(p->name, q->value));
+    out.optimizer.push_back(piece("exp_avg." + p->name, m[k]));
+    out.optimizer.push_back(piece("exp_avg_sq." + p->name, v[k]));
   }
-  if (o_.pp > 1) gather_stages(params, values, m, v);
-  if (!lead_) {
-    saved_step_ = step;
-    return;
+  return out;
+}
+
+// Every rank writes its two files into the step's tmp folder at the same time; rank 0 commits.
+// Two collectives over the world: rank 0's folder is ready (broadcast), every rank's files are
+// written (all-gather of their digests and figures). A rank that fails makes every rank throw.
+void RankTrainer::save(int64_t step) {
+  comm::Communicator& world = mesh_.world();
+  const std::string& dir = o_.checkpoint_dir;
+  const std::string folder = dir + "/" + step_folder_name(step);
+  const auto t0 = Clock::now();
+  reset_tensor_bytes_peak_thread();
+  const int64_t resident = tensor_bytes_live_thread();
+  std::string error;
+  std::array<int64_t, 1> ready{1};
+  if (lead_) try {
+      begin_save(dir, step);
+    } catch (const CheckpointWriteError& e) {
+      ready[0] = 0, error = e.what();
+    }
+  world.broadcast(ready, {.root = 0});
+  if (!ready[0])
+    throw CheckpointWriteError(lead_ ? error : "cannot save checkpoint " + folder + ": rank 0 could not create its folder");
+
+  const auto t1 = Clock::now();
+  const RankPieces pieces = my_pieces();
+  int64_t elements = 0;
+  for (const SavePiece& p : pieces.model) elements += p.spec.numel();
+  RankFiles files;
+  int64_t ok = 1;
+  try {
+    files = write_rank_pieces(folder + ".tmp", world.rank(), pieces);
+  } catch (const CheckpointWriteError& e) {
+    ok = 0, error = e.what();
   }
-  CheckpointRefs refs;
-  refs.step = step;
-  refs.config = run_config(sh_.cfg, o_);
-  refs.state = {{"updates", adam_->updates()}, {"data_position", step}};
-  for (size_t i = 0; i < values.size(); ++i) {
-    const std::string& name = i < params.size() ? params[i]->name : gathered_names_[i - params.size()];
-    refs.model.emplace_back(name, &values[i]);
-    refs.optimizer.emplace_back("exp_avg." + name, &m[i]);
-    refs.optimizer.emplace_back("exp_avg_sq." + name, &v[i]);
+  const double write_s = std::chrono::duration<double>(Clock::now() - t1).count();
+  constexpr size_t kFields = 9;
+  const std::array<int64_t, kFields> mine{ok, files.model.size, files.model.crc32, files.optimizer.size,
+                                          files.optimizer.crc32, elements, resident, tensor_bytes_peak_thread(),
+                                          static_cast<int64_t>(write_s * 1e9)};
+  std::vector<int64_t> all(kFields * world.size());
+  world.all_gather(mine, all);
+  std::string failed;
+  std::vector<RankFiles> digests;
+  std::vector<RankSave> ranks;
+  for (int r = 0; r < world.size(); ++r) {
+    const int64_t* f = &all[kFields * r];
+    if (!f[0]) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+    digests.push_back({{f[1], static_cast<uint32_t>(f[2])}, {f[3], static_cast<uint32_t>(f[4])}});
+    ranks.push_back({static_cast<double>(f[8]) * 1e-9, f[1] + f[3], f[5], f[6], f[7]});
   }
-  save_checkpoint(o_.checkpoint_dir, refs, o_.keep_checkpoints);
+  if (!ok) throw CheckpointWriteError(error);
+  if (!failed.empty())
+    throw CheckpointWriteError("cannot save checkpoint " + folder + ": rank(s) " + failed + " could not write their files");
+  if (lead_) {
+    const nlohmann::json state = {{"updates", adam_->updates()}, {"data_position", step}};
+    commit_save(dir, step, run_config(sh_.cfg, o_), state, digests, o_.keep_checkpoints);
+    report_save(step, std::chrono::duration<double>(Clock::now() - t0).count(), std::move(ranks));
+  }
   saved_step_ = step;
 }
 
-// Pipeline: the full tensors of the other stages travel to rank 0 (pp rank 0 of the dp 0 / tp 0
-// position; the other positions hold copies). Each pp rank sends value, exp_avg and exp_avg_sq
-// of its parameters in params() order, leaving out the last stage's copy of the tied wte; rank
-// 0 knows every rank's names and shapes from the partition and appends them after its own.
-void RankTrainer::gather_stages(const std::vector<nn::Param*>& params, std::vector<Tensor>& values,
-                                std::vector<Tensor>& m, std::vector<Tensor>& v) {
-  if (mesh_.coord().dp != 0 || mesh_.coord().tp != 0) return;
-  comm::Communicator& pp = mesh_.pp_group();
-  const int tag = 1 << 22;  // below the pipeline executor's range
-  auto span = [](Tensor& t) { return std::span<float>(t.data(), static_cast<size_t>(t.numel())); };
-  const pipeline::ScheduleShape shape{o_.pp, o_.microbatches, o_.chunks};
-  const auto& spans = spans_;
-  if (pp.rank() != 0) {
-    // In the order rank 0 expects: per chunk, stage_param_shapes' order (params() may list
-    // them otherwise: under ZeRO the data-parallel units put a stage's ends first).
-    std::map<std::string, size_t> index;
-    for (size_t i = 0; i < params.size(); ++i) index[params[i]->name] = i;
-    for (int c = 0; c < shape.chunks; ++c) {
-      const int st = shape.stage_of(pp.rank(), c);
-      const bool last = st == shape.stages() - 1;
-      model::StageSpec spec{spans[st].first, spans[st].end, st == 0, last};
-      for (auto& [name, shape_of] : model::stage_param_shapes(sh_.cfg, spec)) {
-        if (last && name == "wte.weight") continue;
-        const size_t i = index.at(name);
-        for (Tensor* t : {&values[i], &m[i], &v[i]}) pp.send(span(*t), 0, {.tag = tag});
-      }
-    }
-    return;
+// Rank 0: the save's figures into the result and the step's metrics line, and one line printed.
+void RankTrainer::report_save(int64_t step, double seconds, std::vector<RankSave> ranks) {
+  TrainResult& res = sh_.res;
+  res.last_save_s = seconds;
+  res.saves = std::move(ranks);
+  int64_t total = 0, most = 0, rise = 0;
+  double slowest = 0;
+  for (const RankSave& r : res.saves) {
+    total += r.bytes_written, most = std::max(most, r.bytes_written), slowest = std::max(slowest, r.seconds);
+    rise = std::max(rise, r.peak_bytes - r.resident_bytes);
   }
-  gathered_names_.clear();
-  for (int r = 1; r < o_.pp; ++r)
-    for (int c = 0; c < shape.chunks; ++c) {
-      const int st = shape.stage_of(r, c);
-      const bool last = st == shape.stages() - 1;
-      model::StageSpec spec{spans[st].first, spans[st].end, st == 0, last};
-      for (auto& [name, shape_of] : model::stage_param_shapes(sh_.cfg, spec)) {
-        if (last && name == "wte.weight") continue;
-        for (std::vector<Tensor>* list : {&values, &m, &v}) {
-          list->push_back(Tensor::empty(shape_of));
-          pp.recv(span(list->back()), r, {.tag = tag});
-        }
-        gathered_names_.push_back(name);
-      }
-    }
+  pending_save_ = step;
+  if (o_.quiet) return;
+  const double mib = 1024.0 * 1024.0;
+  std::printf("checkpoint %s saved in %.2f s: %d rank(s) wrote %.1f MiB in parallel (at most %.1f MiB and %.2f s a "
+              "rank), tensor memory at most %+.1f MiB over what a rank held\n",
+              step_folder_name(step).c_str(), seconds, static_cast<int>(res.saves.size()), static_cast<double>(total) / mib,
+              static_cast<double>(most) / mib, slowest, static_cast<double>(rise) / mib);
+  std::fflush(stdout);
 }
 
+// ---- restoring: each rank what it holds, from the pieces that overlap it ----
+
 // Sets this rank's part of the model and optimizer from the checkpoint train() chose and
-// checked (configuration and tensor set) before the ranks started.
+// checked (configuration and tensor set) before the ranks started. Values and moments are
+// read straight into the tensors the rank holds: under ZeRO-3 its value segments, otherwise
+// its stages' tp-local values; the moments of its optimizer parameters (segments under ZeRO).
 int64_t RankTrainer::restore() {
-  const std::string& dir = o_.checkpoint_dir;
-  const CheckpointData& ck = *sh_.resume;
-  std::map<std::string, const Tensor*> model, opt;
-  for (auto& [n, t] : ck.model) model[n] = &t;
-  for (auto& [n, t] : ck.optimizer) opt[n] = &t;
-  auto find = [&](std::map<std::string, const Tensor*>& in, const std::string& name, const Shape& shape) {
-    auto it = in.find(name);
-    if (it == in.end()) throw bad("checkpoint in " + dir + " lacks tensor " + name);
-    if (it->second->shape() != shape)
-      throw bad("checkpoint tensor " + name + " has shape " + shape_str(it->second->shape()) +
-                ", the model expects " + shape_str(shape));
-    return *it->second;
+  const CheckpointIndex& ck = *sh_.resume;
+  PieceReader rd(ck);
+  const std::vector<nn::Param*> opt = ddp_ ? ddp_->optimizer_params() : stage_params();
+  auto read = [&](const std::string& name, const nn::Param* q, Tensor t) {  // t: q's range of origin(q)
+    const nn::Param* p = ddp_ ? ddp_->origin(q) : q;
+    const int64_t begin = ddp_ ? ddp_->segment_offset(q) : 0;
+    rd.read(name, p->global_shape, p->shard, begin, begin + t.numel(), t.data());
   };
-  std::vector<nn::Param*> params = model_params();
-  std::vector<Tensor> values, m, v;
-  for (nn::Param* p : params) {
-    values.push_back(find(model, p->name, p->global_shape));
-    m.push_back(find(opt, "exp_avg." + p->name, p->global_shape));
-    v.push_back(find(opt, "exp_avg_sq." + p->name, p->global_shape));
-    if (o_.tp > 1) {
-      values.back() = parallel::local_shard(*p, values.back());
-      m.back() = parallel::local_shard(*p, m.back());
-      v.back() = parallel::local_shard(*p, v.back());
-    }
-  }
-  if (ddp_) {
-    ddp_->load_full_params(values);
-    m = ddp_->slice_segments(m), v = ddp_->slice_segments(v);
+  if (ddp_ && o_.zero == 3) {
+    for (nn::Param* q : opt) read(ddp_->origin(q)->name, q, q->value);
   } else {
-    for (size_t i = 0; i < params.size(); ++i) params[i]->value.copy_from(values[i]);
+    for (nn::Param* p : stage_params()) rd.read(p->name, p->global_shape, p->shard, 0, p->value.numel(), p->value.data());
   }
-  adam_->load_moments(m, v);
+  for (size_t k = 0; k < opt.size(); ++k) {
+    const std::string& name = (ddp_ ? ddp_->origin(opt[k]) : opt[k])->name;
+    read("exp_avg." + name, opt[k], adam_->exp_avg()[k]);
+    read("exp_avg_sq." + name, opt[k], adam_->exp_avg_sq()[k]);
+  }
   adam_->set_updates(ck.state.value("updates", ck.step));
   saved_step_ = ck.step;
+  restore_bytes_read_ = rd.bytes_read();
   return ck.step;
 }
 
 // --resume: chooses and loads the checkpoint (train/checkpoint.h: the newest valid step folder),
 // checks it belongs to this run, and trims the metrics file to its step. Without --resume, a
 // run that will save refuses a directory holding step folders. `lead` prints the notes.
-std::optional<CheckpointData> prepare_checkpoints(const TrainOptions& o, const model::GPTConfig& cfg, bool lead) {
+std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const model::GPTConfig& cfg, bool lead) {
   const std::string& dir = o.checkpoint_dir;
   if (!o.resume) {
     if (o.checkpoint_every == 0 && !o.save_initial) return std::nullopt;
@@ -163,9 +185,9 @@ std::optional<CheckpointData> prepare_checkpoints(const TrainOptions& o, const m
   ResumePoint rp = find_resume_point(dir);
   if (lead)
     for (const std::string& n : rp.notes) note(n);
-  std::optional<CheckpointData> ck;
+  std::optional<CheckpointIndex> ck;
   if (rp.folder) {
-    ck = load_checkpoint(*rp.folder);
+    ck = open_checkpoint(*rp.folder);
     const nlohmann::json want = run_config(cfg, o);
     for (const char* key : {"model", "batch", "seq", "seed", "data_order"})
       if (ck->config.value(key, nlohmann::json()) != want[key])
@@ -176,8 +198,8 @@ std::optional<CheckpointData> prepare_checkpoints(const TrainOptions& o, const m
     std::vector<std::pair<std::string, Shape>> moments;
     for (const auto& [name, shape] : shapes) moments.emplace_back("exp_avg." + name, shape);
     for (const auto& [name, shape] : shapes) moments.emplace_back("exp_avg_sq." + name, shape);
-    check_tensor_set("checkpoint " + *rp.folder + " (model.safetensors)", shapes, ck->model);
-    check_tensor_set("checkpoint " + *rp.folder + " (optimizer.safetensors)", moments, ck->optimizer);
+    check_tensor_set("checkpoint " + *rp.folder + " (model)", shapes, ck->shapes(ck->model));
+    check_tensor_set("checkpoint " + *rp.folder + " (optimizer state)", moments, ck->shapes(ck->optimizer));
   }
   if (lead && !o.metrics.empty()) {
     const int64_t step = ck ? ck->step : 0;

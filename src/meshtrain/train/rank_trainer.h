@@ -1,5 +1,5 @@
-// The trainer's rank loop, shared by trainer.cpp (the loop), rank_checkpoints.cpp (saving,
-// gathering pipeline stages, restoring, choosing what to resume) and rank_report.cpp (progress
+// The trainer's rank loop, shared by trainer.cpp (the loop), rank_checkpoints.cpp (saving
+// this rank's pieces, restoring, choosing what to resume) and rank_report.cpp (progress
 // lines, the header, the trace). Internal to train/: not part of the library's interface.
 #pragma once
 
@@ -37,7 +37,7 @@ struct Shared {
   const TokenDataset& data;
   TrainResult& res;
   trace::Recorder* recorder;  // null without --trace
-  const CheckpointData* resume = nullptr;  // --resume: the verified checkpoint to continue from
+  const CheckpointIndex* resume = nullptr;  // --resume: the verified checkpoint to continue from
 };
 
 class RankTrainer {
@@ -93,9 +93,10 @@ class RankTrainer {
   }
   float evaluate();
   void save(int64_t step);
-  void gather_stages(const std::vector<nn::Param*>& params, std::vector<Tensor>& values,
-                     std::vector<Tensor>& m, std::vector<Tensor>& v);
-  std::vector<std::string> gathered_names_;  // rank 0: names of the tensors gather_stages appended
+  RankPieces my_pieces();
+  void report_save(int64_t step, double seconds, std::vector<RankSave> ranks);
+  std::optional<int64_t> pending_save_;  // rank 0: a save of this step, for its metrics line
+  int64_t restore_bytes_read_ = 0;
   std::vector<pipeline::LayerSpan> spans_;   // blocks of every stage (the same on every rank)
   std::optional<StageCosts> profiled_;       // --pp-balance profile: the measured costs
   int64_t restore();
@@ -123,7 +124,7 @@ nlohmann::json run_config(const model::GPTConfig& cfg, const TrainOptions& o);
 // --resume: chooses and loads the checkpoint (the newest valid step folder), checks it belongs
 // to this run, and trims the metrics file to its step. Without --resume, a run that will save
 // refuses a directory holding step folders. `lead` prints the notes.
-std::optional<CheckpointData> prepare_checkpoints(const TrainOptions& o, const model::GPTConfig& cfg, bool lead);
+std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const model::GPTConfig& cfg, bool lead);
 
 // ---- rank_report.cpp ----
 void print_step(const StepRecord& r, int64_t steps);

@@ -257,12 +257,12 @@ float half_to_float(uint16_t h) {
   return std::bit_cast<float>(bits);
 }
 
-void convert(const SafetensorsEntry& e, const char* src, float* dst) {
-  const int64_t n = (e.end - e.begin) / dtype_bytes(e.dtype);
-  if (e.dtype == "F32") {
+// n elements of dtype from src (the first element to convert) as float32 into dst.
+void convert(const std::string& dtype, const char* src, int64_t n, float* dst) {
+  if (dtype == "F32") {
     if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-  } else if (e.dtype == "F16" || e.dtype == "BF16") {
-    const bool bf = e.dtype == "BF16";
+  } else if (dtype == "F16" || dtype == "BF16") {
+    const bool bf = dtype == "BF16";
     for (int64_t i = 0; i < n; ++i) {
       uint16_t v;
       std::memcpy(&v, src + 2 * i, 2);
@@ -319,25 +319,23 @@ FileDigest file_digest(const std::string& path) {
 
 // ---- writing ----
 
-FileDigest write_safetensors(const std::string& path,
-                             const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+FileDigest write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Shape>>& entries,
+                             const std::function<Tensor(const std::string& name)>& produce,
                              const std::map<std::string, std::string>& metadata) {
-  std::vector<std::pair<std::string, const Tensor*>> sorted = tensors;
+  std::vector<std::pair<std::string, Shape>> sorted = entries;
   std::sort(sorted.begin(), sorted.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   nlohmann::json header = nlohmann::json::object();
   int64_t offset = 0;
   for (size_t i = 0; i < sorted.size(); ++i) {
-    const auto& [name, t] = sorted[i];
-    if (t == nullptr) throw std::invalid_argument("tensor '" + name + "' is null");
+    const auto& [name, shape] = sorted[i];
     if (name == "__metadata__" || name.empty())
       throw std::invalid_argument("'" + name + "' cannot name a tensor in a safetensors file");
     if (i > 0 && sorted[i - 1].first == name)
       throw std::invalid_argument("tensor name '" + name + "' appears twice");
-    Shape shape = t->shape();
-    if (shape.empty() && t->numel() == 0) shape = {0};  // a default-constructed Tensor
-    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + t->bytes()}}};
-    offset += t->bytes();
+    const int64_t bytes = shape_numel(shape) * static_cast<int64_t>(sizeof(float));
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text = header.dump();
@@ -347,8 +345,29 @@ FileDigest write_safetensors(const std::string& path,
   AtomicWriter w(path);
   w.write(&n, 8);
   w.write(text.data(), text.size());
-  for (const auto& [name, t] : sorted) w.write(t->data(), static_cast<size_t>(t->bytes()));
+  for (const auto& [name, shape] : sorted) {
+    const Tensor t = produce(name);
+    if (t.numel() != shape_numel(shape))
+      throw std::invalid_argument("tensor '" + name + "' has " + std::to_string(t.numel()) + " elements, its entry " +
+                                  shape_str(shape) + " needs " + std::to_string(shape_numel(shape)));
+    w.write(t.data(), static_cast<size_t>(t.bytes()));
+  }
   return w.commit();
+}
+
+FileDigest write_safetensors(const std::string& path,
+                             const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+                             const std::map<std::string, std::string>& metadata) {
+  std::vector<std::pair<std::string, Shape>> entries;
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : tensors) {
+    if (t == nullptr) throw std::invalid_argument("tensor '" + name + "' is null");
+    Shape shape = t->shape();
+    if (shape.empty() && t->numel() == 0) shape = {0};  // a default-constructed Tensor
+    entries.emplace_back(name, shape);
+    by_name[name] = t;
+  }
+  return write_safetensors(path, entries, [&](const std::string& name) { return *by_name.at(name); }, metadata);
 }
 
 FileDigest write_safetensors(const std::string& path, const NamedTensors& tensors,
@@ -378,10 +397,45 @@ NamedTensors read_safetensors(const std::string& path) {
   out.reserve(h.entries.size());
   for (const auto& e : h.entries) {
     Tensor t = Tensor::empty(e.shape);
-    convert(e, f.data() + h.data_start + e.begin, t.data());
+    convert(e.dtype, f.data() + h.data_start + e.begin, shape_numel(e.shape), t.data());
     out.emplace_back(e.name, std::move(t));
   }
   return out;
+}
+
+}  // namespace meshtrain::train
+
+namespace meshtrain::train {
+
+// ---- reading parts ----
+
+struct SafetensorsFile::Impl {
+  std::string path;
+  MappedFile file;
+  Header header;
+  std::map<std::string, size_t> index;
+  explicit Impl(const std::string& p) : path(p), file(p), header(parse_header(p, file.data(), file.size())) {
+    for (size_t i = 0; i < header.entries.size(); ++i) index[header.entries[i].name] = i;
+  }
+};
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : impl_(std::make_unique<Impl>(path)) {}
+SafetensorsFile::~SafetensorsFile() = default;
+const std::string& SafetensorsFile::path() const { return impl_->path; }
+const std::vector<SafetensorsEntry>& SafetensorsFile::entries() const { return impl_->header.entries; }
+const std::map<std::string, std::string>& SafetensorsFile::metadata() const { return impl_->header.metadata; }
+
+const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
+  auto it = impl_->index.find(name);
+  return it == impl_->index.end() ? nullptr : &impl_->header.entries[it->second];
+}
+
+void SafetensorsFile::copy(const SafetensorsEntry& e, int64_t first, int64_t n, float* dst) const {
+  const int64_t elem = dtype_bytes(e.dtype);
+  if (first < 0 || n < 0 || (first + n) * elem > e.end - e.begin)
+    throw std::out_of_range("safetensors " + impl_->path + ": elements [" + std::to_string(first) + ", " +
+                            std::to_string(first + n) + ") outside tensor '" + e.name + "'");
+  convert(e.dtype, impl_->file.data() + impl_->header.data_start + e.begin + first * elem, n, dst);
 }
 
 }  // namespace meshtrain::train

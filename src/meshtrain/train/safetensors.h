@@ -18,6 +18,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -63,6 +65,12 @@ FileDigest write_safetensors(const std::string& path,
 // Same, for tensors held by value.
 FileDigest write_safetensors(const std::string& path, const NamedTensors& tensors,
                              const std::map<std::string, std::string>& metadata = {});
+// Same, for tensors made one at a time: the header comes from `entries` (name, shape), then
+// produce(name) is called for each in name order and its result (of that shape) written and
+// dropped, so only one tensor is held at a time (a checkpoint's model as one file).
+FileDigest write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Shape>>& entries,
+                             const std::function<Tensor(const std::string& name)>& produce,
+                             const std::map<std::string, std::string>& metadata = {});
 
 // All tensors of the file as float32, sorted by name.
 NamedTensors read_safetensors(const std::string& path);
@@ -78,5 +86,26 @@ struct SafetensorsEntry {
 };
 // The validated header, entries sorted by name.
 std::vector<SafetensorsEntry> read_safetensors_header(const std::string& path);
+
+// A file mapped for reading parts of its tensors (checkpoint pieces): the header is validated
+// once on opening, copy() converts any range of one tensor's elements to float32; only the
+// pages of what is copied are read from disk.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  const std::string& path() const;
+  const std::vector<SafetensorsEntry>& entries() const;  // sorted by name
+  const std::map<std::string, std::string>& metadata() const;
+  const SafetensorsEntry* find(const std::string& name) const;  // nullptr when absent
+  // Elements [first, first + n) of e (flat, row-major) as float32 into dst.
+  void copy(const SafetensorsEntry& e, int64_t first, int64_t n, float* dst) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace meshtrain::train

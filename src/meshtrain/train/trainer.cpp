@@ -195,10 +195,24 @@ void RankTrainer::run() {
 
   int64_t start = 0;
   if (sh_.resume) {
+    const auto t0 = Clock::now();
+    reset_tensor_bytes_peak_thread();
+    const int64_t live = tensor_bytes_live_thread();
     start = restore();
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    const int world = mesh_.world().size();
+    std::vector<int64_t> read(3 * static_cast<size_t>(world));
+    mesh_.world().all_gather(
+        std::array<int64_t, 3>{restore_bytes_read_, static_cast<int64_t>(ns), tensor_bytes_peak_thread() - live}, read);
+    int64_t most = 0, slowest = 0;
+    for (int r = 0; r < world; ++r) {
+      if (lead_) res.restore_bytes_read.push_back(read[3 * r]), res.restore_tensor_bytes.push_back(read[3 * r + 2]);
+      most = std::max(most, read[3 * r]), slowest = std::max(slowest, read[3 * r + 1]);
+    }
     if (talk)
-      std::printf("resumed from %s at step %lld\n",
-                  (o_.checkpoint_dir + "/" + step_folder_name(start)).c_str(), static_cast<long long>(start));
+      std::printf("resumed from %s at step %lld (each rank read only its pieces: at most %.1f MiB, in %.2f s)\n",
+                  (o_.checkpoint_dir + "/" + step_folder_name(start)).c_str(), static_cast<long long>(start),
+                  static_cast<double>(most) / (1024.0 * 1024.0), static_cast<double>(slowest) * 1e-9);
   }
   if (o_.save_initial && start == 0) save(0);
   {
@@ -314,6 +328,17 @@ void RankTrainer::run() {
       line["peak_saved_activation_bytes"] = std::vector<int64_t>{pst.peak_saved_bytes};
     }
     if (r.val_loss) line["val_loss"] = *r.val_loss;
+    if (pending_save_) {  // this step's checkpoint, per world rank
+      nlohmann::json c = {{"step", *pending_save_}, {"seconds", res.last_save_s}};
+      for (const RankSave& s : res.saves) {
+        c["rank_seconds"].push_back(s.seconds);
+        c["bytes_written"].push_back(s.bytes_written);
+        c["resident_bytes"].push_back(s.resident_bytes);
+        c["peak_bytes"].push_back(s.peak_bytes);
+      }
+      line["checkpoint"] = c;
+      pending_save_.reset();
+    }
     metrics->write(line);
     if (talk && o_.log_every > 0 && ((step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps);
     if (talk && r.val_loss)
@@ -394,7 +419,7 @@ TrainResult train(TrainOptions o) {
   const bool lead = o.backend != "mpi" || comm::mpi_world()->rank() == 0;
   // Checkpoints are settled before any rank starts: what to resume from (verified, and
   // matching this run), or that a new run will not overwrite another run's step folders.
-  std::optional<CheckpointData> resume = prepare_checkpoints(o, res.config, lead);
+  std::optional<CheckpointIndex> resume = prepare_checkpoints(o, res.config, lead);
   std::unique_ptr<trace::Recorder> recorder;
   if (!o.trace.empty()) recorder = std::make_unique<trace::Recorder>();
   Shared sh{o, res.config, data, res, recorder.get(), resume ? &*resume : nullptr};

@@ -7,8 +7,8 @@
 // Every rank runs the same loop (ranks are threads of this process, or MPI processes): it
 // builds its part of the model, draws its rows of the global batch, and lets the data-parallel
 // engine (parallel/data_parallel.h) synchronise gradients and shard optimizer state. Rank 0
-// prints, writes metrics and saves checkpoints (of full logical tensors, so any layout resumes
-// any other).
+// prints and writes metrics; every rank saves its pieces of each checkpoint (train/checkpoint.h:
+// named parts of the full logical tensors, so any layout resumes any other).
 // Limits: tensor and pipeline parallelism are validated here and run as their drivers land.
 #pragma once
 
@@ -107,6 +107,15 @@ struct RankState {
   int64_t held_params = 0;
 };
 
+// One rank's part of a checkpoint save, measured on the rank's own thread.
+struct RankSave {
+  double seconds = 0;          // writing its two files (after rank 0 made the folder)
+  int64_t bytes_written = 0;   // their size
+  int64_t model_elements = 0;  // elements of its model pieces (its optimizer file: twice as many)
+  int64_t resident_bytes = 0;  // tensor bytes it held when the save began (tensor_bytes_live_thread)
+  int64_t peak_bytes = 0;      // the most it held during the save (tensor_bytes_peak_thread)
+};
+
 struct TrainResult {
   model::GPTConfig config;
   std::vector<StepRecord> steps;  // the steps run by this call (after a resume: from there)
@@ -115,6 +124,10 @@ struct TrainResult {
   double wall_s = 0;
   StateBytes state_bytes;
   std::vector<RankState> ranks;  // by world rank
+  std::vector<RankSave> saves;   // the run's last checkpoint save, by world rank
+  double last_save_s = 0;        // that save on rank 0, from the first barrier to `latest`
+  std::vector<int64_t> restore_bytes_read;  // --resume: piece bytes each rank read, by world rank
+  std::vector<int64_t> restore_tensor_bytes;  // and the tensor memory that rose while it read (peak - before)
 };
 
 // A non-finite loss or gradient norm: the run stops at that step (what() names it) without
