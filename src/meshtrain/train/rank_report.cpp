@@ -150,7 +150,7 @@ void RankTrainer::print_header() {
       const double ap = 4 * n / (o_.zero >= 3 ? d : 1), ag = 4 * n / (o_.zero >= 2 ? d : 1),
                    ao = 8 * n / (o_.zero >= 1 ? d : 1);
       const parallel::MeshCoord c = parallel::mesh_coord({o_.dp, o_.tp, o_.pp}, static_cast<int>(r));
-      std::printf("state of rank %zu (dp %d, tp %d, pp %d; zero %d, %.0f parameters held): params %.2f + grads %.2f "
+      std::printf("state of rank %zu (dp %d, tp %d, pp %d; zero %d, %.0f parameters in its part of the model): params %.2f + grads %.2f "
                   "+ optimizer %.2f MiB | analytic %.2f + %.2f + %.2f MiB\n",
                   r, c.dp, c.tp, c.pp, o_.zero, n, s.params / MiB, s.grads / MiB, s.optimizer / MiB, ap / MiB,
                   ag / MiB, ao / MiB);
