@@ -149,15 +149,21 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
   if (dnnl_has_bf16()) {
     thread_local std::vector<bf16_t> a16, b16;
     pack_bf16(A, ar, ac, lda, a16, threads);
-    pack_bf16(B, br, bc, ldb, b16, threads);
+    const bf16_t* bp = opt.b16;
+    if (!bp) pack_bf16(B, br, bc, ldb, b16, threads), bp = b16.data();
     set_budget(threads);
-    matmul_bf16(ta, tb, M, N, K, alpha, a16.data(), b16.data(), beta, C, ldc, threads);
+    matmul_bf16(ta, tb, M, N, K, alpha, a16.data(), bp, beta, C, ldc, threads);
     return;
   }
 #endif
   thread_local std::vector<float> ar32, br32;
   pack_rounded(A, ar, ac, lda, ar32, threads);
-  pack_rounded(B, br, bc, ldb, br32, threads);
+  if (opt.b16) {
+    br32.resize(static_cast<size_t>(br * bc));
+    from_bf16(opt.b16, br32.data(), br * bc, threads);
+  } else {
+    pack_rounded(B, br, bc, ldb, br32, threads);
+  }
   sgemm(ta, tb, M, N, K, alpha, ar32.data(), ac, br32.data(), bc, beta, C, ldc, opt);
 }
 

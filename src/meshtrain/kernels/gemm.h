@@ -26,6 +26,10 @@ struct GemmOptions {
   // regions without a num_threads clause also see; no other thread's setting changes.
   int threads = 1;
   Precision precision = Precision::f32;
+  // bf16 only: B already converted (kernels::to_bf16 of the stored B, packed: ldb = its row
+  // length), e.g. a weight's bf16 copy kept for the step (nn::Param::bf16_value); gemm() then
+  // converts only A. Null: B is converted here, like A.
+  const bf16_t* b16 = nullptr;
 };
 
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,

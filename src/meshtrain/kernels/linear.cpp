@@ -32,7 +32,11 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
   // dinp(N, C) = dout(N, OC) @ weight(C, OC)^T
   if (dinp) gemm(Trans::N, Trans::T, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp, C, opt);
   // dweight(C, OC) += inp(N, C)^T @ dout(N, OC)
-  if (dweight) gemm(Trans::T, Trans::N, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC, opt);
+  if (dweight) {
+    GemmOptions dw = opt;
+    dw.b16 = nullptr;  // B is dout here, not the weight
+    gemm(Trans::T, Trans::N, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC, dw);
+  }
   // dbias(OC) += sum over rows of dout; threads own column blocks of 64.
   if (dbias) {
     const int64_t blk = 64;

@@ -2,8 +2,9 @@
 //   forward:  out(N, OC) = inp(N, C) @ weight(C, OC) + bias(OC)
 //   backward: dinp(N, C) (=), dweight(C, OC) (+=), dbias(OC) (+=)
 // Gradient rule (nn/module.h): parameter gradients accumulate, activation gradients are written.
-// `opt` carries the thread budget and the precision of the three products (kernels/gemm.h); the
-// bias and its gradient are float32 always.
+// `opt` carries the thread budget and the precision of the three products (kernels/gemm.h); its
+// b16, if set, is the weight's bf16 copy (used by forward and the input gradient). The bias and
+// its gradient are float32 always.
 #pragma once
 
 #include <cstdint>

@@ -38,7 +38,7 @@ GPTLayout::Loss GPTLayout::head(nn::Context& ctx, const void* key, const Tensor&
   const int64_t C = hN.dim(2), N = B * T;
   Tensor logits = Tensor::empty({N, V});
   kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, V, C, 1.f, hN.data(), C,
-                wte.value.data(), C, 0.f, logits.data(), V, ctx.gemm());
+                wte.value.data(), C, 0.f, logits.data(), V, ctx.gemm_with(wte));
   Tensor losses = Tensor::empty({N}), lse = Tensor::empty({N});
   kernels::crossentropy_forward(losses.data(), lse.data(), logits.data(), targets, N, V,
                                 ctx.threads);
@@ -74,7 +74,7 @@ Tensor GPTLayout::head_backward(nn::Context& ctx, const void* key, nn::Param& wt
                 hN.data(), C, 1.f, wte.grad.data(), C, ctx.gemm());
   Tensor dh = Tensor::empty(hN.shape());
   kernels::gemm(kernels::Trans::N, kernels::Trans::N, N, C, V, 1.f, dlogits.data(), V,
-                wte.value.data(), C, 0.f, dh.data(), C, ctx.gemm());
+                wte.value.data(), C, 0.f, dh.data(), C, ctx.gemm_with(wte));
   return dh;
 }
 

@@ -1,5 +1,7 @@
 #include "meshtrain/nn/context.h"
 
+#include "meshtrain/nn/param.h"
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -51,6 +53,12 @@ void Context::run_deferred() {
     fn(*this);
     bytes_ -= bytes;
   }
+}
+
+kernels::GemmOptions Context::gemm_with(const Param& w) const {
+  kernels::GemmOptions o{threads, precision};
+  if (precision == kernels::Precision::bf16) o.b16 = w.bf16_value(weights_epoch, threads);
+  return o;
 }
 
 }  // namespace meshtrain::nn

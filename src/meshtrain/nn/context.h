@@ -47,8 +47,13 @@ class Context {
 
   int threads;    // kernel thread budget of the rank that owns this context
   kernels::GemmOptions gemm() const { return {threads, precision}; }
+  // The same with `w` as the B operand: under bf16 its copy for this step (kernels/gemm.h b16).
+  kernels::GemmOptions gemm_with(const Param& w) const;
   bool training;  // false: forward only, nothing is saved
   kernels::Precision precision;  // of the matrix products (kernels/bf16.h)
+  // The optimizer step whose weights this pass reads (-1: unknown, e.g. evaluation): bf16 weight
+  // copies made for it are reused (Param::bf16_value). Set by the executor for training passes.
+  int64_t weights_epoch = -1;
   Hooks* hooks = nullptr;  // not owned; null: no callbacks
 
   void grad_ready(Param* p) {

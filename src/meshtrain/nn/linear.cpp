@@ -25,7 +25,7 @@ Tensor Linear::forward(Context& ctx, const Tensor& x) {
   ys.back() = OC;
   Tensor y = Tensor::empty(ys);
   const float* b = has_bias && add_bias_in_forward ? bias.value.data() : nullptr;
-  kernels::linear_forward(y.data(), x.data(), weight.value.data(), b, N, C, OC, ctx.gemm());
+  kernels::linear_forward(y.data(), x.data(), weight.value.data(), b, N, C, OC, ctx.gemm_with(weight));
   ctx.save(this, {x});
   return y;
 }
@@ -37,12 +37,12 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   Tensor dx = Tensor::empty(x.shape());
   if (ctx.defer_weight_grads) {  // split backward: dx now, dW (and db) at the W action
     kernels::linear_backward(dx.data(), nullptr, nullptr, dy.data(), x.data(), weight.value.data(), N, C, OC,
-                             ctx.gemm());
+                             ctx.gemm_with(weight));
     defer_weight_grad(ctx, x, dy);
     return dx;
   }
   kernels::linear_backward(dx.data(), weight.grad.data(), has_bias ? bias.grad.data() : nullptr,
-                           dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.gemm());
+                           dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.gemm_with(weight));
   ctx.grad_ready(&weight);
   if (has_bias) ctx.grad_ready(&bias);
   return dx;

@@ -1,5 +1,7 @@
 #include "meshtrain/nn/param.h"
 
+#include "meshtrain/kernels/bf16.h"
+
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>
@@ -114,5 +116,21 @@ void init_normal(Param& p, uint64_t seed, float std) {
 }
 
 void init_constant(Param& p, float v) { p.value.fill(v); }
+
+// ---- bf16 copy ----
+const uint16_t* Param::bf16_value(int64_t epoch, int threads) const {
+  if (epoch < 0) return nullptr;
+  if (bf16_epoch != epoch || value_bf16.size() != static_cast<size_t>(value.numel())) {
+    value_bf16.resize(static_cast<size_t>(value.numel()));
+    kernels::to_bf16(value.data(), value_bf16.data(), value.numel(), threads);
+    bf16_epoch = epoch;
+  }
+  return value_bf16.data();
+}
+
+void Param::drop_bf16() const {
+  value_bf16 = {};
+  bf16_epoch = -1;
+}
 
 }  // namespace meshtrain::nn

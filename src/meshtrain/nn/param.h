@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "meshtrain/tensor/tensor.h"
 
@@ -61,6 +62,15 @@ struct Param {
   bool decay = true;  // AdamW weight decay applies (2-D weights); off for biases and norms
   Tensor value;       // local part
   Tensor grad;        // same shape as value; accumulates (+=) over backward calls
+  // bf16 copy of `value` for one step's products (--precision bf16): made at its first use in
+  // a step and reused by every later product and micro-batch of that step (Context::
+  // weights_epoch names the step); ZeRO-3 drops it with the gathered values.
+  // A cache of `value`, so a const Param can fill it.
+  mutable std::vector<uint16_t> value_bf16;
+  mutable int64_t bf16_epoch = -1;
+  // The copy for `epoch` (converting `value` if it was made for another); null if epoch < 0.
+  const uint16_t* bf16_value(int64_t epoch, int threads) const;
+  void drop_bf16() const;
 
   Param() = default;
   Param(std::string name, Shape global_shape, ShardSpec shard = {}, bool decay = true);

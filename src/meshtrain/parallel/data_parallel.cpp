@@ -299,7 +299,7 @@ void DataParallel::release_bucket(size_t i) {
   Bucket& b = *buckets_[i];
   b.gather_work.wait();
   b.gather_work = {};
-  for (nn::Param* p : b.params) p->value = Tensor();
+  for (nn::Param* p : b.params) p->value = Tensor(), p->drop_bf16();  // the bf16 copy goes with the values
   b.values = Tensor();
   b.gathered = false;
 }

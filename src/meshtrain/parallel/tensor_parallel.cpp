@@ -98,7 +98,7 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
   xs.back() = C;
   Tensor dx = Tensor::empty(xs);  // (B, T, in), partial over ranks
   kernels::gemm(kernels::Trans::N, kernels::Trans::T, N, C, OC, 1.f, dy.data(), OC,
-                weight.value.data(), OC, 0.f, dx.data(), C, ctx.gemm());
+                weight.value.data(), OC, 0.f, dx.data(), C, ctx.gemm_with(weight));
   gather.wait();
   Tensor dx_out = dx;
   comm::Work reduce = sp_ ? GatherFromSP::backward_start(*tp_, dx, dx_out)

@@ -53,7 +53,7 @@ model::GPTLayout::Loss TensorParallelLayout::head(nn::Context& ctx, const void* 
                                                   const nn::Param& wte, const int32_t* targets,
                                                   int64_t B, int64_t T, int64_t V) const {
   Tensor hin = opt_.sequence_parallel ? GatherFromSP::forward(*tp_, hN) : CopyToTP::forward(*tp_, hN);
-  VocabParallelCE ce = vocab_parallel_ce_forward(*tp_, hin, wte.value.data(), targets, V, ctx.gemm());
+  VocabParallelCE ce = vocab_parallel_ce_forward(*tp_, hin, wte.value.data(), targets, V, ctx.gemm_with(wte));
   if (ctx.training) {
     ctx.save(key, {hin, ce.logits, ce.lse});
     auto& t = ctx.ints(key);
@@ -74,7 +74,7 @@ Tensor TensorParallelLayout::head_backward(nn::Context& ctx, const void* key, nn
   ctx.release(key);
   const float dloss = valid ? grad_scale / static_cast<float>(valid) : 0.f;
   Tensor dpart = vocab_parallel_ce_backward(*tp_, ce, hin, wte.value.data(), wte.grad.data(),
-                                            targets.data(), dloss, V, ctx.gemm());  // (B, T, C)
+                                            targets.data(), dloss, V, ctx.gemm_with(wte));  // (B, T, C)
   hin = Tensor();
   return opt_.sequence_parallel ? GatherFromSP::backward(*tp_, dpart)
                                 : CopyToTP::backward(*tp_, std::move(dpart));

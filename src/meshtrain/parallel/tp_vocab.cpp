@@ -113,8 +113,10 @@ Tensor vocab_parallel_ce_backward(comm::Communicator& tp, VocabParallelCE& ce, c
     if (t >= 0 && t < Vl) x[t] -= dloss;
   }
   // dwte_local (V/p, C) += dlogits^T h;  dh (N, C) = dlogits wte_local (partial over ranks).
+  kernels::GemmOptions dw = opt;
+  dw.b16 = nullptr;  // B is h here, not the token table
   kernels::gemm(kernels::Trans::T, kernels::Trans::N, Vl, C, N, 1.f, g, Vl, h.data(), C, 1.f,
-                dwte_local, C, opt);
+                dwte_local, C, dw);
   Tensor dh = Tensor::empty(h.shape());
   kernels::gemm(kernels::Trans::N, kernels::Trans::N, N, C, Vl, 1.f, g, Vl, wte_local, C, 0.f,
                 dh.data(), C, opt);

@@ -99,6 +99,9 @@ class Executor {
   void forward_only(int microbatches);
 
   const Schedule& schedule() const { return schedule_; }
+  // The optimizer step the coming run_step's weights belong to (nn::Context::weights_epoch):
+  // bf16 weight copies are made once for it and reused by every micro-batch.
+  void set_weights_epoch(int64_t epoch) { weights_epoch_ = epoch; }
 
  private:
   enum class Msg { activation = 0, gradient = 1, portal = 2, portal_grad = 3 };
@@ -110,6 +113,7 @@ class Executor {
   std::vector<StageRunner*> chunks_;
   int threads_;
   kernels::Precision precision_;
+  int64_t weights_epoch_ = -1;
   int eval_round_ = 0;
 };
 

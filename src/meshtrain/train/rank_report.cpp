@@ -83,7 +83,9 @@ void RankTrainer::print_header() {
     StateBytes s = sh_.res.state_bytes;
     const double MiB = 1024.0 * 1024.0;
     const double act = cfg.activation_bytes(o_.batch / o_.dp / o_.microbatches, o_.seq);
-    // bf16: the GEMM's two thread-local operand buffers grow to the largest A and B operands
+    // bf16: the weights' bf16 copies for the step (2 bytes a parameter held; at ZeRO-3 only
+    // the gathered units have them, for as long as they are gathered, left out here), and the
+    // GEMM's two thread-local operand buffers, grown to the largest A and B operands
     // (kernels/gemm.cpp), 2 bytes an element: the head's (rows x vocabulary) and (vocabulary x
     // C) on a rank holding it, else an MLP product's.
     double bf16_buffers = 0;
@@ -93,12 +95,12 @@ void RankTrainer::print_header() {
       bool head = false;
       for (auto& st : stages_) head |= st->last();
       const double a = head ? std::max(N * V, N * H) : N * H, b = head ? std::max(V * C, H * C) : std::max(H * C, N * H);
-      bf16_buffers = 2.0 * (a + b);
+      bf16_buffers = 2.0 * (a + b) + (o_.zero >= 3 ? 0.0 : static_cast<double>(s.params) / 2);
     }
     const double total = static_cast<double>(s.params + s.grads + s.optimizer) + act + bf16_buffers;
     std::printf("memory per rank (analytic): params %.1f + grads %.1f + adam %.1f + activations %.1f%s = %.1f MiB\n",
                 s.params / MiB, s.grads / MiB, s.optimizer / MiB, act / MiB,
-                bf16_buffers > 0 ? (" + bf16 operand buffers " + fmt_mib(bf16_buffers / MiB)).c_str() : "", total / MiB);
+                bf16_buffers > 0 ? (" + bf16 weight copies and operand buffers " + fmt_mib(bf16_buffers / MiB)).c_str() : "", total / MiB);
     analytic_mb_ = total / MiB;
   }
   if (o_.tp > 1) {

@@ -19,6 +19,7 @@ Tensor GPTStageRunner::forward(nn::Context& ctx, int mb, const Tensor& input, nn
   Tensor out;
   if (recompute_ && ctx.training) {
     nn::Context light(ctx.threads, /*training=*/false, ctx.precision);  // saves nothing
+    light.weights_epoch = ctx.weights_epoch;  // the same weights
     light.hooks = hooks_;
     out = stage_.forward(light, input, tokens_ + off, targets_ + off, rows_, T_, &loss, &portal);
     std::vector<Tensor> keep;  // the input, and the skip tensor this stage adds

@@ -251,6 +251,7 @@ void RankTrainer::run() {
                      tgt.data() + mb * rows * T);
     }
     for (auto& r : runners_) r->set_batches(tok.data(), tgt.data(), rows, T, 1.0f / static_cast<float>(M));
+    exec_->set_weights_epoch(step);
     const pipeline::StepStats pst = exec_->run_step();
     record(pst);
     const double loss = pipeline_loss(M);
