@@ -74,6 +74,47 @@ TEST(Tensor, LiveBytesFollowAllocationsPerThread) {
   EXPECT_EQ(tensor_bytes_live_thread() - mine0, 0);
 }
 
+TEST(Tensor, LargeStorageIsReusedAndTheCacheNeverRaisesThePeak) {
+  const int64_t MiB = int64_t{1} << 20, hits0 = tensor_cache_hits();
+  // Below 1 MiB nothing is cached.
+  { Tensor small = Tensor::empty({1000}); }
+  EXPECT_EQ(tensor_cache_bytes(), 0);
+  // A freed 8 MiB block is kept and the next tensor of that size gets the same storage.
+  const float* first;
+  {
+    Tensor a = Tensor::empty({2 * MiB});  // 8 MiB
+    first = a.data();
+    a.fill(1.f);
+  }
+  EXPECT_EQ(tensor_cache_bytes(), 8 * MiB);
+  EXPECT_EQ(tensor_bytes_live_thread(), 0) << "a cached block is not live";
+  {
+    Tensor b = Tensor::empty({2 * MiB});
+    EXPECT_EQ(b.data(), first);
+    EXPECT_EQ(tensor_cache_hits(), hits0 + 1);
+    EXPECT_EQ(tensor_cache_bytes(), 0);
+    Tensor z({2 * MiB});  // a zero-initialised tensor from the cache is zero all the same
+    for (int64_t i = 0; i < z.numel(); i += 4099) ASSERT_EQ(z.data()[i], 0.f) << i;
+  }
+  // Peak in use so far: 16 MiB (b and z). A 6 MiB request the cache cannot serve may keep
+  // cached blocks only while cached + in use + 6 MiB <= 16 MiB: both 8 MiB blocks cannot stay.
+  EXPECT_EQ(tensor_cache_peak_bytes(), 16 * MiB);
+  EXPECT_EQ(tensor_cache_bytes(), 16 * MiB);
+  {
+    Tensor c = Tensor::empty({6 * MiB / 4});
+    EXPECT_LE(tensor_cache_bytes() + 6 * MiB, tensor_cache_peak_bytes());
+    EXPECT_EQ(tensor_cache_bytes(), 8 * MiB);  // one 8 MiB block given back, one kept
+    EXPECT_EQ(tensor_cache_peak_bytes(), 16 * MiB);
+  }
+  // Freed blocks of two threads' tensors serve each other (one cache per process).
+  const float* other = nullptr;
+  std::thread([&] {
+    Tensor t = Tensor::empty({6 * MiB / 4});
+    other = t.data();
+  }).join();
+  EXPECT_EQ(Tensor::empty({6 * MiB / 4}).data(), other);
+}
+
 TEST(Rng, PhiloxKnownAnswer) {
   auto r = philox4x32({0, 0, 0, 0}, 0);
   EXPECT_EQ(r[0], 0x6627e8d5u);

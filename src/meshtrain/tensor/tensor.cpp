@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
 #include <sstream>
 #include <stdexcept>
@@ -53,6 +55,90 @@ int64_t tensor_bytes_live_thread() { return thread_counter()->load(std::memory_o
 int64_t tensor_bytes_peak_thread() { return std::max(thread_peak(), tensor_bytes_live_thread()); }
 void reset_tensor_bytes_peak_thread() { thread_peak() = tensor_bytes_live_thread(); }
 
+// ---- storage cache ----
+
+namespace {
+
+constexpr size_t kCacheMin = size_t{1} << 20;      // smaller blocks: malloc reuses them well
+constexpr size_t kCacheQuantum = size_t{64} << 10;  // sizes are rounded up to this
+
+struct StorageCache {
+  std::mutex mu;
+  std::map<size_t, std::vector<void*>> free;  // by rounded size
+  size_t cached = 0;     // bytes in `free`
+  size_t held = 0;       // bytes of cache-sized blocks obtained and not given back: in use + cached
+  size_t peak_used = 0;  // the most of them ever in use at once (held - cached)
+  int64_t hits = 0;
+};
+
+StorageCache& cache() {
+  static auto* c = new StorageCache;  // never destroyed: tensors may be freed during exit
+  return *c;
+}
+
+void* cache_take(size_t bytes) {
+  StorageCache& c = cache();
+  std::vector<void*> evict;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.free.find(bytes);
+    if (it != c.free.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      c.cached -= bytes;
+      ++c.hits;
+      c.peak_used = std::max(c.peak_used, c.held - c.cached);
+      return p;
+    }
+    // A miss: give back cached blocks, largest first, until in use + cached + this block is no
+    // more than the peak in use (or, if this block raises that peak, until nothing is cached).
+    const size_t used = c.held - c.cached + bytes;
+    const size_t room = c.peak_used > used ? c.peak_used - used : 0;
+    while (c.cached > room) {
+      auto big = std::prev(c.free.end());
+      if (big->second.empty()) {
+        c.free.erase(big);
+        continue;
+      }
+      evict.push_back(big->second.back());
+      big->second.pop_back();
+      c.cached -= big->first;
+      c.held -= big->first;
+    }
+    c.held += bytes;
+    c.peak_used = std::max(c.peak_used, used);
+  }
+  for (void* p : evict) std::free(p);
+  void* p = std::aligned_alloc(64, bytes);
+  if (!p) {
+    std::lock_guard<std::mutex> lock(cache().mu);
+    c.held -= bytes;
+  }
+  return p;
+}
+
+void cache_give(void* p, size_t bytes) {
+  StorageCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.free[bytes].push_back(p);
+  c.cached += bytes;
+}
+
+}  // namespace
+
+int64_t tensor_cache_bytes() {
+  std::lock_guard<std::mutex> lock(cache().mu);
+  return static_cast<int64_t>(cache().cached);
+}
+int64_t tensor_cache_hits() {
+  std::lock_guard<std::mutex> lock(cache().mu);
+  return cache().hits;
+}
+int64_t tensor_cache_peak_bytes() {
+  std::lock_guard<std::mutex> lock(cache().mu);
+  return static_cast<int64_t>(cache().peak_used);
+}
+
 // ---- storage ----
 
 void Tensor::allocate(int64_t n) {
@@ -62,15 +148,20 @@ void Tensor::allocate(int64_t n) {
     return;
   }
   size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, bytes);
+  const bool cached = bytes >= kCacheMin;
+  if (cached) bytes = (bytes + kCacheQuantum - 1) / kCacheQuantum * kCacheQuantum;
+  void* p = cached ? cache_take(bytes) : std::aligned_alloc(64, bytes);
   if (!p) throw std::bad_alloc();
   const int64_t live = n * static_cast<int64_t>(sizeof(float));
   g_live_bytes.fetch_add(live, std::memory_order_relaxed);
   auto counter = thread_counter();
   const int64_t now = counter->fetch_add(live, std::memory_order_relaxed) + live;
   thread_peak() = std::max(thread_peak(), now);
-  data_ = std::shared_ptr<float[]>(static_cast<float*>(p), [counter, live](float* q) {
-    std::free(q);
+  data_ = std::shared_ptr<float[]>(static_cast<float*>(p), [counter, live, cached, bytes](float* q) {
+    if (cached)
+      cache_give(q, bytes);
+    else
+      std::free(q);
     g_live_bytes.fetch_sub(live, std::memory_order_relaxed);
     counter->fetch_sub(live, std::memory_order_relaxed);
   });

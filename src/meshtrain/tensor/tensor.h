@@ -86,6 +86,20 @@ int64_t tensor_bytes_live_thread();  // storage allocated by the calling thread
 int64_t tensor_bytes_peak_thread();
 void reset_tensor_bytes_peak_thread();  // the peak becomes the current live count
 
+// ---- storage cache ----
+// Blocks of 1 MiB and more that tensors free are kept for the next tensor of the same rounded
+// size instead of going back to the C library: a training step allocates the same activations,
+// logits and gathered units every step, and glibc returns such blocks to the kernel (a large
+// block is its own mapping; a rank thread's arena drops a heap once it is empty), so every step
+// paid a page fault and a page clearing for each 4 KiB of them: 17% of a gpt2-124m bf16 step.
+// The cache never makes the process hold more tensor storage than the most it ever had in use
+// at once: a request the cache cannot serve first gives back cached blocks until cached + in
+// use + the request fits under that peak. The live-bytes counts above are unaffected (a cached
+// block is not live).
+int64_t tensor_cache_bytes();       // bytes held in the cache now
+int64_t tensor_cache_hits();        // allocations served from it since the start
+int64_t tensor_cache_peak_bytes();  // the bound: the most cached-size storage ever in use at once
+
 // Largest absolute element-wise difference; the shapes must match.
 float max_abs_diff(const Tensor& a, const Tensor& b);
 
