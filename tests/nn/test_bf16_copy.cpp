@@ -7,7 +7,9 @@
 #include <cstring>
 
 #include "gradcheck.h"
+#include "meshtrain/kernels/bf16.h"
 #include "meshtrain/nn/linear.h"
+#include "meshtrain/train/optimizer.h"
 
 using namespace meshtrain;
 using namespace meshtrain::testing;
@@ -69,6 +71,33 @@ TEST(Bf16WeightCopy, OneCopyPerStepGivesTheSameBitsAsConvertingAtEveryProduct) {
   EXPECT_EQ(lin.weight.bf16_epoch, -1);
   lin.weight.value.copy_from(w0);
   EXPECT_TRUE(same(run(lin, x, dy, 6).y, per_call.y)) << "after a drop the copy is made anew";
+}
+
+TEST(Bf16WeightCopy, TheOptimizerWritesTheNextStepsCopyAsItUpdates) {
+  // Two equal layers: one whose products read its copy in step 3 (the optimizer then writes the
+  // copy for step 4 in its pass), one that converted at every product (no copy: the optimizer
+  // writes none).
+  nn::Linear a("l", 48, 40, {.seed = 7}), b("l", 48, 40, {.seed = 7});
+  ASSERT_TRUE(same(a.weight.value, b.weight.value));
+  Tensor x = random_tensor({2, 8, 48}, 1, "x"), dy = random_tensor({2, 8, 40}, 2, "dy");
+  run(a, x, dy, 3);
+  run(b, x, dy, -1);
+  ASSERT_TRUE(same(a.weight.grad, b.weight.grad));
+  train::AdamWConfig cfg;
+  train::AdamW oa({&a.weight}, cfg, 1), ob({&b.weight}, cfg, 1);
+  oa.step(3);
+  ob.step(3);
+  EXPECT_TRUE(same(a.weight.value, b.weight.value)) << "the fused pass changed the update";
+  EXPECT_EQ(a.weight.bf16_epoch, 4);
+  EXPECT_EQ(b.weight.bf16_epoch, -1);
+  EXPECT_TRUE(b.weight.value_bf16.empty());
+  std::vector<uint16_t> expect(a.weight.value.numel());
+  kernels::to_bf16(a.weight.value.data(), expect.data(), a.weight.value.numel(), 1);
+  EXPECT_EQ(a.weight.value_bf16, expect);
+  // Step 4 reads that copy as it is; the result equals converting the updated weight.
+  const Pass fused = run(a, x, dy, 4);
+  const Pass converted = run(a, x, dy, -1);
+  EXPECT_TRUE(same(fused.y, converted.y));
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "meshtrain/kernels/bf16.h"
+
 namespace meshtrain::kernels {
 
 namespace {
@@ -12,12 +14,27 @@ constexpr int64_t kParallelMin = 1 << 15;
 
 // ---- adamw_update ----
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
-                  const AdamWParams& p, int threads) {
+                  const AdamWParams& p, int threads, uint16_t* bf16_out) {
   const double t = static_cast<double>(p.step);
   const float bc1 = static_cast<float>(1.0 / (1.0 - std::pow(double(p.beta1), t)));
   const float bc2 = static_cast<float>(1.0 / (1.0 - std::pow(double(p.beta2), t)));
   const float b1 = p.beta1, b2 = p.beta2, lr = p.lr, eps = p.eps, wd = p.weight_decay;
   const float gs = p.grad_scale;
+  if (bf16_out) {
+#pragma omp parallel for simd num_threads(threads) if (parallel : threads > 1 && n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      float g = grad[i] * gs;
+      float mi = b1 * m[i] + (1.0f - b1) * g;
+      float vi = b2 * v[i] + (1.0f - b2) * g * g;
+      m[i] = mi;
+      v[i] = vi;
+      float mhat = mi * bc1, vhat = vi * bc2;
+      const float w = param[i] - lr * (mhat / (std::sqrt(vhat) + eps) + wd * param[i]);
+      param[i] = w;
+      bf16_out[i] = to_bf16(w);
+    }
+    return;
+  }
 #pragma omp parallel for simd num_threads(threads) if (parallel : threads > 1 && n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     float g = grad[i] * gs;

@@ -19,8 +19,10 @@ struct AdamWParams {
   int64_t step = 1;  // 1-based, for bias correction
 };
 
+// bf16_out, if set, receives to_bf16 of each updated parameter (kernels/bf16.h, the same bits
+// as converting afterwards) in the same pass: the bf16 weight copy of the next step.
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
-                  const AdamWParams& p, int threads);
+                  const AdamWParams& p, int threads, uint16_t* bf16_out = nullptr);
 
 // Sum of squares of x[0..n) in double (for the global gradient norm).
 double sum_squares(const float* x, int64_t n, int threads);

@@ -56,8 +56,12 @@ double AdamW::step_with_grad_sq(int64_t step, double sq) {
   for (size_t i = 0; i < params_.size(); ++i) {
     nn::Param* p = params_[i];
     ap.weight_decay = p->decay ? cfg_.weight_decay : 0.f;
+    // A weight whose bf16 copy the products read in this step (--precision bf16, the optimizer
+    // updating the whole tensor the layers use) gets the next step's copy in the same pass.
+    const bool copy = p->bf16_epoch == step && p->value_bf16.size() == static_cast<size_t>(p->value.numel());
     kernels::adamw_update(p->value.data(), p->grad.data(), m_[i].data(), v_[i].data(),
-                          p->value.numel(), ap, threads_);
+                          p->value.numel(), ap, threads_, copy ? p->value_bf16.data() : nullptr);
+    if (copy) p->bf16_epoch = step + 1;
   }
   return norm;
 }
