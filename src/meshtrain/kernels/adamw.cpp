@@ -13,38 +13,45 @@ constexpr int64_t kParallelMin = 1 << 15;
 }
 
 // ---- adamw_update ----
+namespace {
+
+struct AdamScalars {
+  float b1, b2, lr, eps, wd, gs, bc1, bc2;
+};
+
+// One pass; kCopy also writes bf16 of each updated weight (two instantiations of one body, so
+// the update is the same arithmetic with and without the copy).
+template <bool kCopy>
+void adamw_pass(float* param, const float* grad, float* m, float* v, int64_t n, const AdamScalars& k,
+                int threads, uint16_t* bf16_out) {
+  const AdamScalars c = k;
+#pragma omp parallel for simd num_threads(threads) if (parallel : threads > 1 && n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    float g = grad[i] * c.gs;
+    float mi = c.b1 * m[i] + (1.0f - c.b1) * g;
+    float vi = c.b2 * v[i] + (1.0f - c.b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float mhat = mi * c.bc1, vhat = vi * c.bc2;
+    const float w = param[i] - c.lr * (mhat / (std::sqrt(vhat) + c.eps) + c.wd * param[i]);
+    param[i] = w;
+    if constexpr (kCopy) bf16_out[i] = to_bf16(w);
+  }
+}
+
+}  // namespace
+
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWParams& p, int threads, uint16_t* bf16_out) {
   const double t = static_cast<double>(p.step);
-  const float bc1 = static_cast<float>(1.0 / (1.0 - std::pow(double(p.beta1), t)));
-  const float bc2 = static_cast<float>(1.0 / (1.0 - std::pow(double(p.beta2), t)));
-  const float b1 = p.beta1, b2 = p.beta2, lr = p.lr, eps = p.eps, wd = p.weight_decay;
-  const float gs = p.grad_scale;
-  if (bf16_out) {
-#pragma omp parallel for simd num_threads(threads) if (parallel : threads > 1 && n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
-      float g = grad[i] * gs;
-      float mi = b1 * m[i] + (1.0f - b1) * g;
-      float vi = b2 * v[i] + (1.0f - b2) * g * g;
-      m[i] = mi;
-      v[i] = vi;
-      float mhat = mi * bc1, vhat = vi * bc2;
-      const float w = param[i] - lr * (mhat / (std::sqrt(vhat) + eps) + wd * param[i]);
-      param[i] = w;
-      bf16_out[i] = to_bf16(w);
-    }
-    return;
-  }
-#pragma omp parallel for simd num_threads(threads) if (parallel : threads > 1 && n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    float g = grad[i] * gs;
-    float mi = b1 * m[i] + (1.0f - b1) * g;
-    float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    float mhat = mi * bc1, vhat = vi * bc2;
-    param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * param[i]);
-  }
+  AdamScalars k;
+  k.bc1 = static_cast<float>(1.0 / (1.0 - std::pow(double(p.beta1), t)));
+  k.bc2 = static_cast<float>(1.0 / (1.0 - std::pow(double(p.beta2), t)));
+  k.b1 = p.beta1, k.b2 = p.beta2, k.lr = p.lr, k.eps = p.eps, k.wd = p.weight_decay, k.gs = p.grad_scale;
+  if (bf16_out)
+    adamw_pass<true>(param, grad, m, v, n, k, threads, bf16_out);
+  else
+    adamw_pass<false>(param, grad, m, v, n, k, threads, nullptr);
 }
 
 // ---- sum_squares ----
