@@ -137,6 +137,23 @@ TEST(Bf16, LinearBackwardProductsTakeRoundedOperands) {
   for (int64_t i = 0; i < N * C; ++i) ASSERT_NEAR(dx[i], px.rounded[i], 1e-5 * px.abs[i] + 1e-30) << i;
 }
 
+TEST(Bf16, PreconvertedBIsThePackedWeightAndRefusesAStride) {
+  // A B handed over already in bf16 (a weight's copy) gives the bits of converting it here.
+  const int64_t M = 8, N = 24, K = 40;
+  std::vector<float> A = randn(M * K, 6), B = randn(K * N, 7), C1(M * N), C2(M * N);
+  std::vector<bf16_t> b16(K * N);
+  to_bf16(B.data(), b16.data(), K * N);
+  gemm(Trans::N, Trans::N, M, N, K, 1.f, A.data(), K, B.data(), N, 0.f, C1.data(), N, {1, Precision::bf16});
+  GemmOptions o{1, Precision::bf16};
+  o.b16 = b16.data();
+  gemm(Trans::N, Trans::N, M, N, K, 1.f, A.data(), K, B.data(), N, 0.f, C2.data(), N, o);
+  EXPECT_EQ(C1, C2);
+  // A packed copy cannot stand for a strided B.
+  std::vector<float> wide(K * (N + 3));
+  EXPECT_THROW(gemm(Trans::N, Trans::N, M, N, K, 1.f, A.data(), K, wide.data(), N + 3, 0.f, C2.data(), N, o),
+               std::invalid_argument);
+}
+
 TEST(Bf16, ReportsWhatRunsTheProducts) {
   const std::string isa = bf16_isa();
   EXPECT_TRUE(isa == "avx512_core_amx" || isa == "avx512_core_bf16" || isa == "emulated") << isa;

@@ -15,18 +15,17 @@ constexpr int64_t kParallelMin = 1 << 15;
 // ---- adamw_update ----
 namespace {
 
-struct AdamScalars {
-  float b1, b2, lr, eps, wd, gs, bc1, bc2;
-};
-
 // One pass; kCopy also writes bf16 of each updated weight (two instantiations of one body, so
 // the update is the same arithmetic with and without the copy).
 template <bool kCopy>
-void adamw_pass(float* param, const float* grad, float* m, float* v, int64_t n, const AdamScalars& k,
+void adamw_pass(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
                 int threads, uint16_t* bf16_out) {
-  // Plain locals, not the struct's fields: the loop then keeps them in registers (through the
-  // struct it ran 15% slower).
-  const float b1 = k.b1, b2 = k.b2, lr = k.lr, eps = k.eps, wd = k.wd, gs = k.gs, bc1 = k.bc1, bc2 = k.bc2;
+  const double t = static_cast<double>(p.step);
+  const float bc1 = static_cast<float>(1.0 / (1.0 - std::pow(double(p.beta1), t)));
+  const float bc2 = static_cast<float>(1.0 / (1.0 - std::pow(double(p.beta2), t)));
+  // Plain locals (read through a struct inside the loop they were reloaded every iteration).
+  const float b1 = p.beta1, b2 = p.beta2, lr = p.lr, eps = p.eps, wd = p.weight_decay;
+  const float gs = p.grad_scale;
 #pragma omp parallel for simd num_threads(threads) if (parallel : threads > 1 && n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     float g = grad[i] * gs;
@@ -45,15 +44,10 @@ void adamw_pass(float* param, const float* grad, float* m, float* v, int64_t n, 
 
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWParams& p, int threads, uint16_t* bf16_out) {
-  const double t = static_cast<double>(p.step);
-  AdamScalars k;
-  k.bc1 = static_cast<float>(1.0 / (1.0 - std::pow(double(p.beta1), t)));
-  k.bc2 = static_cast<float>(1.0 / (1.0 - std::pow(double(p.beta2), t)));
-  k.b1 = p.beta1, k.b2 = p.beta2, k.lr = p.lr, k.eps = p.eps, k.wd = p.weight_decay, k.gs = p.grad_scale;
   if (bf16_out)
-    adamw_pass<true>(param, grad, m, v, n, k, threads, bf16_out);
+    adamw_pass<true>(param, grad, m, v, n, p, threads, bf16_out);
   else
-    adamw_pass<false>(param, grad, m, v, n, k, threads, nullptr);
+    adamw_pass<false>(param, grad, m, v, n, p, threads, nullptr);
 }
 
 // ---- sum_squares ----

@@ -145,6 +145,8 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
   // Stored shapes: A is M x K (N) or K x M (T); B is K x N (N) or N x K (T).
   const int64_t ar = ta == Trans::N ? M : K, ac = ta == Trans::N ? K : M;
   const int64_t br = tb == Trans::N ? K : N, bc = tb == Trans::N ? N : K;
+  if (opt.b16 && ldb != bc)
+    throw std::invalid_argument("gemm: a bf16 B (GemmOptions::b16) is packed, so ldb must equal its row length");
 #if defined(MESHTRAIN_BLAS_DNNL)
   if (dnnl_has_bf16()) {
     thread_local std::vector<bf16_t> a16, b16;
