@@ -98,7 +98,9 @@ void reset_tensor_bytes_peak_thread();  // the peak becomes the current live cou
 // block is not live).
 int64_t tensor_cache_bytes();       // bytes held in the cache now
 int64_t tensor_cache_hits();        // allocations served from it since the start
-int64_t tensor_cache_peak_bytes();  // the bound: the most cached-size storage ever in use at once
+int64_t tensor_cache_peak_bytes();  // the most cached-size storage ever in use at once
+int64_t tensor_cache_largest_bytes();  // the largest block asked for; the cache keeps cached + in
+                                       // use within the peak plus this (tensor.cpp says why)
 
 // Largest absolute element-wise difference; the shapes must match.
 float max_abs_diff(const Tensor& a, const Tensor& b);
