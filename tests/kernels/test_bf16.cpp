@@ -154,6 +154,42 @@ TEST(Bf16, PreconvertedBIsThePackedWeightAndRefusesAStride) {
                std::invalid_argument);
 }
 
+TEST(Bf16, OperandConvertedOnceServesAsAOrBInBothOrientations) {
+  // An output gradient dY (N x OC) is A of dX = dY W^T and B of dW = X^T dY. Converted once by
+  // bf16_operand it gives the bits of each product converting it itself, transposed A too.
+  const int64_t N = 12, C = 20, OC = 36;
+  std::vector<float> dY = randn(N * OC, 8), W = randn(C * OC, 9), X = randn(N * C, 10);
+  std::vector<bf16_t> buf;
+  const GemmOptions o{1, Precision::bf16};
+  const bf16_t* d16 = bf16_operand(dY.data(), N * OC, buf, o);
+  ASSERT_NE(d16, nullptr);
+  GemmOptions oa = o, ob = o;
+  oa.a16 = d16;
+  ob.b16 = d16;
+  std::vector<float> dx1(N * C), dx2(N * C), dw1(C * OC, 0.5f), dw2(C * OC, 0.5f), dt1(OC * C), dt2(OC * C);
+  gemm(Trans::N, Trans::T, N, C, OC, 1.f, dY.data(), OC, W.data(), OC, 0.f, dx1.data(), C, o);
+  gemm(Trans::N, Trans::T, N, C, OC, 1.f, dY.data(), OC, W.data(), OC, 0.f, dx2.data(), C, oa);
+  EXPECT_EQ(dx1, dx2);
+  gemm(Trans::T, Trans::N, C, OC, N, 1.f, X.data(), C, dY.data(), OC, 1.f, dw1.data(), OC, o);
+  gemm(Trans::T, Trans::N, C, OC, N, 1.f, X.data(), C, dY.data(), OC, 1.f, dw2.data(), OC, ob);
+  EXPECT_EQ(dw1, dw2);
+  // dY^T as a transposed A (the head's dW = dlogits^T h).
+  gemm(Trans::T, Trans::N, OC, C, N, 1.f, dY.data(), OC, X.data(), C, 0.f, dt1.data(), C, o);
+  gemm(Trans::T, Trans::N, OC, C, N, 1.f, dY.data(), OC, X.data(), C, 0.f, dt2.data(), C, oa);
+  EXPECT_EQ(dt1, dt2);
+  // It is what gets multiplied: A's floats are not read again (a zero A16 gives a zero C).
+  std::vector<bf16_t> zeros(N * OC, 0);
+  GemmOptions oz = o;
+  oz.a16 = zeros.data();
+  gemm(Trans::N, Trans::T, N, C, OC, 1.f, dY.data(), OC, W.data(), OC, 0.f, dx2.data(), C, oz);
+  EXPECT_EQ(dx2, std::vector<float>(N * C, 0.f));
+  // Not a bf16 product: nothing converted. A packed A cannot stand for a strided one.
+  EXPECT_EQ(bf16_operand(dY.data(), N * OC, buf, GemmOptions{1}), nullptr);
+  std::vector<float> wide(N * (OC + 5));
+  EXPECT_THROW(gemm(Trans::N, Trans::T, N, C, OC, 1.f, wide.data(), OC + 5, W.data(), OC, 0.f, dx2.data(), C, oa),
+               std::invalid_argument);
+}
+
 TEST(Bf16, ReportsWhatRunsTheProducts) {
   const std::string isa = bf16_isa();
   EXPECT_TRUE(isa == "avx512_core_amx" || isa == "avx512_core_bf16" || isa == "emulated") << isa;

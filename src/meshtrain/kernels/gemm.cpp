@@ -113,7 +113,15 @@ using MatmulKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, float, float
 void matmul_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16_t* A,
                  const bf16_t* B, float beta, float* C, int64_t ldc, int threads) {
   using dnnl::memory;
-  thread_local std::map<MatmulKey, dnnl::matmul> cache;
+  // The primitive and the scratchpad size it asked for (user mode: oneDNN's own would be
+  // allocated and freed by every call, tens of MiB for the head's products, each page faulted
+  // in and cleared again per step).
+  struct Cached {
+    dnnl::matmul prim;
+    size_t scratch_bytes;
+  };
+  thread_local std::map<MatmulKey, Cached> cache;
+  thread_local std::vector<uint8_t> scratch;
   thread_local dnnl::stream stream(cpu_engine());
   const memory::desc ad({M, K}, memory::data_type::bf16, ta == Trans::N ? memory::dims{K, 1} : memory::dims{1, M});
   const memory::desc bd({K, N}, memory::data_type::bf16, tb == Trans::N ? memory::dims{N, 1} : memory::dims{1, K});
@@ -122,6 +130,7 @@ void matmul_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alph
   auto it = cache.find(key);
   if (it == cache.end()) {
     dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
     if (beta != 0.0f) {
       dnnl::post_ops po;
@@ -129,11 +138,16 @@ void matmul_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alph
       attr.set_post_ops(po);
     }
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, cpu_engine());
-    it = cache.emplace(key, dnnl::matmul(pd)).first;
+    it = cache.emplace(key, Cached{dnnl::matmul(pd), pd.scratchpad_desc().get_size()}).first;
   }
+  const size_t sb = it->second.scratch_bytes;
+  if (scratch.size() < sb) scratch.resize(sb);
   memory am(ad, cpu_engine(), const_cast<bf16_t*>(A)), bm(bd, cpu_engine(), const_cast<bf16_t*>(B)),
       cm(cd, cpu_engine(), C);
-  it->second.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  memory sm({{static_cast<memory::dim>(sb)}, memory::data_type::u8, memory::format_tag::a}, cpu_engine(),
+            sb ? scratch.data() : nullptr);
+  it->second.prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm},
+                                   {DNNL_ARG_SCRATCHPAD, sm}});
   stream.wait();
 }
 #endif
@@ -147,19 +161,27 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
   const int64_t br = tb == Trans::N ? K : N, bc = tb == Trans::N ? N : K;
   if (opt.b16 && ldb != bc)
     throw std::invalid_argument("gemm: a bf16 B (GemmOptions::b16) is packed, so ldb must equal its row length");
+  if (opt.a16 && lda != ac)
+    throw std::invalid_argument("gemm: a bf16 A (GemmOptions::a16) is packed, so lda must equal its row length");
 #if defined(MESHTRAIN_BLAS_DNNL)
   if (dnnl_has_bf16()) {
     thread_local std::vector<bf16_t> a16, b16;
-    pack_bf16(A, ar, ac, lda, a16, threads);
+    const bf16_t* ap = opt.a16;
+    if (!ap) pack_bf16(A, ar, ac, lda, a16, threads), ap = a16.data();
     const bf16_t* bp = opt.b16;
     if (!bp) pack_bf16(B, br, bc, ldb, b16, threads), bp = b16.data();
     set_budget(threads);
-    matmul_bf16(ta, tb, M, N, K, alpha, a16.data(), bp, beta, C, ldc, threads);
+    matmul_bf16(ta, tb, M, N, K, alpha, ap, bp, beta, C, ldc, threads);
     return;
   }
 #endif
   thread_local std::vector<float> ar32, br32;
-  pack_rounded(A, ar, ac, lda, ar32, threads);
+  if (opt.a16) {
+    ar32.resize(static_cast<size_t>(ar * ac));
+    from_bf16(opt.a16, ar32.data(), ar * ac, threads);
+  } else {
+    pack_rounded(A, ar, ac, lda, ar32, threads);
+  }
   if (opt.b16) {
     br32.resize(static_cast<size_t>(br * bc));
     from_bf16(opt.b16, br32.data(), br * bc, threads);
@@ -183,6 +205,13 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, cons
   }
   if (opt.precision == Precision::bf16) return gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, opt);
   sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, opt);
+}
+
+const bf16_t* bf16_operand(const float* X, int64_t n, std::vector<bf16_t>& buf, const GemmOptions& opt) {
+  if (opt.precision != Precision::bf16 || n <= 0) return nullptr;
+  buf.resize(static_cast<size_t>(n));
+  to_bf16(X, buf.data(), n, opt.threads < 1 ? 1 : opt.threads);
+  return buf.data();
 }
 
 std::string bf16_isa() {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "meshtrain/kernels/bf16.h"
 
@@ -30,7 +31,15 @@ struct GemmOptions {
   // length), e.g. a weight's bf16 copy kept for the step (nn::Param::bf16_value); gemm() then
   // converts only A. Null: B is converted here, like A.
   const bf16_t* b16 = nullptr;
+  // bf16 only: A already converted, likewise (lda = its row length), e.g. an output gradient
+  // that is the operand of two products (bf16_operand converts it once for both).
+  const bf16_t* a16 = nullptr;
 };
+
+// X (n packed floats) converted to bf16 into `buf` (grown as needed, kept by the caller) when
+// `opt` asks for bf16 products, for several products that share the operand as
+// GemmOptions::a16 / b16; null otherwise. The same numbers as gemm() converting it each time.
+const bf16_t* bf16_operand(const float* X, int64_t n, std::vector<bf16_t>& buf, const GemmOptions& opt);
 
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,

@@ -2,6 +2,8 @@
 // gradient is a column sum split over column ranges (no reduction between threads needed).
 #include "meshtrain/kernels/linear.h"
 
+#include <vector>
+
 #include "meshtrain/kernels/gemm.h"
 
 namespace meshtrain::kernels {
@@ -29,12 +31,19 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC,
                      const GemmOptions& opt) {
   const int threads = opt.threads;
+  // In bf16, dout is an operand of both products: converted once.
+  thread_local std::vector<bf16_t> dout16;
+  const bf16_t* d16 = dinp && dweight ? bf16_operand(dout, N * OC, dout16, opt) : nullptr;
   // dinp(N, C) = dout(N, OC) @ weight(C, OC)^T
-  if (dinp) gemm(Trans::N, Trans::T, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp, C, opt);
+  if (dinp) {
+    GemmOptions dx = opt;
+    dx.a16 = d16;
+    gemm(Trans::N, Trans::T, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp, C, dx);
+  }
   // dweight(C, OC) += inp(N, C)^T @ dout(N, OC)
   if (dweight) {
     GemmOptions dw = opt;
-    dw.b16 = nullptr;  // B is dout here, not the weight
+    dw.b16 = d16;  // B is dout here, not the weight
     gemm(Trans::T, Trans::N, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC, dw);
   }
   // dbias(OC) += sum over rows of dout; threads own column blocks of 64.

@@ -1,6 +1,7 @@
 #include "meshtrain/model/stage.h"
 
 #include <stdexcept>
+#include <vector>
 
 #include "meshtrain/kernels/crossentropy.h"
 #include "meshtrain/kernels/elementwise.h"
@@ -69,12 +70,16 @@ Tensor GPTLayout::head_backward(nn::Context& ctx, const void* key, nn::Param& wt
   kernels::crossentropy_backward_inplace(logits.data(), lse.data(), targets.data(), dloss.data(),
                                          N, V, ctx.threads);
   Tensor& dlogits = logits;  // (N, V)
-  // Tied output projection: dwte += dlogits^T hN; dh = dlogits wte.
+  // Tied output projection: dwte += dlogits^T hN; dh = dlogits wte. In bf16 dlogits, the
+  // largest operand of the step, is converted once for both.
+  thread_local std::vector<kernels::bf16_t> dlogits16;
+  kernels::GemmOptions dw = ctx.gemm(), dx = ctx.gemm_with(wte);
+  dw.a16 = dx.a16 = kernels::bf16_operand(dlogits.data(), N * V, dlogits16, dw);
   kernels::gemm(kernels::Trans::T, kernels::Trans::N, V, C, N, 1.f, dlogits.data(), V,
-                hN.data(), C, 1.f, wte.grad.data(), C, ctx.gemm());
+                hN.data(), C, 1.f, wte.grad.data(), C, dw);
   Tensor dh = Tensor::empty(hN.shape());
   kernels::gemm(kernels::Trans::N, kernels::Trans::N, N, C, V, 1.f, dlogits.data(), V,
-                wte.value.data(), C, 0.f, dh.data(), C, ctx.gemm_with(wte));
+                wte.value.data(), C, 0.f, dh.data(), C, dx);
   return dh;
 }
 

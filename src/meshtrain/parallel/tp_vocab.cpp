@@ -113,13 +113,16 @@ Tensor vocab_parallel_ce_backward(comm::Communicator& tp, VocabParallelCE& ce, c
     if (t >= 0 && t < Vl) x[t] -= dloss;
   }
   // dwte_local (V/p, C) += dlogits^T h;  dh (N, C) = dlogits wte_local (partial over ranks).
-  kernels::GemmOptions dw = opt;
+  // In bf16 the local logits' gradient is converted once for both products.
+  thread_local std::vector<kernels::bf16_t> g16;
+  kernels::GemmOptions dw = opt, dx = opt;
   dw.b16 = nullptr;  // B is h here, not the token table
+  dw.a16 = dx.a16 = kernels::bf16_operand(g, N * Vl, g16, opt);
   kernels::gemm(kernels::Trans::T, kernels::Trans::N, Vl, C, N, 1.f, g, Vl, h.data(), C, 1.f,
                 dwte_local, C, dw);
   Tensor dh = Tensor::empty(h.shape());
   kernels::gemm(kernels::Trans::N, kernels::Trans::N, N, C, Vl, 1.f, g, Vl, wte_local, C, 0.f,
-                dh.data(), C, opt);
+                dh.data(), C, dx);
   ce.logits = Tensor();
   return dh;
 }

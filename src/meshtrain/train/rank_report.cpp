@@ -85,17 +85,20 @@ void RankTrainer::print_header() {
     const double act = cfg.activation_bytes(o_.batch / o_.dp / o_.microbatches, o_.seq);
     // bf16: the weights' bf16 copies for the step (2 bytes a parameter held; at ZeRO-3 only
     // the gathered units have them, for as long as they are gathered, left out here), and the
-    // GEMM's two thread-local operand buffers, grown to the largest A and B operands
-    // (kernels/gemm.cpp), 2 bytes an element: the head's (rows x vocabulary) and (vocabulary x
-    // C) on a rank holding it, else an MLP product's.
+    // thread-local operand buffers, 2 bytes an element: the GEMM's two, grown to the largest A
+    // and B it converts (kernels/gemm.cpp: an MLP product's, and on a rank holding the head
+    // the token table at evaluation), the linear layer's output gradient (kernels/linear.cpp,
+    // rows x 4C) and the head's (rows x vocabulary, model/stage.cpp), each converted once for
+    // its two products.
     double bf16_buffers = 0;
     if (o_.precision == kernels::Precision::bf16) {
       const double N = static_cast<double>(o_.batch / o_.dp / o_.microbatches * o_.seq), C = cfg.n_embd,
                    V = static_cast<double>(cfg.vocab_size) / o_.tp, H = 4.0 * C / o_.tp;
       bool head = false;
       for (auto& st : stages_) head |= st->last();
-      const double a = head ? std::max(N * V, N * H) : N * H, b = head ? std::max(V * C, H * C) : std::max(H * C, N * H);
-      bf16_buffers = 2.0 * (a + b) + (o_.zero >= 3 ? 0.0 : static_cast<double>(s.params) / 2);
+      const double a = N * H, b = head ? std::max(V * C, H * C) : std::max(H * C, N * H);
+      const double once = N * H + (head ? N * V : 0.0);
+      bf16_buffers = 2.0 * (a + b + once) + (o_.zero >= 3 ? 0.0 : static_cast<double>(s.params) / 2);
     }
     const double total = static_cast<double>(s.params + s.grads + s.optimizer) + act + bf16_buffers;
     std::printf("memory per rank (analytic): params %.1f + grads %.1f + adam %.1f + activations %.1f%s = %.1f MiB\n",
