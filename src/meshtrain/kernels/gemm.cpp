@@ -5,7 +5,8 @@
 //     (each rank thread owns its ICV; no global setter is touched).
 //   blis: the expert API takes a per-call rntm_t with the thread count.
 // bf16 (GemmOptions::precision): both operands are converted into thread-local bf16 buffers
-// (packed, same orientation: transposes become strides of the memory descriptors), then a
+// (packed, same orientation: transposes become strides of the memory descriptors), unless the
+// caller hands one over already converted (GemmOptions::a16 / b16), then a
 // oneDNN matmul primitive (bf16 x bf16 -> f32, alpha as output scale, beta as a sum post-op)
 // runs them. Primitives are cached per thread by shape, transposes, alpha, beta, ldc and
 // thread budget: a training step uses a handful of shapes, so each is created once.
@@ -113,9 +114,9 @@ using MatmulKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, float, float
 void matmul_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16_t* A,
                  const bf16_t* B, float beta, float* C, int64_t ldc, int threads) {
   using dnnl::memory;
-  // The primitive and the scratchpad size it asked for (user mode: oneDNN's own would be
-  // allocated and freed by every call, tens of MiB for the head's products, each page faulted
-  // in and cleared again per step).
+  // The primitive and the scratchpad size it asked for. User scratchpad mode: one buffer per
+  // thread, grown to the largest asked for, where oneDNN's own mode allocates and frees one at
+  // every call (docs/architecture.md, "Allocator settings").
   struct Cached {
     dnnl::matmul prim;
     size_t scratch_bytes;

@@ -92,9 +92,10 @@ void reset_tensor_bytes_peak_thread();  // the peak becomes the current live cou
 // logits and gathered units every step, and glibc returns such blocks to the kernel (a large
 // block is its own mapping; a rank thread's arena drops a heap once it is empty), so every step
 // paid a page fault and a page clearing for each 4 KiB of them: 17% of a gpt2-124m bf16 step.
-// The cache never makes the process hold more tensor storage than the most it ever had in use
-// at once: a request the cache cannot serve first gives back cached blocks until cached + in
-// use + the request fits under that peak. The live-bytes counts above are unaffected (a cached
+// The cache holds the process's tensor storage to at most the most it ever had in use at once
+// plus one block of the largest size asked for: a request the cache cannot serve first gives
+// back cached blocks until cached + in use + the request fits under that bound (tensor.cpp
+// says why the one block of slack). The live-bytes counts above are unaffected (a cached
 // block is not live).
 int64_t tensor_cache_bytes();       // bytes held in the cache now
 int64_t tensor_cache_hits();        // allocations served from it since the start
