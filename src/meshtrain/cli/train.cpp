@@ -71,6 +71,7 @@ void add_train_command(CLI::App& app) {
   c->add_option("--keep-checkpoints", opt->keep_checkpoints, "Keep only the newest N checkpoints (0: all)")->check(integer<int>(0))->capture_default_str();
   c->add_flag("--resume", opt->resume, "Continue from the newest checkpoint in --checkpoint-dir");
   c->add_flag("--save-initial", opt->save_initial, "Also save the initial weights as step 0");
+  c->add_flag("--overwrite", opt->overwrite, "Let --metrics and --trace replace existing files that meshtrain did not write");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
   c->callback([opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt] {

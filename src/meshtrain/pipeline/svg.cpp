@@ -163,6 +163,7 @@ std::string to_svg(const Swimlane& s) {
   out += "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(total_w) + "\" height=\"" + num(total_h) +
          "\" viewBox=\"0 0 " + num(total_w) + " " + num(total_h) + "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  out += std::string(kSvgMark) + "\n";
   out += "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
   out += "<text class=\"title\" x=\"" + num(kLeft) + "\" y=\"22\" font-size=\"14\" font-weight=\"bold\">" +
          escape(s.title) + "</text>\n";

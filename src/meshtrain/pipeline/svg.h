@@ -55,6 +55,10 @@ struct Swimlane {
 // not exist or ends before it starts.
 std::string to_svg(const Swimlane& swimlane);
 
+// The comment every SVG meshtrain writes carries, by which the output policy (train/outputs.h)
+// recognises a file it may replace.
+inline constexpr const char* kSvgMark = "<!-- written by meshtrain -->";
+
 // Writes to_svg() to `path`; throws std::runtime_error naming the path when it cannot.
 void write_svg(const Swimlane& swimlane, const std::string& path);
 

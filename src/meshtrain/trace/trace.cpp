@@ -68,7 +68,8 @@ void Recorder::write_chrome_json(const std::string& path) const {
   }
   std::ofstream f(path);
   if (!f) throw std::runtime_error("cannot write trace file '" + path + "'");
-  f << nlohmann::json{{"traceEvents", out}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  f << nlohmann::json{{"traceEvents", out}, {"displayTimeUnit", "ms"}, {"otherData", {{"writer", "meshtrain"}}}}.dump()
+    << "\n";
 }
 
 // ---- analysis ----

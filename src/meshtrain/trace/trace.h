@@ -27,6 +27,9 @@ struct Event {
   double t0_us = 0, t1_us = 0;
 };
 
+// The first bytes of every trace meshtrain writes contain this (keys are written sorted).
+inline constexpr const char* kTraceWriterMark = "\"otherData\":{\"writer\":\"meshtrain\"}";
+
 class Recorder {
  public:
   Recorder() : origin_(std::chrono::steady_clock::now()) {}
@@ -48,6 +51,8 @@ class Recorder {
     Event e_;
   };
 
+  // The Chrome-trace object format, with {"otherData": {"writer": "meshtrain"}}: the mark by
+  // which the output policy (train/outputs.h) knows a trace it may replace.
   void write_chrome_json(const std::string& path) const;
 
  private:

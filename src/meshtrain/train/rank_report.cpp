@@ -168,9 +168,7 @@ void RankTrainer::print_header() {
 // Writes the Chrome trace and, beside it, the SVG swimlane; prints the overlap figure.
 void write_trace(const trace::Recorder& rec, const TrainOptions& o) {
   rec.write_chrome_json(o.trace);
-  std::string svg = o.trace;
-  if (svg.size() > 5 && svg.compare(svg.size() - 5, 5, ".json") == 0) svg.resize(svg.size() - 5);
-  svg += ".svg";
+  const std::string svg = trace_svg_path(o.trace);
   const auto events = rec.events();
   bool drawn = false;
   for (const auto& e : events) drawn = drawn || e.category == "forward";

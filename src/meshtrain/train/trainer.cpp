@@ -390,6 +390,12 @@ nlohmann::json step_json(const StepRecord& r) {
           {"peak_rss_mb", r.peak_rss_mb}};
 }
 
+std::string trace_svg_path(const std::string& trace) {
+  std::string svg = trace;
+  if (svg.size() > 5 && svg.compare(svg.size() - 5, 5, ".json") == 0) svg.resize(svg.size() - 5);
+  return svg + ".svg";
+}
+
 model::GPTConfig resolve_options(TrainOptions& o) {
   model::GPTConfig cfg =
       o.config_file.empty() ? model::gpt_config(o.model) : model::gpt_config_from_file(o.config_file);

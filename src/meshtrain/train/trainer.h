@@ -69,6 +69,7 @@ struct TrainOptions {
   int keep_checkpoints = 0;  // 0: keep all
   bool resume = false;
   bool save_initial = false;
+  bool overwrite = false;  // outputs may replace files meshtrain did not write (train/outputs.h)
   int64_t log_every = 1;  // progress line every N steps (0: none)
   bool quiet = false;     // no progress output at all
 };
@@ -136,6 +137,9 @@ class TrainingDiverged : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// The swimlane drawn beside a --trace file: X.json -> X.svg, any other name -> name + ".svg".
+std::string trace_svg_path(const std::string& trace);
 
 // Reads the model config, resolves defaults (batch and seq when -1, threads when 0,
 // decay_steps) and runs the validation pass of train/validate.h against this machine; throws

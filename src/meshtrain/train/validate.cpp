@@ -2,6 +2,7 @@
 // memory against the machine, output paths.
 #include "meshtrain/train/validate.h"
 #include "meshtrain/train/layout.h"
+#include "meshtrain/train/outputs.h"
 
 #include <unistd.h>
 
@@ -323,9 +324,22 @@ void validate_options(const TrainOptions& o, const model::GPTConfig& cfg, const 
   check_memory(o, cfg, m);
   if (o.batch > (int64_t{1} << 24))
     bad("--batch " + std::to_string(o.batch) + " is more than the 16777216 rows per batch the data order supports");
-  check_output_file("--metrics", o.metrics);
-  check_output_file("--trace", o.trace);
-  check_output_dir("--checkpoint-dir", o.checkpoint_dir);
+  check_paths(o);
+}
+
+void check_paths(const TrainOptions& o) {
+  PathPlan plan(o.overwrite);
+  plan.input_file("--data", o.data);
+  plan.input_file("--config", o.config_file);
+  plan.output_file("--metrics", o.metrics, OutputKind::metrics);
+  if (o.resume && !o.metrics.empty()) {  // the trim of a resumed run's metrics (train/metrics.h)
+    plan.side_file("--metrics's backup", o.metrics + ".old");
+    plan.side_file("--metrics's rewrite", o.metrics + ".tmp");
+  }
+  plan.output_file("--trace", o.trace, OutputKind::trace);
+  if (!o.trace.empty()) plan.output_file("--trace's swimlane", trace_svg_path(o.trace), OutputKind::svg);
+  plan.output_checkpoint_dir("--checkpoint-dir", o.checkpoint_dir);
+  plan.check();
 }
 
 void validate_dataset(const TrainOptions& o, const model::GPTConfig& cfg, const TokenDataset& data) {

@@ -12,8 +12,9 @@
 //   - memory against the machine: the analytic bytes of the run per process (parameters,
 //     gradients, Adam moments, activations of one micro-batch, the token file) must fit in the
 //     available memory (MemAvailable in /proc/meminfo, lowered by a cgroup memory limit);
-//   - output paths: --metrics and --trace must name a file in an existing directory, and
-//     --checkpoint-dir must not be (or lie under) a regular file.
+//   - output paths (train/outputs.h): --metrics and --trace must name a file in an existing
+//     directory, and --checkpoint-dir must not be (or lie under) a regular file; no output may
+//     be an input, another output, or a file the program did not write (without --overwrite).
 // Limits: the memory figure is a lower bound (kernel workspaces and allocator slack are not
 // counted), so a run it admits can still run out of memory; it refuses only runs that cannot fit.
 #pragma once
@@ -50,6 +51,10 @@ MemoryEstimate estimate_memory(const TrainOptions& o, const model::GPTConfig& cf
 // Checks `o` (batch and seq already resolved from the model; threads may still be 0 = auto)
 // against the model and the machine. Throws std::invalid_argument with a sentence.
 void validate_options(const TrainOptions& o, const model::GPTConfig& cfg, const Machine& m);
+
+// The output policy of train/outputs.h over the run's paths: --data and --config read;
+// --metrics, --trace and its .svg written; --checkpoint-dir managed. Part of validate_options.
+void check_paths(const TrainOptions& o);
 
 // Checks that need the loaded token file: token ids inside the model's vocabulary, and both
 // splits long enough for one batch (the validation split for one --seq window).

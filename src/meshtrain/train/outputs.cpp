@@ -1,0 +1,206 @@
+// The output policy of train/outputs.h.
+#include "meshtrain/train/outputs.h"
+
+#include <limits.h>
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/pipeline/svg.h"
+#include "meshtrain/trace/trace.h"
+#include "meshtrain/train/validate.h"
+
+namespace meshtrain::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+[[noreturn]] void bad(const std::string& msg) { throw std::invalid_argument(msg); }
+
+// The first `n` bytes of a file ("" when it cannot be read).
+std::string head(const std::string& path, size_t n) {
+  std::ifstream f(path, std::ios::binary);
+  std::string s(n, '\0');
+  f.read(s.data(), static_cast<std::streamsize>(n));
+  s.resize(static_cast<size_t>(std::max<std::streamsize>(0, f.gcount())));
+  return s;
+}
+
+// The real path of `path`'s directory plus its name; the file's own real path when it exists
+// (a symbolic link to an input is then the input).
+std::string resolve(const std::string& path) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(path, ec);
+  if (ec) return path;
+  fs::path r = fs::weakly_canonical(abs, ec);
+  if (ec) return abs.lexically_normal().string();
+  std::string s = r.string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+// `inner` is `outer` or lies below it.
+bool under(const std::string& inner, const std::string& outer) {
+  if (inner == outer) return true;
+  const std::string o = outer == "/" ? outer : outer + "/";
+  return inner.compare(0, o.size(), o) == 0;
+}
+
+// The same file: the same resolved path, or the same inode (a hard link).
+bool same_file(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  struct stat sa{}, sb{};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino && S_ISREG(sa.st_mode);
+}
+
+// A name a checkpoint directory `dir` manages: DIR/latest (and its .tmp), or DIR/step_* and
+// everything in it.
+bool managed_by(const std::string& path, const std::string& dir) {
+  if (!under(path, dir) || path == dir) return false;
+  const std::string rest = path.substr(dir == "/" ? 1 : dir.size() + 1);
+  const std::string first = rest.substr(0, rest.find('/'));
+  return first == "latest" || first.rfind("latest.", 0) == 0 || first.rfind("step_", 0) == 0;
+}
+
+std::string kind_name(OutputKind k) {
+  switch (k) {
+    case OutputKind::metrics: return "a metrics file";
+    case OutputKind::trace: return "a trace";
+    case OutputKind::svg: return "a swimlane";
+    case OutputKind::safetensors: return "a converted checkpoint";
+  }
+  return "a file";
+}
+
+}  // namespace
+
+bool written_by_meshtrain(const std::string& path, OutputKind kind) {
+  std::error_code ec;
+  if (!fs::exists(path, ec) || fs::file_size(path, ec) == 0) return true;
+  if (ec) return false;
+  switch (kind) {
+    case OutputKind::metrics: {
+      std::string first = head(path, 1 << 16);
+      first = first.substr(0, first.find('\n'));
+      const nlohmann::json j = nlohmann::json::parse(first, nullptr, /*allow_exceptions=*/false);
+      return j.is_object() && j.contains("step") && j.contains("loss");
+    }
+    case OutputKind::trace:
+      return head(path, 256).find(trace::kTraceWriterMark) != std::string::npos;
+    case OutputKind::svg:
+      return head(path, 4096).find(pipeline::kSvgMark) != std::string::npos;
+    case OutputKind::safetensors: {
+      const std::string h = head(path, 8);
+      if (h.size() != 8) return false;
+      uint64_t n = 0;
+      std::memcpy(&n, h.data(), 8);
+      if (n == 0 || n > (uint64_t{100} << 20)) return false;
+      const nlohmann::json j =
+          nlohmann::json::parse(head(path, 8 + static_cast<size_t>(n)).substr(8), nullptr, false);
+      return j.is_object() && j.contains("__metadata__") && j["__metadata__"].is_object() &&
+             j["__metadata__"].value(kSafetensorsWriterKey, "") == kSafetensorsWriter;
+    }
+  }
+  return false;
+}
+
+void check_path_usable(const std::string& flag, const std::string& path) {
+  if (path.empty()) bad(flag + " is empty; give a path");
+  if (path.size() >= PATH_MAX)
+    bad(flag + " is " + std::to_string(path.size()) + " bytes long, more than the " + std::to_string(PATH_MAX - 1) +
+        " a path may have (PATH_MAX); choose a shorter path");
+  for (const auto& part : fs::path(path))
+    if (part.string().size() > NAME_MAX)
+      bad(flag + " " + path.substr(0, 60) + "...: the name '" + part.string().substr(0, 40) + "...' is " +
+          std::to_string(part.string().size()) + " bytes long, more than the " + std::to_string(NAME_MAX) +
+          " a file name may have (NAME_MAX); choose a shorter name");
+  const std::string abs = resolve(path);
+  if (abs.size() >= PATH_MAX)
+    bad(flag + " " + path + " resolves to a path of " + std::to_string(abs.size()) + " bytes, more than PATH_MAX (" +
+        std::to_string(PATH_MAX - 1) + "); choose a shorter path");
+  // A dangling symbolic link anywhere on the way (the last component included).
+  std::error_code ec;
+  fs::path walk;
+  for (const auto& part : fs::absolute(path, ec)) {
+    walk /= part;
+    if (fs::is_symlink(fs::symlink_status(walk, ec)) && !fs::exists(walk, ec))
+      bad(flag + " " + path + ": " + walk.string() + " is a symbolic link to " +
+          fs::read_symlink(walk, ec).string() + ", which does not exist; create its target or choose another path");
+  }
+}
+
+void PathPlan::add(Role role, const std::string& flag, const std::string& path, OutputKind kind, bool replace_own) {
+  if (path.empty()) return;
+  entries_.push_back({role, flag, path, resolve(path), kind, replace_own});
+}
+
+void PathPlan::input_file(const std::string& flag, const std::string& path) {
+  add(Role::input_file, flag, path, OutputKind::metrics, false);
+}
+void PathPlan::input_tree(const std::string& flag, const std::string& dir) {
+  add(Role::input_tree, flag, dir, OutputKind::metrics, false);
+}
+void PathPlan::output_file(const std::string& flag, const std::string& path, OutputKind kind, bool replace_own) {
+  add(Role::output_file, flag, path, kind, replace_own);
+}
+void PathPlan::side_file(const std::string& flag, const std::string& path) {
+  add(Role::side_file, flag, path, OutputKind::metrics, true);
+}
+void PathPlan::output_checkpoint_dir(const std::string& flag, const std::string& dir) {
+  add(Role::checkpoint_dir, flag, dir, OutputKind::metrics, false);
+}
+
+void PathPlan::check() const {
+  auto is_output = [](Role r) { return r == Role::output_file || r == Role::side_file; };
+  auto named = [](const Entry& e) { return e.flag + " " + e.path; };
+  for (const Entry& e : entries_) {
+    if (is_output(e.role)) {
+      check_path_usable(e.flag, e.path);
+      check_output_file(e.flag, e.path);
+    } else if (e.role == Role::checkpoint_dir) {
+      check_path_usable(e.flag, e.path);
+      check_output_dir(e.flag, e.path);
+    }
+  }
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& out = entries_[i];
+    for (size_t j = 0; j < entries_.size(); ++j) {
+      if (i == j) continue;
+      const Entry& other = entries_[j];
+      if (is_output(out.role)) {
+        if (other.role == Role::input_file && same_file(out.resolved, other.resolved))
+          bad(named(out) + " is the same file as " + named(other) + ", which this command reads; writing it would " +
+              "destroy the input: choose another path for " + out.flag);
+        if (other.role == Role::input_tree && under(out.resolved, other.resolved))
+          bad(named(out) + " lies inside " + named(other) + ", which this command reads; writing it would change " +
+              "the checkpoint being read: choose a path outside it for " + out.flag);
+        if (is_output(other.role) && j < i && same_file(out.resolved, other.resolved))
+          bad(named(out) + " is the same file as " + named(other) + "; both would be written and one lost: give " +
+              out.flag + " another path");
+      }
+      if (other.role == Role::checkpoint_dir && (is_output(out.role) || out.role == Role::input_file) &&
+          managed_by(out.resolved, other.resolved))
+        bad(named(out) + " lies among the files " + named(other) + " manages (`latest` and the step_* folders, " +
+            "which every save replaces and --keep-checkpoints deletes): choose a path outside them for " + out.flag);
+    }
+    if (out.role == Role::output_file && !overwrite_) {
+      const bool ours = written_by_meshtrain(out.path, out.kind);
+      std::error_code ec;
+      const bool present = fs::exists(out.path, ec) && fs::file_size(out.path, ec) > 0;
+      if (present && (!ours || !out.replace_own))
+        bad(named(out) + " already exists and " +
+            (ours ? std::string("would be replaced") : "was not written by meshtrain (it is not " + kind_name(out.kind) + ")") +
+            "; choose another path, or add --overwrite to replace it");
+    }
+  }
+}
+
+}  // namespace meshtrain::train
