@@ -7,6 +7,9 @@
 #pragma once
 
 #include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -14,6 +17,22 @@
 #include <CLI/CLI.hpp>
 
 namespace meshtrain::cli {
+
+// Steps between checkpoints when --checkpoint-dir is given without --checkpoint-every.
+inline constexpr int64_t kDefaultCheckpointEvery = 1000;
+
+// MESHTRAIN_COMM_TIMEOUT_S, when set, must be a number of seconds above 0 and at most a week;
+// anything else throws std::invalid_argument (the communication layer would ignore it).
+inline void check_comm_timeout_env() {
+  const char* s = std::getenv("MESHTRAIN_COMM_TIMEOUT_S");
+  if (!s) return;
+  const std::string text = s;
+  double v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || !(v > 0 && v <= 604'800))
+    throw std::invalid_argument("MESHTRAIN_COMM_TIMEOUT_S='" + text +
+                                "' is not a number of seconds above 0 and at most 604800 (a week); fix it or unset it");
+}
 
 template <class T>
 CLI::Validator integer(T lo = std::numeric_limits<T>::min()) {

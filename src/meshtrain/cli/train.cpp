@@ -66,17 +66,49 @@ void add_train_command(CLI::App& app) {
   c->add_option("--eval-batches", opt->eval_batches, "Batches averaged for the validation loss")->check(integer<int64_t>(1))->capture_default_str();
   c->add_option("--metrics", opt->metrics, "Write one JSON line per step to this file");
   c->add_option("--trace", opt->trace, "Write a Chrome trace (Perfetto) of every rank to this file");
-  c->add_option("--checkpoint-dir", opt->checkpoint_dir, "Directory for checkpoints");
-  c->add_option("--checkpoint-every", opt->checkpoint_every, "Save a checkpoint every K steps (and at the end)")->check(integer<int64_t>(0))->capture_default_str();
+  c->add_option("--checkpoint-dir", opt->checkpoint_dir,
+                 "Directory for checkpoints: saved every --checkpoint-every steps and at the end");
+  c->add_option("--checkpoint-every", opt->checkpoint_every,
+                 "With --checkpoint-dir: save every K steps (default " + std::to_string(kDefaultCheckpointEvery) +
+                     "; 0: only at the end); the end of the run is always saved")->check(integer<int64_t>(0))->capture_default_str();
   c->add_option("--keep-checkpoints", opt->keep_checkpoints, "Keep only the newest N checkpoints (0: all)")->check(integer<int>(0))->capture_default_str();
   c->add_flag("--resume", opt->resume, "Continue from the newest checkpoint in --checkpoint-dir");
   c->add_flag("--save-initial", opt->save_initial, "Also save the initial weights as step 0");
   c->add_flag("--overwrite", opt->overwrite, "Let --metrics and --trace replace existing files that meshtrain did not write");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt] {
+  c->callback([c, opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt] {
     train::TrainOptions o = *opt;
+    auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
     try {
+      // A flag given an empty value would silently mean "not given": refuse it.
+      for (const char* flag : {"--model", "--config", "--data", "--metrics", "--trace", "--checkpoint-dir",
+                               "--pp-balance", "--schedule", "--backend", "--data-order"})
+        if (given(flag) && c->get_option(flag)->as<std::string>().empty())
+          throw std::invalid_argument(std::string(flag) + " is empty; give it a value or leave the flag out");
+      if (given("--model") && given("--config"))
+        throw std::invalid_argument("--model and --config both choose the model; give one of them (--config FILE "
+                                    "for a model of your own, --model NAME for a named one)");
+      const bool known_schedule = o.schedule == "naive" || o.schedule == "gpipe" || o.schedule == "1f1b" ||
+                                  o.schedule == "interleaved" || o.schedule == "zb" || o.schedule == "zb-h1";
+      if (given("--schedule") && o.pp == 1 && known_schedule)  // an unknown name: validation names it
+        throw std::invalid_argument("--schedule chooses the pipeline schedule; it needs --pp 2 or more (drop "
+                                    "--schedule, or add --pp)");
+      if (given("--staleness") && o.ps_servers == 0)
+        throw std::invalid_argument("--staleness bounds how far parameter-server workers run ahead; it needs "
+                                    "--ps-servers 1 or more (drop --staleness, or add --ps-servers)");
+      if (given("--keep-checkpoints") && o.checkpoint_dir.empty())
+        throw std::invalid_argument("--keep-checkpoints needs --checkpoint-dir DIR (the checkpoints it keeps)");
+      if (given("--zero") && o.zero > 0 && o.dp == 1)
+        throw std::invalid_argument("--zero " + std::to_string(o.zero) +
+                                    " shards the training state over data-parallel ranks; it needs --dp 2 or more "
+                                    "(drop --zero, or add --dp)");
+      if (given("--log-every") && o.quiet)
+        throw std::invalid_argument("--log-every sets how often progress lines print, and --quiet prints none; "
+                                    "give one of them");
+      // --checkpoint-dir alone saves at the default cadence and at the end (README).
+      if (!o.checkpoint_dir.empty() && !given("--checkpoint-every")) o.checkpoint_every = kDefaultCheckpointEvery;
+      check_comm_timeout_env();
       if (comm_timeout_opt->count() > 0) {
         const double s = *comm_timeout;
         if (!(s > 0 && s <= 604'800))  // also refuses nan

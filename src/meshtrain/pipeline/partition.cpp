@@ -50,6 +50,9 @@ std::vector<LayerSpan> equal_layers(int64_t n_layers, int stages) {
 
 std::vector<LayerSpan> layers_from_counts(const std::string& text, int stages, int64_t n_layers) {
   std::vector<int64_t> counts;
+  if (text.empty() || text.front() == ',' || text.back() == ',')
+    throw std::invalid_argument("--pp-balance '" + text +
+                                "' has an empty item; give one positive block count per stage, e.g. 3,3,2,2");
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {

@@ -44,6 +44,10 @@ InFile open_file(const std::string& path) {
     fail(path, "does not exist; check the --data path (a text file or a uint16 .bin token file)");
   if (std::filesystem::is_directory(path, ec))
     fail(path, "is a directory; pass a text file or a uint16 .bin token file");
+  // A FIFO would block the open forever, and a device such as /dev/zero has no end: only a
+  // regular file (or a link to one) is read.
+  if (!std::filesystem::is_regular_file(path, ec))
+    fail(path, "is not a regular file (a pipe, socket or device); save the tokens to a file and pass that");
   InFile f{std::ifstream(path, std::ios::binary), 0};
   if (!f.in) fail(path, "cannot be opened for reading (" + std::string(std::strerror(errno)) +
                             "); check its permissions");

@@ -5,17 +5,42 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <vector>
+
+#include <zlib.h>
 
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/rank_trainer.h"
 
 namespace meshtrain::train::detail {
 
+namespace {
+// What identifies the data file a run trains on, for the note of a resume with another file:
+// its name, its size and the CRC32 of its first and last MiB (cheap for any size).
+nlohmann::json data_identity(const std::string& path) {
+  std::error_code ec;
+  const int64_t size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  if (ec) return {{"path", path}};
+  std::ifstream f(path, std::ios::binary);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const int64_t window = 1 << 20;
+  std::vector<char> buf(static_cast<size_t>(std::min(size, window)));
+  for (int64_t at : {int64_t{0}, std::max<int64_t>(0, size - window)}) {
+    f.seekg(at);
+    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(f.gcount()));
+  }
+  return {{"path", path}, {"bytes", size}, {"crc32_ends", static_cast<uint64_t>(crc)}};
+}
+}  // namespace
+
 nlohmann::json run_config(const model::GPTConfig& cfg, const TrainOptions& o) {
   return {{"model", cfg.to_json()}, {"batch", o.batch},  {"seq", o.seq},
           {"seed", o.seed},         {"data_order", to_string(o.data_order)},
-          {"steps", o.steps},       {"layout", {{"dp", o.dp}, {"tp", o.tp}, {"pp", o.pp}, {"zero", o.zero}}}};
+          {"steps", o.steps},       {"layout", {{"dp", o.dp}, {"tp", o.tp}, {"pp", o.pp}, {"zero", o.zero}}},
+          {"data", data_identity(o.data)}};
 }
 
 // ---- saving: each rank its pieces ----
@@ -172,14 +197,27 @@ int64_t RankTrainer::restore() {
 std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const model::GPTConfig& cfg, bool lead) {
   const std::string& dir = o.checkpoint_dir;
   if (!o.resume) {
-    if (o.checkpoint_every == 0 && !o.save_initial) return std::nullopt;
+    if (dir.empty()) return std::nullopt;
     const auto folders = step_folders(dir);
+    const std::filesystem::path latest = std::filesystem::path(dir) / "latest";
+    std::error_code ec;
+    if (folders.empty() && std::filesystem::exists(std::filesystem::symlink_status(latest, ec)) && !o.overwrite)
+      throw CheckpointError("--checkpoint-dir " + dir + " holds a file `latest` but no step folder: it is not a "
+                            "checkpoint of a run (a save would replace it); move it away, choose another "
+                            "directory, or add --overwrite to let the first save replace it");
     if (!folders.empty())
       throw CheckpointError("--checkpoint-dir " + dir + " already holds checkpoints (" +
                             std::to_string(folders.size()) + " step folder(s), the newest " +
                             std::filesystem::path(folders.back().second).filename().string() +
                             ") and a new run never overwrites them; use --resume to continue that run, or "
                             "another directory");
+    // Made now, so a directory that cannot be made is found before step 1 (not at the first save).
+    if (lead) {
+      std::filesystem::create_directories(dir, ec);
+      if (ec)
+        throw CheckpointError("cannot create --checkpoint-dir " + dir + ": " + ec.message() +
+                              "; choose another path");
+    }
     return std::nullopt;
   }
   ResumePoint rp = find_resume_point(dir);
@@ -194,6 +232,15 @@ std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const 
         throw bad("cannot resume from " + *rp.folder + ": it was saved with " + key + " = " +
                   ck->config.value(key, nlohmann::json()).dump() + ", this run has " + want[key].dump() +
                   "; use the same value or another --checkpoint-dir");
+    const nlohmann::json saved_data = ck->config.value("data", nlohmann::json::object());
+    if (lead && saved_data.contains("bytes") && saved_data != want["data"]) {
+      const nlohmann::json& now = want["data"];
+      note("--data " + o.data + " is not the file " + *rp.folder + " was trained on (" +
+           saved_data.value("path", std::string("?")) + ", " + std::to_string(saved_data.value("bytes", int64_t{0})) +
+           " bytes; this one has " + std::to_string(now.value("bytes", int64_t{0})) + " bytes" +
+           (saved_data.value("bytes", int64_t{-1}) == now.value("bytes", int64_t{-2}) ? " and other contents" : "") +
+           "): training continues on it, so the loss curve will not be the uninterrupted run's");
+    }
     const auto shapes = model::gpt_param_shapes(cfg);
     std::vector<std::pair<std::string, Shape>> moments;
     for (const auto& [name, shape] : shapes) moments.emplace_back("exp_avg." + name, shape);

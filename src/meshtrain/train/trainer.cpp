@@ -310,7 +310,9 @@ void RankTrainer::run() {
     r.tp_bytes_sent = tp_bytes;
     const bool last = step + 1 == o_.steps;
     if (o_.eval_every > 0 && ((step + 1) % o_.eval_every == 0 || last)) r.val_loss = evaluate();
-    if (o_.checkpoint_every > 0 && ((step + 1) % o_.checkpoint_every == 0 || last)) save(step + 1);
+    // A checkpoint directory always gets the end of the run; --checkpoint-every adds a cadence.
+    if (!o_.checkpoint_dir.empty() && ((o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0) || last))
+      save(step + 1);
     if (!lead_) continue;
 
     nlohmann::json line = step_json(r);

@@ -86,6 +86,9 @@ void check_ranges(const TrainOptions& o, const model::GPTConfig& cfg) {
   if (!(a.lr > 0)) bad("--lr must be a finite number above 0, got " + num(a.lr));
   finite("--min-lr", a.min_lr, "of at least 0");
   if (a.min_lr < 0) bad("--min-lr must be at least 0, got " + num(a.min_lr));
+  if (a.min_lr > a.lr)
+    bad("--min-lr " + num(a.min_lr) + " is above --lr " + num(a.lr) +
+        "; the cosine decay goes down from --lr to --min-lr, so give a --min-lr of at most --lr");
   at_least("--warmup", a.warmup_steps, 0, " (steps of linear warm-up)");
   finite("--weight-decay", a.weight_decay, "of at least 0");
   if (a.weight_decay < 0) bad("--weight-decay must be at least 0 (0: no decay), got " + num(a.weight_decay));
@@ -100,7 +103,7 @@ void check_ranges(const TrainOptions& o, const model::GPTConfig& cfg) {
         num(o.val_fraction));
   at_least("--eval-every", o.eval_every, 0, " (0: only at the end)");
   at_least("--eval-batches", o.eval_batches, 1);
-  at_least("--checkpoint-every", o.checkpoint_every, 0, " (0: never)");
+  at_least("--checkpoint-every", o.checkpoint_every, 0, " (0: only at the end of the run)");
   at_least("--keep-checkpoints", o.keep_checkpoints, 0, " (0: keep all)");
   at_least("--log-every", o.log_every, 0, " (0: no progress lines)");
   at_least("--threads", o.threads, 0, " (0: cores / ranks)");
@@ -131,9 +134,11 @@ void check_layout(const TrainOptions& o) {
         "tensor-parallel ranks)");
   if (o.ps_servers > 0 && (o.tp > 1 || o.pp > 1))
     bad("the parameter server runs whole-model workers; use --tp 1 --pp 1 with --ps-servers");
-  if (o.ps_servers > 0 && (o.checkpoint_every > 0 || o.resume || o.save_initial))
-    bad("the parameter server does not write or read checkpoints yet; drop --checkpoint-every, "
+  if (o.ps_servers > 0 && (!o.checkpoint_dir.empty() || o.checkpoint_every > 0 || o.resume || o.save_initial))
+    bad("the parameter server does not write or read checkpoints yet; drop --checkpoint-dir, --checkpoint-every, "
         "--resume and --save-initial, or run without --ps-servers");
+  if (o.ps_servers > 0 && !o.trace.empty())
+    bad("the parameter server does not record a trace yet; drop --trace, or run without --ps-servers");
   if (o.backend != "threads" && o.backend != "mpi") bad("--backend must be threads or mpi, not '" + o.backend + "'");
   if (o.backend == "mpi" && !comm::have_mpi())
     bad("this build has no mpi backend (OpenMPI was not found when it was configured); use --backend threads");
@@ -146,6 +151,14 @@ void check_layout(const TrainOptions& o) {
   if (o.chunks > 1 && (o.pp == 1 || o.schedule != "interleaved"))
     bad("--chunks " + std::to_string(o.chunks) + " needs --schedule interleaved and --pp 2 or more; drop --chunks");
   if (!o.pp_balance.empty() && o.pp == 1) bad("--pp-balance gives blocks per pipeline stage; it needs --pp 2 or more");
+  if (o.recompute && o.pp == 1)
+    bad("--recompute keeps each pipeline stage's input and recomputes its forward; it needs --pp 2 or more "
+        "(drop --recompute, or add --pp)");
+  if (o.pad_vocab && o.tp == 1)
+    bad("--pad-vocab pads the vocabulary that tensor parallelism splits; it needs --tp 2 or more (drop it, or add --tp)");
+  if (o.bucket_bytes > 0 && (o.dp == 1 || o.ps_servers > 0))
+    bad("--bucket-mb sizes the gradient buckets data parallelism all-reduces; it needs --dp 2 or more and no "
+        "--ps-servers (drop --bucket-mb, or add --dp)");
   if (o.batch % o.dp != 0)
     bad("--batch " + std::to_string(o.batch) + " is not divisible by --dp " + std::to_string(o.dp) +
         "; every data-parallel rank takes an equal slice of the batch");
@@ -170,9 +183,12 @@ void check_memory(const TrainOptions& o, const model::GPTConfig& cfg, const Mach
   bad("this run needs at least " + format_bytes(e.total()) + " of memory in this process (" +
       std::to_string(e.ranks) + " rank(s): parameters " + format_bytes(e.params) + ", gradients " +
       format_bytes(e.grads) + ", Adam state " + format_bytes(e.optimizer) + ", activations " +
-      format_bytes(e.activations) + ", tokens " + format_bytes(e.data) + ") but the machine has " +
+      format_bytes(e.activations) + ", tokens " + format_bytes(e.data) +
+      (e.eval > 0.01 * e.total() ? ", validation batches " + format_bytes(e.eval) : std::string()) +
+      ") but the machine has " +
       format_bytes(static_cast<double>(m.memory_bytes)) + " available (" + m.memory_source +
-      "); use a smaller model, --batch or --seq, more --microbatches, or --zero to shard the state");
+      "); use a smaller model, --batch or --seq, more --microbatches, fewer --eval-batches, or --zero to shard "
+      "the state");
 }
 
 }  // namespace
@@ -221,6 +237,9 @@ MemoryEstimate estimate_memory(const TrainOptions& o, const model::GPTConfig& cf
     e.optimizer = 8 * n / tp / (o.zero >= 1 ? dp : 1) * ranks;
     e.activations = per_token * (B / dp / std::max(1, o.microbatches)) * T / tp * ranks;
   }
+  // Validation holds the tokens and targets (int32) of all --eval-batches batches of its rows.
+  e.eval = 8.0 * static_cast<double>(std::max<int64_t>(o.eval_batches, 1)) * (B / dp) * T *
+           (o.ps_servers > 0 ? (o.backend == "mpi" ? 1 : dp) : ranks);
   // The token file, held once per process as uint16 (a text file: one token per byte).
   std::error_code ec;
   if (!o.data.empty() && fs::is_regular_file(o.data, ec)) {

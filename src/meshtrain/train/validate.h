@@ -43,8 +43,9 @@ struct Machine {
 // Analytic bytes one process of the run holds (all its ranks together), by part.
 struct MemoryEstimate {
   double params = 0, grads = 0, optimizer = 0, activations = 0, data = 0;
-  int ranks = 1;  // ranks in this process
-  double total() const { return params + grads + optimizer + activations + data; }
+  double eval = 0;  // the token and target rows of --eval-batches validation batches
+  int ranks = 1;    // ranks in this process
+  double total() const { return params + grads + optimizer + activations + data + eval; }
 };
 MemoryEstimate estimate_memory(const TrainOptions& o, const model::GPTConfig& cfg);
 
