@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -16,6 +17,10 @@ namespace {
 // The error line of a failure while running; a refused rank thread also says what to lower.
 std::string describe(const std::exception& e) {
   std::string m = e.what();
+  if (dynamic_cast<const std::bad_alloc*>(&e))
+    return "out of memory (an allocation was refused: " + m +
+           "); the start-up estimate counts the main buffers only, so lower --batch, --seq or the model size, "
+           "or add --microbatches or --zero";
   if (dynamic_cast<const meshtrain::comm::ThreadStartError*>(&e))
     m += "; lower the number of ranks (--dp x --tp x --pp plus --ps-servers, or --world of bench comm) or raise "
          "the limit on threads (ulimit -u) and memory";
