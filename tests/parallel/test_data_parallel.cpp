@@ -199,8 +199,11 @@ TEST(DataParallel, CheckpointResumesOnAnotherLayout) {
   first.checkpoint_every = 10;
   train::train(first);
   for (auto [dp, zero] : {std::pair{1, 0}, std::pair{4, 3}}) {
+    // Each resume from its own copy of the step-10 checkpoint (a resumed run saves its end).
+    const fs::path copy = tmp.path() / ("ck_dp" + std::to_string(dp));
+    fs::copy(dir, copy, fs::copy_options::recursive);
     auto second = options(dp, zero, 1);
-    second.checkpoint_dir = dir.string();
+    second.checkpoint_dir = copy.string();
     second.resume = true;
     auto r = train::train(second);
     ASSERT_EQ(r.start_step, 10);

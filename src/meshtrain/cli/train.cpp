@@ -94,6 +94,17 @@ void add_train_command(CLI::App& app) {
       if (given("--schedule") && o.pp == 1 && known_schedule)  // an unknown name: validation names it
         throw std::invalid_argument("--schedule chooses the pipeline schedule; it needs --pp 2 or more (drop "
                                     "--schedule, or add --pp)");
+      // Flags of one axis given without it (the library accepts them, so that a single-rank
+      // reference run can share a parallel run's options; a user's call must not).
+      if (o.recompute && o.pp == 1)
+        throw std::invalid_argument("--recompute keeps each pipeline stage's input and recomputes its forward; it "
+                                    "needs --pp 2 or more (drop --recompute, or add --pp)");
+      if (o.pad_vocab && o.tp == 1)
+        throw std::invalid_argument("--pad-vocab pads the vocabulary that tensor parallelism splits; it needs --tp 2 "
+                                    "or more (drop it, or add --tp)");
+      if (given("--bucket-mb") && (o.dp == 1 || o.ps_servers > 0))
+        throw std::invalid_argument("--bucket-mb sizes the gradient buckets data parallelism all-reduces; it needs "
+                                    "--dp 2 or more and no --ps-servers (drop --bucket-mb, or add --dp)");
       if (given("--staleness") && o.ps_servers == 0)
         throw std::invalid_argument("--staleness bounds how far parameter-server workers run ahead; it needs "
                                     "--ps-servers 1 or more (drop --staleness, or add --ps-servers)");

@@ -151,14 +151,6 @@ void check_layout(const TrainOptions& o) {
   if (o.chunks > 1 && (o.pp == 1 || o.schedule != "interleaved"))
     bad("--chunks " + std::to_string(o.chunks) + " needs --schedule interleaved and --pp 2 or more; drop --chunks");
   if (!o.pp_balance.empty() && o.pp == 1) bad("--pp-balance gives blocks per pipeline stage; it needs --pp 2 or more");
-  if (o.recompute && o.pp == 1)
-    bad("--recompute keeps each pipeline stage's input and recomputes its forward; it needs --pp 2 or more "
-        "(drop --recompute, or add --pp)");
-  if (o.pad_vocab && o.tp == 1)
-    bad("--pad-vocab pads the vocabulary that tensor parallelism splits; it needs --tp 2 or more (drop it, or add --tp)");
-  if (o.bucket_bytes > 0 && (o.dp == 1 || o.ps_servers > 0))
-    bad("--bucket-mb sizes the gradient buckets data parallelism all-reduces; it needs --dp 2 or more and no "
-        "--ps-servers (drop --bucket-mb, or add --dp)");
   if (o.batch % o.dp != 0)
     bad("--batch " + std::to_string(o.batch) + " is not divisible by --dp " + std::to_string(o.dp) +
         "; every data-parallel rank takes an equal slice of the batch");
