@@ -18,3 +18,38 @@ expect 2 "--sizes 4K:8K:16K: give either one range" -- "$MT" "${B[@]}" --sizes 4
 expect 2 "8 is less than one float32 element per rank for all_gather over 3 ranks" -- \
   "$MT" "${B[@]}" --op all_gather --world 3 --sizes 8
 expect 0 "rounded down to a multiple of 3 ranks" -- "$MT" "${B[@]}" --op all_gather --world 3 --sizes 1K
+
+# ---- schedule: finite costs in range, readable --action-costs, zb, --svg checked first ----
+expect 2 "--costs: F must be a finite number from 1e-09 to 1e\+12, not '1e308'" -- \
+  "$MT" schedule --costs F=1e308,B=1e308
+expect 2 "--costs: W must be a finite number from 1e-09 to 1e\+12, not '1e-320'" -- "$MT" schedule --costs W=1e-320
+expect 2 "--costs: send must be a finite number from 0 to 1e\+12, not 'inf'" -- "$MT" schedule --costs send=inf
+mkdir -p "$WORK/adir"
+expect 2 "--action-costs adir is a directory; give a file of lines" -- "$MT" schedule --action-costs adir
+printf '0F0 1e300\n' > "$WORK/times.txt"
+expect 2 "the time of 0F0 must be a finite number from 0 to 1e\+12, not '1e300'" -- \
+  "$MT" schedule --pp 1 --microbatches 1 --action-costs times.txt
+printf '0F0 0\n0B0 0\n' > "$WORK/times.txt"
+expect 2 "the simulated step takes 0 units, so it has no bubble to measure" -- \
+  "$MT" schedule --pp 1 --microbatches 1 --action-costs times.txt
+expect 0 "schedule zb-h1: pp 2" -- "$MT" schedule --schedule zb --pp 2 --microbatches 2
+expect 2 "--svg times.txt is the same file as --action-costs times.txt" -- \
+  "$MT" schedule --pp 1 --microbatches 1 --action-costs times.txt --svg times.txt
+echo "my notes" > "$WORK/notes.svg"
+expect 2 "--svg notes.svg already exists and was not written by meshtrain.*--overwrite" -- "$MT" schedule --svg notes.svg
+expect 0 "swimlane: notes.svg" --may-write notes.svg -- "$MT" schedule --svg notes.svg --overwrite
+expect 0 "swimlane: notes.svg" --may-write notes.svg -- "$MT" schedule --svg notes.svg  # now meshtrain's own
+# Unwritable: no output at all, the reason, exit 2 before anything is computed or printed.
+expect 2 "^meshtrain: --svg /proc/lane.svg: no file can be created in the directory /proc \(.*\); choose another path$" -- \
+  "$MT" schedule --svg /proc/lane.svg
+expect 2 "^meshtrain: --svg corpus.txt/lane.svg: corpus.txt is not a directory" -- "$MT" schedule --svg corpus.txt/lane.svg
+expect 2 "^meshtrain: --svg missing/lane.svg: the directory missing does not exist" -- "$MT" schedule --svg missing/lane.svg
+if [ "$(id -u)" != 0 ]; then
+  mkdir -p "$WORK/ro" && chmod 555 "$WORK/ro"
+  expect 2 "^meshtrain: --svg ro/lane.svg: the directory ro is not writable" -- "$MT" schedule --svg ro/lane.svg
+fi
+# A write that fails after the check (a file size limit here, a full disk elsewhere): exit 1
+# with the cause, no report printed, no fragment left.
+expect 1 "^meshtrain: error: cannot write the swimlane file lane.svg: File too large$" -- \
+  bash -c "trap '' XFSZ; ulimit -f 0; exec \"\$0\" schedule --svg lane.svg" "$MT"
+rm -rf "$WORK/adir" "$WORK/times.txt" "$WORK/notes.svg"
