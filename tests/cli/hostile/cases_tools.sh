@@ -53,3 +53,25 @@ fi
 expect 1 "^meshtrain: error: cannot write the swimlane file lane.svg: File too large$" -- \
   bash -c "trap '' XFSZ; ulimit -f 0; exec \"\$0\" schedule --svg lane.svg" "$MT"
 rm -rf "$WORK/adir" "$WORK/times.txt" "$WORK/notes.svg"
+
+# ---- trace render: the trace is never the output, paths checked before reading ----
+expect 0 "" --may-write t.json --may-write t.svg -- "$MT" train --data corpus.txt --steps 2 --quiet --trace t.json
+expect 2 "^meshtrain: -o t.json is the same file as the trace t.json, which this command reads" -- \
+  "$MT" trace render t.json -o t.json
+ln -sf t.json "$WORK/tlink.json"
+expect 2 "^meshtrain: -o t.json is the same file as the trace tlink.json" -- "$MT" trace render tlink.json -o t.json
+mkdir -p "$WORK/tdir"
+expect 2 "^meshtrain: the trace tdir is a directory; give the JSON file" -- "$MT" trace render tdir -o x.svg
+expect 2 "^meshtrain: -o /proc/x.svg: no file can be created in the directory /proc" -- \
+  "$MT" trace render t.json -o /proc/x.svg
+# Checked before reading: a missing trace with an unusable -o names -o.
+expect 2 "^meshtrain: -o missing/x.svg: the directory missing does not exist" -- \
+  "$MT" trace render nope.json -o missing/x.svg
+echo "my drawing" > "$WORK/mine.svg"
+expect 2 "^meshtrain: -o mine.svg already exists and was not written by meshtrain.*--overwrite" -- \
+  "$MT" trace render t.json -o mine.svg
+expect 0 "swimlane: mine.svg" --may-write mine.svg -- "$MT" trace render t.json -o mine.svg --overwrite
+expect 0 "swimlane: t.svg" --may-write t.svg -- "$MT" trace render t.json -o t.svg  # train's own swimlane
+expect 1 "^meshtrain: error: cannot write the swimlane file r.svg: File too large$" -- \
+  bash -c "trap '' XFSZ; ulimit -f 0; exec \"\$0\" trace render t.json -o r.svg" "$MT"
+rm -rf "$WORK/tlink.json" "$WORK/tdir" "$WORK/mine.svg" "$WORK/t.json" "$WORK/t.svg"
