@@ -75,3 +75,90 @@ expect 0 "swimlane: t.svg" --may-write t.svg -- "$MT" trace render t.json -o t.s
 expect 1 "^meshtrain: error: cannot write the swimlane file r.svg: File too large$" -- \
   bash -c "trap '' XFSZ; ulimit -f 0; exec \"\$0\" trace render t.json -o r.svg" "$MT"
 rm -rf "$WORK/tlink.json" "$WORK/tdir" "$WORK/mine.svg" "$WORK/t.json" "$WORK/t.svg"
+
+# ---- checkpoints: a small one, and copies altered behind valid CRCs ----
+expect 0 "" --may-write ck -- "$MT" train --data corpus.txt --steps 2 --quiet --checkpoint-dir ck --checkpoint-every 1
+# alter_ck FOLDER MODE: rewrites FOLDER/model-00000.safetensors (MODE nan: one weight of
+# ln_f.weight becomes NaN; shape: ln_f.weight's header shape [C] becomes [2, C/2], the same bytes)
+# and records the file's new size and CRC32 in index.json with the index's own CRC, in the form
+# meshtrain writes, so that only the check aimed at finds it.
+alter_ck() {
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys, zlib
+folder, mode = sys.argv[1], sys.argv[2]
+path = folder + "/model-00000.safetensors"
+b = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+header = json.loads(b[8:8 + n])
+data = b[8 + n:]
+e = header["ln_f.weight"]
+if mode == "nan":
+    data[e["data_offsets"][0]:e["data_offsets"][0] + 4] = struct.pack("<f", float("nan"))
+else:
+    e["shape"] = [2, e["shape"][0] // 2]
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+b = struct.pack("<Q", len(text)) + text + bytes(data)
+open(path, "wb").write(b)
+ipath = folder + "/index.json"
+j = json.loads(open(ipath, encoding="utf-8").read())
+j["files"]["model-00000.safetensors"] = {"crc32": zlib.crc32(b), "size": len(b)}
+j.pop("index_crc32")
+j["index_crc32"] = zlib.crc32(json.dumps(j, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode())
+open(ipath, "w", encoding="utf-8").write(json.dumps(j, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+PY
+}
+mkdir -p "$WORK/bad"
+cp -r "$WORK/ck/step_00000002" "$WORK/bad/nan" && alter_ck "$WORK/bad/nan" nan
+cp -r "$WORK/ck/step_00000002" "$WORK/bad/shape" && alter_ck "$WORK/bad/shape" shape
+
+# ---- checkpoint convert: never into the checkpoint it reads ----
+C=(checkpoint convert --to-single)
+for out in ck/step_00000002/model-00000.safetensors ck/step_00000002/index.json ck/latest ck/other.safetensors; do
+  expect 2 "^meshtrain: the output $out lies inside the checkpoint ck, which this command reads" -- "$MT" "${C[@]}" ck "$out"
+done
+expect 2 "^meshtrain: the output ck/step_00000002/index.json lies inside the checkpoint ck/step_00000002" -- \
+  "$MT" "${C[@]}" ck/step_00000002 ck/step_00000002/index.json
+ln -sfn ck/step_00000002 "$WORK/steplink"
+expect 2 "^meshtrain: the output ck/step_00000002/model.st lies inside the checkpoint steplink" -- \
+  "$MT" "${C[@]}" steplink ck/step_00000002/model.st
+expect 2 "^meshtrain: the output corpus.txt already exists and was not written by meshtrain.*--overwrite" -- \
+  "$MT" "${C[@]}" ck corpus.txt
+expect 2 "^meshtrain: the output /dev/null is not a regular file" -- "$MT" "${C[@]}" ck /dev/null --overwrite
+expect 2 "^meshtrain: the output /proc/x.safetensors: no file can be created in the directory /proc" -- \
+  "$MT" "${C[@]}" ck /proc/x.safetensors
+expect 0 "wrote gpt2.safetensors: 52 tensors" --may-write gpt2.safetensors -- "$MT" "${C[@]}" ck gpt2.safetensors
+expect 0 "wrote gpt2.safetensors" --may-write gpt2.safetensors -- "$MT" "${C[@]}" ck gpt2.safetensors  # its own file
+# A write that fails: exit 1 naming the file and the cause; no temporary file left, the old file kept.
+expect 1 "^meshtrain: error: cannot write the converted checkpoint gpt2.safetensors: cannot write gpt2.safetensors.tmp: File too large" -- \
+  bash -c "trap '' XFSZ; ulimit -f 1; exec \"\$0\" checkpoint convert --to-single ck gpt2.safetensors" "$MT"
+expect 2 "^meshtrain: checkpoint bad/nan: model-00000.safetensors holds non-finite values \(NaN or infinity\) in tensor ln_f.weight" -- \
+  "$MT" "${C[@]}" bad/nan out.safetensors
+expect 2 "^meshtrain: checkpoint bad/shape is corrupt: model-00000.safetensors holds tensor ln_f.weight as F32 \(2, 64\) but index.json records it as F32 \(128\);" -- \
+  "$MT" "${C[@]}" bad/shape out.safetensors
+
+# ---- generate: safe sampling, the same checkpoints as convert ----
+G=(generate --tokens 8 --prompt "To ")
+expect 0 "^To " -- "$MT" "${G[@]}" --checkpoint ck --temperature 1e-30
+# A tiny temperature samples greedily: byte 0xFF (what the overflowed softmax gave) never comes out.
+expect 0 "" -- bash -c "set -o pipefail; \"\$0\" generate --checkpoint ck --tokens 16 --temperature 1e-30 |
+  od -An -tx1 | { ! grep -q ' ff'; }" "$MT"
+for t in 0 -1 nan inf 1e-400; do
+  expect 2 "^meshtrain: --temperature must be a finite number above 0" -- "$MT" "${G[@]}" --checkpoint ck --temperature "$t"
+done
+expect 2 "^meshtrain: checkpoint bad/nan: model-00000.safetensors holds non-finite values \(NaN or infinity\) in tensor ln_f.weight" -- \
+  "$MT" "${G[@]}" --checkpoint bad/nan
+expect 2 "^meshtrain: checkpoint bad/shape is corrupt: model-00000.safetensors holds tensor ln_f.weight as F32 \(2, 64\) but index.json records it as F32 \(128\);" -- \
+  "$MT" "${G[@]}" --checkpoint bad/shape
+# `latest` missing or unreadable: the newest valid step folder, with a note, as --resume and convert.
+cp -r "$WORK/ck" "$WORK/nolatest" && rm "$WORK/nolatest/latest"
+expect 0 "meshtrain: note: \`latest\` is missing in nolatest; resuming from the newest valid step folder, step_00000002" -- \
+  "$MT" "${G[@]}" --checkpoint nolatest
+expect 0 "meshtrain: note: \`latest\` is missing in nolatest" --may-write o2.safetensors -- "$MT" "${C[@]}" nolatest o2.safetensors
+# A NUL in `latest` is quoted escaped, the message goes on past it.
+printf 'step_0000\0002\n' > "$WORK/nolatest/latest"
+expect 0 "\`latest\` in nolatest holds 'step_0000\\\\x002', not a step folder name; resuming from the newest valid one, step_00000002" -- \
+  "$MT" "${G[@]}" --checkpoint nolatest
+expect 0 "\`latest\` in nolatest holds 'step_0000\\\\x002', not a step folder name" --may-write nolatest -- \
+  "$MT" train --data corpus.txt --steps 3 --quiet --checkpoint-dir nolatest --resume
+rm -rf "$WORK/bad" "$WORK/nolatest" "$WORK/steplink" "$WORK/gpt2.safetensors" "$WORK/o2.safetensors"
