@@ -124,6 +124,8 @@ expect 2 "^meshtrain: the output ck/step_00000002/model.st lies inside the check
   "$MT" "${C[@]}" steplink ck/step_00000002/model.st
 expect 2 "^meshtrain: the output corpus.txt already exists and was not written by meshtrain.*--overwrite" -- \
   "$MT" "${C[@]}" ck corpus.txt
+echo "my weights" > "$WORK/mine.safetensors"
+expect 0 "wrote mine.safetensors" --may-write mine.safetensors -- "$MT" "${C[@]}" ck mine.safetensors --overwrite
 expect 2 "^meshtrain: the output /dev/null is not a regular file" -- "$MT" "${C[@]}" ck /dev/null --overwrite
 expect 2 "^meshtrain: the output /proc/x.safetensors: no file can be created in the directory /proc" -- \
   "$MT" "${C[@]}" ck /proc/x.safetensors
@@ -161,4 +163,5 @@ expect 0 "\`latest\` in nolatest holds 'step_0000\\\\x002', not a step folder na
   "$MT" "${G[@]}" --checkpoint nolatest
 expect 0 "\`latest\` in nolatest holds 'step_0000\\\\x002', not a step folder name" --may-write nolatest -- \
   "$MT" train --data corpus.txt --steps 3 --quiet --checkpoint-dir nolatest --resume
-rm -rf "$WORK/bad" "$WORK/nolatest" "$WORK/steplink" "$WORK/gpt2.safetensors" "$WORK/o2.safetensors"
+rm -rf "$WORK/bad" "$WORK/nolatest" "$WORK/steplink" "$WORK"/*.safetensors
+rm -rf "$WORK/ck"
