@@ -31,6 +31,12 @@ struct ConvertOptions {
 // through a symbolic link). Throws UsageError with the policy's sentence.
 void check_paths(const ConvertOptions& o, const std::string& folder) {
   namespace fs = std::filesystem;
+  // The file is replaced by a rename: a device or pipe there would be swapped for a file.
+  std::error_code ec;
+  const auto st = fs::status(o.out, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st))
+    throw UsageError("the output " + o.out + " is not a regular file (a device, pipe or socket); give the path of a "
+                     "file to write");
   try {
     train::PathPlan plan(o.overwrite);
     plan.input_tree("the checkpoint", o.from);
@@ -40,12 +46,6 @@ void check_paths(const ConvertOptions& o, const std::string& folder) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  // The file is replaced by a rename: a device or pipe there would be swapped for a file.
-  std::error_code ec;
-  const auto st = fs::status(o.out, ec);
-  if (fs::exists(st) && !fs::is_regular_file(st))
-    throw UsageError("the output " + o.out + " is not a regular file (a device, pipe or socket); give the path of a "
-                     "file to write");
 }
 
 // A piece of the checkpoint that cannot be read while the output is written (exit 2), told
