@@ -72,6 +72,14 @@ TEST(CheckpointCli, ConvertToSingleGivesTheGpt2Layout) {
     EXPECT_EQ(e.dtype, "F32") << e.name;
   }
   EXPECT_EQ(train::read_safetensors_metadata(out).at("format"), "pt");
+  EXPECT_EQ(train::read_safetensors_metadata(out).at("writer"), "meshtrain");  // a later convert may replace it
+  // Never into the checkpoint it reads: a rank file as OUT is refused, the checkpoint unchanged.
+  const std::string rank_file = ck + "/step_00000002/model-00000.safetensors";
+  const auto digest = train::file_digest(rank_file);
+  const auto into = run_cli("checkpoint convert --to-single " + ck + " " + rank_file);
+  EXPECT_EQ(into.code, 2) << into.output;
+  EXPECT_NE(into.output.find("lies inside the checkpoint"), std::string::npos) << into.output;
+  EXPECT_EQ(train::file_digest(rank_file).crc32, digest.crc32);
   // The values are the checkpoint's.
   const train::CheckpointData saved = train::load_checkpoint_model(ck);
   std::map<std::string, const meshtrain::Tensor*> by_name;

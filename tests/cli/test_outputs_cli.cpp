@@ -176,6 +176,12 @@ TEST(CliOutputs, PipelineTraceRendersOneBlockPerForwardAndBackward) {
   EXPECT_NE(missing.output.find("cannot open the trace"), std::string::npos) << missing.output;
   Result not_trace = run("trace render " + corpus() + " -o " + scratch().file("x.svg"));
   EXPECT_EQ(not_trace.code, 2) << not_trace.output;
+  // The trace as its own output: refused, the trace unchanged.
+  const std::string before = slurp(trace);
+  Result onto_itself = run("trace render " + trace + " -o " + trace);
+  EXPECT_EQ(onto_itself.code, 2) << onto_itself.output;
+  EXPECT_NE(onto_itself.output.find("is the same file as the trace"), std::string::npos) << onto_itself.output;
+  EXPECT_EQ(slurp(trace), before);
 }
 
 // ---- bench comm ----

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -248,6 +249,16 @@ TEST_F(GenerateCli, ExtraTensor) {
   Result r = generate(d);
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_TRUE(has(r, "h.9.mlp.c_fc.weight")) << r.output;
+}
+
+// Valid CRCs (save_checkpoint wrote them) over a NaN weight: refused naming file and tensor.
+TEST_F(GenerateCli, NonFiniteWeights) {
+  auto d = good;
+  for (auto& [name, t] : d.model)
+    if (name == "ln_f.bias") t[3] = std::numeric_limits<float>::quiet_NaN();
+  Result r = generate(d);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(has(r, "model-00000.safetensors holds non-finite values (NaN or infinity) in tensor ln_f.bias")) << r.output;
 }
 
 TEST_F(GenerateCli, HugeEmbeddingWidthIsRefusedBeforeAllocating) {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -18,7 +19,8 @@ using meshtrain::testing::run_cli;
 namespace {
 
 // The schedules the docs list (docs/pipeline.md, "Generators").
-const std::vector<std::string> kSchedules = {"naive", "gpipe", "1f1b", "interleaved", "zb-h1"};
+// "zb" is train's name for zb-h1, taken by schedule too.
+const std::vector<std::string> kSchedules = {"naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb"};
 
 std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;
@@ -133,7 +135,8 @@ TEST(ScheduleCli, BadInputExits2WithASentence) {
     EXPECT_NE(r.output.find("--svg"), std::string::npos) << r.output;
     EXPECT_FALSE(std::filesystem::exists(path));
   }
-  for (const char* costs : {"F=0", "B=-1", "X=1", "F", "F=1,,B=2", "send=nan"}) {
+  // F=1e308: finite, but the simulated sums overflowed to inf and the bubbles printed nan.
+  for (const char* costs : {"F=0", "B=-1", "X=1", "F", "F=1,,B=2", "send=nan", "F=1e308,B=1e308", "W=1e-320"}) {
     const auto r = run_cli(std::string("schedule --costs ") + costs);
     EXPECT_EQ(r.code, 2) << costs << "\n" << r.output;
     EXPECT_NE(r.output.find("--costs"), std::string::npos) << costs << "\n" << r.output;
@@ -182,7 +185,8 @@ TEST(ScheduleCli, BadActionCostsExit2NamingTheLine) {
                         Case{"0F0\n", "expected '<action> <time>'"},
                         Case{"0F0 1 2\n", "expected '<action> <time>'"},
                         Case{"0Q0 1\n", ":1: "},
-                        Case{"0F0 -1\n", "at least 0, not '-1'"},
+                        Case{"0F0 -1\n", "from 0 to 1e+12, not '-1'"},
+                        Case{"0F0 1e300\n", "from 0 to 1e+12, not '1e300'"},
                         Case{"0F0 fast\n", "not 'fast'"},
                         Case{"0F0 1\n0F0 2\n", "given twice"}}) {
     const std::string path = dir.file("times.txt");
@@ -194,4 +198,15 @@ TEST(ScheduleCli, BadActionCostsExit2NamingTheLine) {
   const auto r = run_cli("schedule --action-costs " + dir.file("missing.txt"));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("cannot read"), std::string::npos) << r.output;
+  const auto d = run_cli("schedule --action-costs " + dir.path().string());
+  EXPECT_EQ(d.code, 2) << d.output;
+  EXPECT_NE(d.output.find("is a directory"), std::string::npos) << d.output;
+  // --svg onto the times it reads: refused before anything is written.
+  const std::string times = dir.file("times.txt");
+  std::ofstream(times) << "0F0 1\n";
+  const auto same = run_cli("schedule --schedule gpipe --pp 2 --microbatches 2 --action-costs " + times + " --svg " + times);
+  EXPECT_EQ(same.code, 2) << same.output;
+  EXPECT_NE(same.output.find("is the same file as --action-costs"), std::string::npos) << same.output;
+  std::ifstream back(times);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(back), {}), "0F0 1\n");
 }

@@ -330,6 +330,9 @@ TEST_F(CheckpointTest, MissingOrDanglingCheckpointsAreClearErrors) {
   EXPECT_FALSE(latest_checkpoint(path("emptydir")).has_value());
   write_bytes(path("emptydir") + "/latest", "step_00000700\n");
   expect_checkpoint_error([&] { latest_checkpoint(path("emptydir")); }, "step_00000700");
+  // A NUL (or any unprintable byte) in `latest` is quoted escaped, not where the message ends.
+  write_bytes(path("emptydir") + "/latest", std::string("step_0000\0\x01" "2\n", 13));
+  expect_checkpoint_error([&] { latest_checkpoint(path("emptydir")); }, "'step_0000\\x00\\x012', not a step folder name");
   // A folder with only model.safetensors (as downloaded from the hub) loads as weights.
   fs::create_directories(path("hub"));
   const Tensor w = random_tensor({4, 4}, "w");

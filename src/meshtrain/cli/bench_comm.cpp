@@ -27,6 +27,7 @@ namespace meshtrain::cli {
 
 namespace {
 namespace mc = meshtrain::comm;
+namespace train = meshtrain::train;
 using Clock = std::chrono::steady_clock;
 
 struct BenchArgs {
@@ -37,41 +38,86 @@ struct BenchArgs {
 };
 
 // ---- size parsing ----
-std::size_t parse_size(const std::string& s) {
-  if (s.empty()) throw UsageError("--sizes: empty size");
+// Sizes are whole numbers of bytes, optionally with a binary suffix (K, M, G; KiB, MiB, GiB;
+// B), written as a plain decimal ("4096", "1.5K", "2e3"); no sign, hex, inf or nan. Each must be
+// a multiple of the element size (float32: 4 bytes) and at most kMaxSizeBytes, so doubling a
+// range never overflows.
+constexpr std::size_t kElement = sizeof(float);
+constexpr std::size_t kMaxSizeBytes = std::size_t{1} << 40;  // 1 TiB
+
+std::size_t parse_size(const std::string& s, const std::string& spec) {
+  const std::string quoted = "--sizes " + spec + ": ";
+  if (s.empty()) throw UsageError(quoted + "a size is empty; give sizes like 4K, 64M or 1G separated by single commas");
+  // The number: digits, an optional fraction, an optional exponent, and nothing else.
   std::size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &pos);
-  } catch (...) {
-    throw UsageError("--sizes: '" + s + "' is not a size like 4K, 64M or 1G");
+  auto digits = [&] {
+    const std::size_t from = pos;
+    while (pos < s.size() && s[pos] >= '0' && s[pos] <= '9') ++pos;
+    return pos > from;
+  };
+  bool number = digits();
+  if (pos < s.size() && s[pos] == '.') {
+    ++pos;
+    number = digits() || number;
   }
-  std::string unit = s.substr(pos);
+  if (number && pos < s.size() && (s[pos] == 'e' || s[pos] == 'E')) {
+    const std::size_t mark = pos++;
+    if (pos < s.size() && (s[pos] == '+' || s[pos] == '-')) ++pos;
+    if (!digits()) pos = mark;  // "4E" is not an exponent: leave it to the unit check
+  }
+  if (!number)
+    throw UsageError(quoted + "'" + s + "' is not a size; give a whole number of bytes like 4096, 4K, 64M or 1G");
+  const std::string unit = s.substr(pos);
   double mul = 1;
   if (unit == "K" || unit == "k" || unit == "KiB") mul = 1024;
   else if (unit == "M" || unit == "MiB") mul = 1024.0 * 1024;
   else if (unit == "G" || unit == "GiB") mul = 1024.0 * 1024 * 1024;
-  else if (!unit.empty() && unit != "B") throw UsageError("--sizes: unknown unit in '" + s + "' (use K, M or G)");
-  if (v <= 0) throw UsageError("--sizes: sizes must be positive, got '" + s + "'");
-  return static_cast<std::size_t>(v * mul);
+  else if (!unit.empty() && unit != "B")
+    throw UsageError(quoted + "unknown unit in '" + s + "'; give a whole number of bytes, or K, M or G after it");
+  const double bytes = std::strtod(s.substr(0, pos).c_str(), nullptr) * mul;
+  if (!std::isfinite(bytes) || bytes > static_cast<double>(kMaxSizeBytes))
+    throw UsageError(quoted + "'" + s + "' is more than 1 TiB (1024G), the largest size bench comm takes; give "
+                     "smaller sizes");
+  if (bytes != std::floor(bytes)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", bytes);
+    throw UsageError(quoted + "'" + s + "' is " + buf + " bytes, not a whole number of bytes; give a size like 4096, "
+                     "4K or 1.5K");
+  }
+  const auto b = static_cast<std::size_t>(bytes);
+  if (b < kElement)
+    throw UsageError(quoted + "'" + s + "' is " + std::to_string(b) +
+                     " bytes, less than one float32 element; give at least 4 bytes");
+  if (b % kElement != 0)
+    throw UsageError(quoted + "'" + s + "' is " + std::to_string(b) +
+                     " bytes, not a multiple of the 4-byte float32 element; give " +
+                     std::to_string(b / kElement * kElement) + " or " + std::to_string((b / kElement + 1) * kElement));
+  return b;
 }
 
 std::vector<std::size_t> parse_sizes(const std::string& spec) {
   std::vector<std::size_t> out;
+  if (spec.empty()) throw UsageError("--sizes is empty; give a range LO:HI (e.g. 4K:256M) or a list (e.g. 4K,64M)");
   const auto colon = spec.find(':');
   if (colon == std::string::npos) {
     std::size_t start = 0;
     while (start <= spec.size()) {
       auto comma = spec.find(',', start);
       if (comma == std::string::npos) comma = spec.size();
-      out.push_back(parse_size(spec.substr(start, comma - start)));
+      if (comma == start)
+        throw UsageError("--sizes " + spec + ": item " + std::to_string(out.size() + 1) +
+                         " is empty; give sizes like 4K,64M separated by single commas");
+      out.push_back(parse_size(spec.substr(start, comma - start), spec));
       start = comma + 1;
     }
     return out;
   }
-  const std::size_t lo = parse_size(spec.substr(0, colon)), hi = parse_size(spec.substr(colon + 1));
-  if (lo > hi) throw UsageError("--sizes: the range " + spec + " runs backwards");
-  for (std::size_t s = lo; s <= hi; s *= 2) out.push_back(s);
+  if (spec.find_first_of(":,", colon + 1) != std::string::npos || spec.find(',') < colon)
+    throw UsageError("--sizes " + spec + ": give either one range LO:HI (e.g. 4K:256M) or a list (e.g. 4K,64M), "
+                     "not both or several ranges");
+  const std::size_t lo = parse_size(spec.substr(0, colon), spec), hi = parse_size(spec.substr(colon + 1), spec);
+  if (lo > hi) throw UsageError("--sizes " + spec + ": the range runs backwards; give LO:HI with LO at most HI");
+  for (std::size_t s = lo; s <= hi; s *= 2) out.push_back(s);  // hi <= 1 TiB: no overflow
   return out;
 }
 
@@ -85,6 +131,17 @@ std::string human(std::size_t b) {
 }
 
 // ---- one operation ----
+
+// Ops whose buffer is cut into one block per rank: sizes round down to a multiple of the world.
+bool splits(const std::string& op) { return op == "reduce_scatter" || op == "all_gather" || op == "all_to_all"; }
+
+// The buffers one rank holds for `op` at size `bytes` (OpRun::setup), in bytes.
+double rank_buffer_bytes(const std::string& op, int p, std::size_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (op == "all_reduce" || op == "broadcast") return b;
+  if (op == "reduce_scatter" || op == "all_gather") return b + b / p;
+  return 2 * b;  // all_to_all, sendrecv: an input and an output of the whole size
+}
 struct OpRun {
   std::string op;
   mc::Algorithm algo;
@@ -94,8 +151,8 @@ struct OpRun {
   double bus_factor;
 
   void setup(int p, std::size_t bytes) {
-    std::size_t n = std::max<std::size_t>(1, bytes / sizeof(float));
-    if (op == "reduce_scatter" || op == "all_gather" || op == "all_to_all") n = std::max<std::size_t>(1, n / p) * p;
+    std::size_t n = bytes / sizeof(float);  // parse_sizes: a whole number of elements
+    if (splits(op)) n = n / p * p;            // run_bench: at least p of them
     count = n;
     if (op == "all_reduce") bus_factor = 2.0 * (p - 1) / p;
     else if (op == "broadcast" || op == "sendrecv") bus_factor = 1.0;
@@ -198,7 +255,6 @@ void run_bench(const BenchArgs& a) {
   if (a.reps < 1) throw UsageError("--reps must be at least 1");
   const auto algo = mc::parse_algorithm(a.algo);
   if (!algo) throw UsageError("--algo: unknown algorithm '" + a.algo + "'");
-  const std::vector<std::size_t> sizes = parse_sizes(a.sizes);
   static const std::pair<const char*, mc::OpKind> kinds[] = {
       {"all_reduce", mc::OpKind::all_reduce}, {"reduce_scatter", mc::OpKind::reduce_scatter},
       {"all_gather", mc::OpKind::all_gather}, {"broadcast", mc::OpKind::broadcast}, {"all_to_all", mc::OpKind::all_to_all}};
@@ -212,6 +268,31 @@ void run_bench(const BenchArgs& a) {
   if (a.op == "sendrecv" && *algo != mc::Algorithm::automatic) throw UsageError("--op sendrecv takes no --algo");
   if (*algo == mc::Algorithm::native && backend != mc::Backend::mpi) throw UsageError("--algo native needs --backend mpi");
 
+  // ---- sizes, and the memory they take, before any rank starts ----
+  const std::vector<std::size_t> sizes = parse_sizes(a.sizes);
+  const int ranks = backend == mc::Backend::threads ? world : mc::mpi_world()->size();
+  const std::size_t largest = *std::max_element(sizes.begin(), sizes.end());
+  bool rounded = false;
+  if (splits(a.op))
+    for (std::size_t s : sizes) {
+      if (s < kElement * ranks)
+        throw UsageError("--sizes " + a.sizes + ": " + human(s) + " is less than one float32 element per rank for " +
+                         a.op + " over " + std::to_string(ranks) + " ranks; give sizes of at least " +
+                         std::to_string(kElement * ranks) + " bytes");
+      rounded = rounded || s % (kElement * ranks) != 0;
+    }
+  const int local = backend == mc::Backend::threads ? ranks : 1;  // ranks in this process
+  const bool native_peer = backend == mc::Backend::mpi && a.op != "sendrecv";
+  double need = local * rank_buffer_bytes(a.op, ranks, largest) * (native_peer ? 2 : 1);
+  if (backend == mc::Backend::threads) need += 2.0 * static_cast<double>(largest);  // the memcpy reference
+  const train::Machine machine = train::Machine::probe();
+  if (machine.memory_bytes > 0 && need > static_cast<double>(machine.memory_bytes))
+    throw UsageError("--sizes " + a.sizes + ": the largest size, " + human(largest) + ", needs at least " +
+                     train::format_bytes(need) + " of buffers in this process (" + std::to_string(local) +
+                     " rank(s) of " + a.op + (backend == mc::Backend::threads ? ", plus the memcpy reference" : "") +
+                     ") but the machine has " + train::format_bytes(static_cast<double>(machine.memory_bytes)) +
+                     " available (" + machine.memory_source + "); give smaller --sizes or a smaller --world");
+
   mc::ThreadsOptions topts{.timeout = mc::Timeout(static_cast<long>(a.timeout_s * 1000))};
   bool all_ok = true;
   mc::run_world(backend, backend == mc::Backend::threads ? world : 0, [&](mc::Communicator& c) {
@@ -224,6 +305,9 @@ void run_bench(const BenchArgs& a) {
                   a.op.c_str(), mc::to_string(backend), p, a.algo.c_str(), a.iters, a.reps);
       std::printf("# busbw = algbw x %s; time: the slowest rank's mean over --iters, best of --reps\n",
                   a.op == "all_reduce" ? "2(p-1)/p" : (a.op == "broadcast" || a.op == "sendrecv") ? "1" : "(p-1)/p");
+      if (rounded)
+        std::printf("# %s: sizes are rounded down to a multiple of %d ranks x 4 bytes (the size column shows what ran)\n",
+                    a.op.c_str(), ranks);
       std::printf("%10s %11s %7s %11s %11s %11s %6s %12s %7s\n", "size", "count", "algo", "time(us)", "algbw(GB/s)",
                   "busbw(GB/s)", "check", mpi ? "native(GB/s)" : "memcpy(GB/s)", "ratio");
     }
@@ -267,7 +351,8 @@ void add_bench_comm_command(CLI::App& bench) {
       ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "sendrecv"}));
   cmd->add_option("--world", args->world, "ranks (threads backend; default 2; under mpirun: the mpirun size)")
       ->check(integer<int>(1));
-  cmd->add_option("--sizes", args->sizes, "bytes: a range LO:HI doubling (4K:256M), or a list (4K,64M)");
+  cmd->add_option("--sizes", args->sizes,
+                  "bytes, whole multiples of 4 (K, M, G suffixes): a range LO:HI doubling (4K:256M), or a list (4K,64M)");
   cmd->add_option("--algo", args->algo, "auto, ring, rhd, tree, direct or native (mpi)")
       ->check(CLI::IsMember({"auto", "ring", "rhd", "tree", "direct", "native"}));
   cmd->add_option("--iters", args->iters, "timed iterations per size")->check(integer<int>(1));

@@ -1,9 +1,12 @@
 // `meshtrain checkpoint convert --to-single DIR OUT`: the model of a checkpoint as one GPT-2
 // safetensors file — the tensor names, (in, out) layouts and float32 dtype of the GPT-2
-// checkpoints on the Hugging Face hub (model/gpt.h), metadata {"format": "pt"}, no optimizer
+// checkpoints on the Hugging Face hub (model/gpt.h), metadata {"format": "pt", "writer":
+// "meshtrain"} (the second lets a later convert replace it without --overwrite), no optimizer
 // state. DIR is a checkpoint directory (its newest step folder that verifies, as --resume picks)
 // or one step folder; the model is checked against the config of its index first, then written
-// one tensor at a time, each assembled from the pieces the ranks saved.
+// one tensor at a time, each assembled from the pieces the ranks saved (a non-finite element is
+// refused). OUT is checked by the output policy (train/outputs.h) before anything is read: never
+// inside the checkpoint being read, never a file meshtrain did not write unless --overwrite.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -11,6 +14,7 @@
 
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/outputs.h"
 #include "meshtrain/train/safetensors.h"
 
 namespace meshtrain::cli {
@@ -19,7 +23,35 @@ namespace {
 
 struct ConvertOptions {
   bool to_single = false;
+  bool overwrite = false;  // OUT may replace a file meshtrain did not write
   std::string from, out;
+};
+
+// OUT against what is read: `from` and, once known, the step folder (which may lie elsewhere
+// through a symbolic link). Throws UsageError with the policy's sentence.
+void check_paths(const ConvertOptions& o, const std::string& folder) {
+  namespace fs = std::filesystem;
+  // The file is replaced by a rename: a device or pipe there would be swapped for a file.
+  std::error_code ec;
+  const auto st = fs::status(o.out, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st))
+    throw UsageError("the output " + o.out + " is not a regular file (a device, pipe or socket); give the path of a "
+                     "file to write");
+  try {
+    train::PathPlan plan(o.overwrite);
+    plan.input_tree("the checkpoint", o.from);
+    if (!folder.empty()) plan.input_tree("its step folder", folder);
+    plan.output_file("the output", o.out, train::OutputKind::safetensors);
+    plan.check();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+// A piece of the checkpoint that cannot be read while the output is written (exit 2), told
+// apart from a failure to write the output (exit 1).
+struct ReadRefused {
+  std::string what;
 };
 
 void convert(const ConvertOptions& o) {
@@ -28,24 +60,32 @@ void convert(const ConvertOptions& o) {
     throw UsageError("checkpoint convert writes one file for now: add --to-single (checkpoint convert --to-single DIR OUT)");
   if (!fs::exists(o.from))
     throw UsageError("checkpoint " + o.from + " does not exist; give a checkpoint directory or one of its step folders");
-  const fs::path out(o.out);
-  if (!out.parent_path().empty() && !fs::is_directory(out.parent_path()))
-    throw UsageError(o.out + ": the directory " + out.parent_path().string() + " does not exist; create it first");
-  if (fs::is_directory(out)) throw UsageError(o.out + " is a directory; give the path of the file to write");
-  std::string folder = o.from;
-  if (!fs::exists(fs::path(o.from) / "index.json")) {  // a checkpoint directory: the newest valid step
-    const train::ResumePoint rp = train::find_resume_point(o.from);
-    for (const std::string& note : rp.notes) std::fprintf(stderr, "meshtrain: note: %s\n", note.c_str());
-    if (!rp.folder) throw UsageError("checkpoint directory " + o.from + " holds no step folder; nothing to convert");
-    folder = *rp.folder;
-  }
+  check_paths(o, "");  // before anything is read
+  const std::string folder = tool_step_folder(o.from, "nothing to convert");
+  check_paths(o, folder);
   CheckedCheckpoint c = checked_model_checkpoint(folder);
   const auto tensors = c.index.shapes(c.index.model);
   int64_t params = 0;
   for (const auto& [name, shape] : tensors) params += shape_numel(shape);
-  // One tensor at a time, assembled from its pieces, written and dropped.
+  // One tensor at a time, assembled from its pieces, written and dropped. A failure leaves OUT
+  // as it was (the writer renames a finished file over it, and removes its temporary file).
   train::PieceReader rd(c.index);
-  train::write_safetensors(o.out, tensors, [&](const std::string& name) { return rd.full(name); }, {{"format", "pt"}});
+  try {
+    train::write_safetensors(
+        o.out, tensors,
+        [&](const std::string& name) {
+          try {
+            return rd.full(name);
+          } catch (const train::CheckpointError& e) {
+            throw ReadRefused{e.what()};
+          }
+        },
+        {{"format", "pt"}, {train::kSafetensorsWriterKey, train::kSafetensorsWriter}});
+  } catch (const ReadRefused& e) {
+    throw UsageError(e.what);
+  } catch (const train::CheckpointError& e) {
+    throw std::runtime_error("cannot write the converted checkpoint " + o.out + ": " + e.what());
+  }
   std::printf("wrote %s: %zu tensors, %lld parameters (float32), model %s at step %lld of %s\n", o.out.c_str(),
               tensors.size(), static_cast<long long>(params), c.config.name.c_str(),
               static_cast<long long>(c.index.step), folder.c_str());
@@ -64,6 +104,7 @@ void add_checkpoint_command(CLI::App& app) {
   c->add_flag("--to-single", opt->to_single, "One file with every tensor whole (GPT-2 names, float32)");
   c->add_option("from", opt->from, "Checkpoint directory (its newest valid step) or one step folder")->required();
   c->add_option("out", opt->out, "The safetensors file to write")->required();
+  c->add_flag("--overwrite", opt->overwrite, "Let OUT replace an existing file meshtrain did not write");
   c->callback([opt] {
     try {
       convert(*opt);

@@ -34,4 +34,12 @@ struct CheckedCheckpoint {
 };
 CheckedCheckpoint checked_model_checkpoint(const std::string& path);
 
+// The step folder a tool reads (generate, checkpoint convert; cli/generate.cpp): `path` itself
+// when it holds index.json, else the newest step folder of the checkpoint directory `path`
+// that verifies, as --resume picks it (train::find_resume_point: a missing or stale `latest`
+// is passed over), its notes printed as "meshtrain: note: ..." on stderr. `purpose` ends the
+// refusal of a directory without step folders ("nothing to convert"). Throws
+// train::CheckpointError saying what is wrong.
+std::string tool_step_folder(const std::string& path, const std::string& purpose);
+
 }  // namespace meshtrain::cli

@@ -1,7 +1,9 @@
 // `meshtrain generate`: sample text from a checkpoint with a byte-level vocabulary (or print
 // token ids for larger vocabularies, which need a tokenizer meshtrain does not ship).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <new>
@@ -9,7 +11,6 @@
 
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/cli/options.h"
-#include "meshtrain/kernels/crossentropy.h"
 #include "meshtrain/model/gpt.h"
 #include "meshtrain/tensor/rng.h"
 #include "meshtrain/train/checkpoint.h"
@@ -58,22 +59,60 @@ CheckedCheckpoint checked_model_checkpoint(const std::string& path) {
   return {cfg, std::move(ck)};
 }
 
+std::string tool_step_folder(const std::string& path, const std::string& purpose) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw train::CheckpointError("checkpoint " + path +
+                                 " does not exist; give a checkpoint directory or one of its step folders");
+  if (!fs::is_directory(path, ec))
+    throw train::CheckpointError("checkpoint " + path +
+                                 " is not a directory; give a checkpoint directory or one of its step folders");
+  if (fs::exists(fs::path(path) / "index.json", ec)) return path;
+  const train::ResumePoint rp = train::find_resume_point(path);
+  for (const std::string& note : rp.notes) std::fprintf(stderr, "meshtrain: note: %s\n", note.c_str());
+  if (!rp.folder)
+    throw train::CheckpointError("checkpoint directory " + path + " holds no step folder; " + purpose);
+  return *rp.folder;
+}
+
 namespace {
 
 struct GenerateOptions {
   std::string checkpoint;
   std::string prompt = "\n";
   int64_t tokens = 200;
-  float temperature = 0.8f;
+  double temperature = 0.8;
   uint64_t seed = 1;
   int threads = 2;
 };
 
-int32_t sample(const float* probs, int64_t V, float u) {
-  float c = 0;
+// Draws the next token from the last position's logits at `temperature`, in double: the
+// largest logit is subtracted before exp(), so no weight overflows however small the
+// temperature (a tiny one makes every other token's weight 0: greedy decoding) and the draw
+// walks a normalised sum. `u` is uniform in [0, 1).
+int32_t sample(const float* logits, int64_t V, double temperature, double u, std::vector<double>& weight) {
+  const float top = *std::max_element(logits, logits + V);
+  if (!std::isfinite(top)) throw std::runtime_error("the model's logits are not finite; the checkpoint cannot be sampled");
+  double total = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    const double z = (static_cast<double>(logits[i]) - top) / temperature;  // <= 0, or -inf
+    weight[i] = std::isnan(z) ? 0.0 : std::exp(z);                           // the top logit: exp(0) = 1
+    total += weight[i];
+  }
+  const double target = u * total;
+  double c = 0;
   for (int64_t i = 0; i < V; ++i)
-    if ((c += probs[i]) > u) return static_cast<int32_t>(i);
-  return static_cast<int32_t>(V - 1);
+    if (weight[i] > 0 && (c += weight[i]) > target) return static_cast<int32_t>(i);
+  for (int64_t i = V - 1; i >= 0; --i)  // rounding left the target above the sum: the last drawable token
+    if (weight[i] > 0) return static_cast<int32_t>(i);
+  return 0;
+}
+
+std::string num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 // The flags alone, before the checkpoint is read (train/validate.h for the thread cap).
@@ -81,12 +120,13 @@ void check_options(const GenerateOptions& o) {
   if (o.tokens < 1) throw std::invalid_argument("--tokens must be at least 1, got " + std::to_string(o.tokens));
   train::check_threads("--threads", o.threads, train::Machine::probe(), /*zero_means_auto=*/false);
   if (!(o.temperature > 0) || !std::isfinite(o.temperature))
-    throw std::invalid_argument("--temperature must be a finite number above 0, got " + std::to_string(o.temperature));
+    throw std::invalid_argument("--temperature must be a finite number above 0 (e.g. 0.8; a tiny one samples "
+                                "greedily), got " + num(o.temperature));
   if (o.prompt.empty()) throw std::invalid_argument("--prompt must not be empty");
 }
 
 std::unique_ptr<model::GPT> load_model(const std::string& path) {
-  CheckedCheckpoint c = checked_model_checkpoint(path);
+  CheckedCheckpoint c = checked_model_checkpoint(tool_step_folder(path, "nothing to sample from"));
   auto gpt = std::make_unique<model::GPT>(c.config, 0);
   train::PieceReader rd(c.index);  // each tensor straight from its pieces into the parameter
   for (nn::Param* p : gpt->params()) rd.read(p->name, p->global_shape, {}, 0, p->value.numel(), p->value.data());
@@ -108,15 +148,14 @@ void generate(const GenerateOptions& o) {
   const bool bytes = cfg.vocab_size <= 256;
   std::fputs(o.prompt.c_str(), stdout);
   uint64_t key = stream_key(o.seed, "generate");
-  std::vector<float> probs(cfg.vocab_size);
+  std::vector<double> weight(cfg.vocab_size);
   for (int64_t i = 0; i < o.tokens; ++i) {
     int64_t T = std::min<int64_t>(static_cast<int64_t>(ctx_tokens.size()), cfg.block_size);
     const int32_t* window = ctx_tokens.data() + ctx_tokens.size() - T;
     nn::Context ctx(o.threads, false);
     Tensor logits = gpt.logits(ctx, window, 1, T);  // (1, T, V)
-    kernels::softmax_forward(probs.data(), logits.data() + (T - 1) * cfg.vocab_size, 1,
-                             cfg.vocab_size, o.temperature, 1);
-    int32_t next = sample(probs.data(), cfg.vocab_size, philox_uniform(key, i));
+    const int32_t next = sample(logits.data() + (T - 1) * cfg.vocab_size, cfg.vocab_size, o.temperature,
+                                philox_uniform(key, i), weight);
     ctx_tokens.push_back(next);
     if (bytes) std::fputc(next, stdout);
     else std::printf("%d ", next);
@@ -133,7 +172,8 @@ void add_generate_command(CLI::App& app) {
   c->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (or one step folder)")->required();
   c->add_option("--prompt", opt->prompt, "Text to continue");
   c->add_option("--tokens", opt->tokens, "Tokens to sample")->check(integer<int64_t>(1))->capture_default_str();
-  c->add_option("--temperature", opt->temperature, "Softmax temperature")->capture_default_str();
+  c->add_option("--temperature", opt->temperature, "Softmax temperature, above 0 (tiny: greedy)")
+      ->capture_default_str();
   c->add_option("--seed", opt->seed, "Sampling seed")->check(integer<uint64_t>())->capture_default_str();
   c->add_option("--threads", opt->threads, "Kernel threads")->check(integer<int>(1))->capture_default_str();
   c->callback([opt] {

@@ -23,6 +23,7 @@
 #include "meshtrain/pipeline/schedule.h"
 #include "meshtrain/pipeline/simulate.h"
 #include "meshtrain/pipeline/svg.h"
+#include "meshtrain/train/outputs.h"
 
 namespace meshtrain::cli {
 
@@ -38,10 +39,20 @@ struct ScheduleOptions {
   std::string costs;
   std::string action_costs;  // file of measured per-action times
   std::string svg;
+  bool overwrite = false;  // --svg may replace a file meshtrain did not write
 };
 
 // Above this many (stage, micro-batch) pairs the lists and the picture are unreadable anyway.
 constexpr long kMaxPairs = 65536;
+
+// The range of a cost (--costs, --action-costs): wide enough for any unit (seconds to
+// nanoseconds), narrow enough that a chunk's share (a cost / --chunks) stays a normal number
+// and the sum over kMaxPairs x 4 actions stays finite, so the simulated times and bubbles are
+// numbers.
+constexpr double kMinCost = 1e-9, kMaxCost = 1e12;
+
+// "train" accepts zb for ZB-H1; so does schedule.
+std::string generator_name(const std::string& schedule) { return schedule == "zb" ? "zb-h1" : schedule; }
 
 // The whole of `text` as a finite number; NaN when it is not one.
 double finite_number(const std::string& text) {
@@ -74,9 +85,9 @@ mp::Costs parse_costs(const std::string& text) {
     const std::string value = item.substr(eq + 1);
     const double v = finite_number(value);
     const bool compute = field != &c.send && field != &c.transfer;
-    if (std::isnan(v) || (compute ? !(v > 0) : v < 0))
-      throw UsageError("--costs: " + key + " must be a finite number " + (compute ? "above 0" : "of at least 0") +
-                       ", not '" + value + "'.");
+    if (std::isnan(v) || v > kMaxCost || (compute ? !(v >= kMinCost) : v < 0))
+      throw UsageError("--costs: " + key + " must be a finite number " +
+                       (compute ? "from 1e-09" : "from 0") + " to 1e+12, not '" + value + "'.");
     *field = v;
   }
   return c;
@@ -86,6 +97,9 @@ mp::Costs parse_costs(const std::string& text) {
 // "2F0 12.5" or "5B3c2 30.1" ('#' starts a comment). Every action must be a compute action of
 // `sched`, each given once; the time is in the unit of --costs.
 void read_action_costs(const std::string& path, const mp::Schedule& sched, mp::Costs& costs) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw UsageError("--action-costs " + path + " is a directory; give a file of lines '<action> <time>'.");
   std::ifstream in(path);
   if (!in) throw UsageError("--action-costs: cannot read '" + path + "'; give a file of lines '<action> <time>'.");
   std::map<std::tuple<mp::Kind, int, int>, bool> wanted;
@@ -112,12 +126,13 @@ void read_action_costs(const std::string& path, const mp::Schedule& sched, mp::C
       throw UsageError("--action-costs: " + where + action_text + " is not a compute action of this " + sched.name +
                        " schedule; give the --pp, --microbatches, --schedule and --chunks of the run it was measured in.");
     const double v = finite_number(time_text);
-    if (std::isnan(v) || v < 0)
+    if (std::isnan(v) || v < 0 || v > kMaxCost)
       throw UsageError("--action-costs: " + where + "the time of " + action_text +
-                       " must be a finite number of at least 0, not '" + time_text + "'.");
+                       " must be a finite number from 0 to 1e+12, not '" + time_text + "'.");
     if (!costs.measured.emplace(key, v).second)
       throw UsageError("--action-costs: " + where + action_text + " is given twice; give each action once.");
   }
+  if (in.bad()) throw UsageError("--action-costs: cannot read '" + path + "'; give a file of lines '<action> <time>'.");
 }
 
 std::string fixed(double v, int decimals) {
@@ -134,10 +149,21 @@ std::string short_num(double v) {
 }
 
 void run_schedule(const ScheduleOptions& o, bool chunks_given) {
+  // ---- the paths first (train/outputs.h): --svg usable, not the --action-costs file, not a
+  // file meshtrain did not write (without --overwrite) ----
+  try {
+    train::PathPlan plan(o.overwrite);
+    plan.input_file("--action-costs", o.action_costs);
+    plan.output_file("--svg", o.svg, train::OutputKind::svg);
+    plan.check();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
   // ---- the shape, refused in words ----
+  const std::string schedule = generator_name(o.schedule);
   const mp::GeneratorInfo* gen = nullptr;
   try {
-    gen = &mp::find_generator(o.schedule);
+    gen = &mp::find_generator(schedule);
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("--schedule: ") + e.what());
   }
@@ -145,11 +171,6 @@ void run_schedule(const ScheduleOptions& o, bool chunks_given) {
   if (double(o.pp) * chunks * o.microbatches > kMaxPairs)
     throw UsageError("--pp x --chunks x --microbatches is " + fixed(double(o.pp) * chunks * o.microbatches, 0) +
                      "; keep it at most " + std::to_string(kMaxPairs) + " to draw a schedule.");
-  if (!o.svg.empty()) {
-    const std::filesystem::path dir = std::filesystem::path(o.svg).parent_path();
-    if (!dir.empty() && !std::filesystem::is_directory(dir))
-      throw UsageError("--svg: directory '" + dir.string() + "' does not exist; create it or write elsewhere.");
-  }
   // The costs are those of a rank's whole share of the model; with v chunks per rank each
   // chunk's compute action takes 1/v of them, so step times compare across schedules.
   mp::Costs costs = parse_costs(o.costs);
@@ -157,7 +178,7 @@ void run_schedule(const ScheduleOptions& o, bool chunks_given) {
   for (double* c : {&costs.F, &costs.B, &costs.I, &costs.W}) *c /= chunks;
   mp::Schedule plain;
   try {
-    plain = mp::make_schedule(o.schedule, {o.pp, o.microbatches, chunks});
+    plain = mp::make_schedule(schedule, {o.pp, o.microbatches, chunks});
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -173,11 +194,28 @@ void run_schedule(const ScheduleOptions& o, bool chunks_given) {
   const mp::Timeline t = mp::simulate(sched, costs);
   if (t.deadlock) throw std::runtime_error("the " + sched.name + " schedule deadlocks:\n" + t.deadlock->to_string());
 
-  // ---- the report ----
+  // Every action timed 0 (--action-costs) and free communication: no step to take a share of.
+  if (!(t.makespan > 0) || !std::isfinite(t.makespan))
+    throw UsageError("the simulated step takes " + short_num(t.makespan) +
+                     " units, so it has no bubble to measure; give some compute action a time above 0.");
+
+  // ---- the swimlane first, so that a failed write leaves no half report ----
   const int pp = sched.shape.pp, m = sched.shape.microbatches;
   const std::string cost_text = "F=" + short_num(given.F) + " B=" + short_num(given.B) + " I=" +
                                 short_num(given.I) + " W=" + short_num(given.W) + " send=" +
                                 short_num(given.send) + " transfer=" + short_num(given.transfer);
+  const double mean_bubble = std::accumulate(t.bubble.begin(), t.bubble.end(), 0.0) / pp;
+  if (!o.svg.empty()) {
+    mp::Swimlane lane = mp::swimlane_of(
+        sched, t,
+        sched.name + " schedule, pp " + std::to_string(pp) + ", m " + std::to_string(m) + ", v " +
+            std::to_string(chunks) + ": bubble " + fixed(100 * mean_bubble, 1) + "% (simulated)");
+    lane.axis_caption = "time (simulated, costs " + cost_text + ")";
+    lane.boundaries = {0, t.makespan};  // the one step drawn
+    mp::write_svg(lane, o.svg);
+  }
+
+  // ---- the report ----
   std::printf("schedule %s: pp %d, %d micro-batches, %d chunk%s per rank (%d stages) - %s\n", sched.name.c_str(), pp,
               m, chunks, chunks == 1 ? "" : "s", sched.shape.stages(), std::string(gen->description).c_str());
   std::printf("simulated with costs %s%s\n", cost_text.c_str(),
@@ -195,20 +233,10 @@ void run_schedule(const ScheduleOptions& o, bool chunks_given) {
   for (int r = 0; r < pp; ++r)
     std::printf("%-6d %10s %8s %16d\n", r, short_num(t.busy[r]).c_str(), fixed(t.bubble[r], 4).c_str(),
                 t.peak_in_flight[r]);
-  const double mean_bubble = std::accumulate(t.bubble.begin(), t.bubble.end(), 0.0) / pp;
   std::printf("\nstep time %s; bubble fraction %s (mean over ranks, %s%%)\n", short_num(t.makespan).c_str(),
               fixed(mean_bubble, 4).c_str(), fixed(100 * mean_bubble, 1).c_str());
 
-  if (!o.svg.empty()) {
-    mp::Swimlane lane = mp::swimlane_of(
-        sched, t,
-        sched.name + " schedule, pp " + std::to_string(pp) + ", m " + std::to_string(m) + ", v " +
-            std::to_string(chunks) + ": bubble " + fixed(100 * mean_bubble, 1) + "% (simulated)");
-    lane.axis_caption = "time (simulated, costs " + cost_text + ")";
-    lane.boundaries = {0, t.makespan};  // the one step drawn
-    mp::write_svg(lane, o.svg);
-    std::printf("swimlane: %s\n", o.svg.c_str());
-  }
+  if (!o.svg.empty()) std::printf("swimlane: %s\n", o.svg.c_str());
 }
 
 }  // namespace
@@ -223,7 +251,8 @@ void add_schedule_command(CLI::App& app) {
   c->add_option("--microbatches", opt->microbatches, "Micro-batches per step")
       ->check(integer<int>(1))
       ->capture_default_str();
-  c->add_option("--schedule", opt->schedule, "Pipeline schedule: " + names)->capture_default_str();
+  c->add_option("--schedule", opt->schedule, "Pipeline schedule: " + names + " (zb: zb-h1, as train takes it)")
+      ->capture_default_str();
   CLI::Option* chunks = c->add_option("--chunks", opt->chunks,
                                       "Model chunks per rank (interleaved; default 2 there, else 1)")
                             ->check(integer<int>(1));
@@ -233,6 +262,7 @@ void add_schedule_command(CLI::App& app) {
                 "File of measured times of single actions, one '<action> <time>' per line (e.g. '2F0 12.5'), "
                 "replayed instead of the per-kind --costs");
   c->add_option("--svg", opt->svg, "Also draw the simulated swimlane into this SVG file");
+  c->add_flag("--overwrite", opt->overwrite, "Let --svg replace an existing file meshtrain did not write");
   c->callback([opt, chunks] { run_schedule(*opt, chunks->count() > 0); });
 }
 

@@ -1,5 +1,7 @@
 // `meshtrain trace render FILE.json -o FILE.svg`: draws the measured swimlane of a run's trace
-// (train/swimlane.h) — the same picture `train --trace` writes beside its JSON.
+// (train/swimlane.h) — the same picture `train --trace` writes beside its JSON. The paths are
+// checked first by the output policy (train/outputs.h): -o must be writable, must not be the
+// trace, and must not replace a file meshtrain did not write unless --overwrite is given.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -7,6 +9,7 @@
 
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/pipeline/svg.h"
+#include "meshtrain/train/outputs.h"
 #include "meshtrain/train/swimlane.h"
 
 namespace meshtrain::cli {
@@ -14,15 +17,18 @@ namespace meshtrain::cli {
 namespace {
 struct RenderOptions {
   std::string input, output;
+  bool overwrite = false;
 };
 
 void render(const RenderOptions& o) {
-  const std::filesystem::path out(o.output);
-  if (!out.parent_path().empty() && !std::filesystem::is_directory(out.parent_path()))
-    throw UsageError("-o " + o.output + ": the directory " + out.parent_path().string() + " does not exist");
   std::vector<trace::Event> events;
   pipeline::Swimlane lane;
   try {
+    // Before anything is read: the output's directory, the trace itself, a file not ours.
+    train::PathPlan plan(o.overwrite);
+    plan.input_file("the trace", o.input);
+    plan.output_file("-o", o.output, train::OutputKind::svg);
+    plan.check();
     events = train::read_chrome_trace(o.input);
     lane = train::measured_swimlane(events, "measured: " + std::filesystem::path(o.input).filename().string());
   } catch (const std::invalid_argument& e) {
@@ -40,6 +46,7 @@ void add_trace_command(CLI::App& app) {
   CLI::App* r = trace->add_subcommand("render", "Draw a trace's measured swimlane as SVG");
   r->add_option("trace", opt->input, "The Chrome-trace JSON written by train --trace")->required();
   r->add_option("-o,--output", opt->output, "The SVG file to write")->required();
+  r->add_flag("--overwrite", opt->overwrite, "Let -o replace an existing file meshtrain did not write");
   r->callback([opt] { render(*opt); });
 }
 

@@ -65,6 +65,36 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
+// The name `latest` holds, trailing whitespace dropped. Only its first 4 KiB are read: a step
+// folder name is 23 bytes at most, and anything longer is refused anyway.
+std::string read_latest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError("cannot read " + path);
+  std::string name(4096, '\0');
+  in.read(name.data(), static_cast<std::streamsize>(name.size()));
+  name.resize(static_cast<size_t>(in.gcount()));
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  return name;
+}
+
+// `text` as it can be quoted in a message: bytes that are not printable ASCII (a NUL would
+// end the message where it is printed) as \xNN, and at most 64 bytes of it.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < 64; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (text.size() > 64) out += "...";
+  return out;
+}
+
 // ---- index.json ----
 
 std::string index_text(nlohmann::json j) {
@@ -314,6 +344,35 @@ void read_tensors(const std::string& folder, const nlohmann::json& index, bool m
   }
 }
 
+// Whether the files' headers hold every piece where the index says, as meshtrain writes it:
+// under its key, float32, in the logical shape when it is the whole tensor, else 1-D of its
+// elements. (The CRCs only say the files are those the save wrote; a file written by another
+// program with the right CRCs recorded could still disagree with the index.)
+void check_piece_headers(const std::string& folder, const CheckpointIndex& index) {
+  std::map<std::string, std::map<std::string, SafetensorsEntry>> headers;  // file -> key -> entry
+  for (const auto* part : {&index.model, &index.optimizer})
+    for (const auto& [name, t] : *part)
+      for (const StoredPiece& p : t.pieces) {
+        auto [it, added] = headers.try_emplace(p.file);
+        if (added)
+          for (SafetensorsEntry& e : read_safetensors_header((fs::path(folder) / p.file).string()))
+            it->second.emplace(e.name, std::move(e));
+        const Shape want = p.spec.whole() ? p.spec.shape : Shape{p.spec.numel()};
+        const auto e = it->second.find(p.key);
+        if (e == it->second.end())
+          corrupt(folder, p.file + " lacks tensor " + p.key + ", which " + kIndexFile + " records as a piece of " +
+                              name);
+        if (e->second.dtype != "F32" || e->second.shape != want)
+          corrupt(folder, p.file + " holds tensor " + p.key + " as " + e->second.dtype + " " +
+                              shape_str(e->second.shape) + " but " + kIndexFile + " records it as F32 " +
+                              shape_str(want) +
+                              (p.spec.whole() ? std::string()
+                                              : ", elements [" + std::to_string(p.spec.begin) + ", " +
+                                                    std::to_string(p.spec.end) + ") of " + name + " " +
+                                                    shape_str(t.shape)));
+      }
+}
+
 // A save's failures as CheckpointWriteError naming the checkpoint.
 template <class F>
 auto writing(const std::string& what, F&& f) {
@@ -445,10 +504,9 @@ std::string save_checkpoint(const std::string& dir, const CheckpointData& data, 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
   const fs::path latest = fs::path(dir) / kLatestFile;
   if (!fs::is_regular_file(latest)) return std::nullopt;
-  std::string name = read_text(latest.string());
-  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  const std::string name = read_latest(latest.string());
   if (!parse_step_folder(name))
-    throw CheckpointError("checkpoint directory " + dir + ": `latest` holds '" + name +
+    throw CheckpointError("checkpoint directory " + dir + ": `latest` holds '" + printable(name) +
                           "', not a step folder name; fix or delete the file");
   const fs::path folder = fs::path(dir) / name;
   if (!fs::is_directory(folder))
@@ -467,6 +525,7 @@ CheckpointIndex open_checkpoint(const std::string& path, bool model_only) try {
   out.config = index["config"];
   out.state = index["state"];
   read_tensors(out.folder, index, model_only, out);
+  if (out.version >= 2) check_piece_headers(out.folder, out);
   return out;
 } catch (const fs::filesystem_error& e) {
   throw CheckpointError("cannot load checkpoint " + path + ": " + e.what());
@@ -502,10 +561,11 @@ ResumePoint find_resume_point(const std::string& dir) {
   const fs::path latest_path = fs::path(dir) / kLatestFile;
   const bool have_latest = fs::exists(latest_path, ec);
   std::optional<std::string> latest;
+  std::string latest_text;  // what `latest` holds when it names no step folder
   if (have_latest && fs::is_regular_file(latest_path, ec)) {
-    std::string name = read_text(latest_path.string());
-    while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+    std::string name = read_latest(latest_path.string());
     if (parse_step_folder(name)) latest = name;
+    else latest_text = name;
   }
   const auto folders = step_folders(dir);
   ResumePoint rp;
@@ -539,8 +599,8 @@ ResumePoint find_resume_point(const std::string& dir) {
   if (!have_latest)
     rp.notes.push_back("`latest` is missing in " + dir + "; resuming from the newest valid step folder, " + chosen);
   else if (!latest)
-    rp.notes.push_back("`latest` in " + dir + " does not name a step folder; resuming from the newest valid one, " +
-                       chosen);
+    rp.notes.push_back("`latest` in " + dir + " holds '" + printable(latest_text) +
+                       "', not a step folder name; resuming from the newest valid one, " + chosen);
   else if (*latest != chosen)
     rp.notes.push_back("`latest` in " + dir + " names " + *latest + " but the newest valid step folder is " +
                        chosen + "; resuming from " + chosen);

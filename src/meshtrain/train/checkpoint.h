@@ -48,9 +48,12 @@
 // save of that step. The ranks must share the checkpoint directory's file system (one machine,
 // or a network file system across hosts).
 //
-// Loading verifies index.json's own CRC, then the size and CRC32 of every file it lists,
-// before parsing any tensor; any problem throws CheckpointError naming the checkpoint, the
-// file and what to do. Nothing partially loaded is ever returned. PieceReader then copies out
+// Loading verifies index.json's own CRC, then the size and CRC32 of every file it lists, then
+// that each file's header holds every piece the index places in it (its key, float32, the
+// logical shape for a whole piece, else 1-D of its elements), before parsing any tensor; any
+// problem throws CheckpointError naming the checkpoint, the file and what to do. Every element
+// copied out of a piece must be finite: the trainer never saves a diverged step, so a NaN or
+// infinity (behind valid CRCs) is refused, naming the file and tensor. Nothing partially loaded is ever returned. PieceReader then copies out
 // of the (mapped) files only the elements a caller asks for: a rank resuming at another layout
 // reads its stage's tensors, its tp slice and its ZeRO range, directly into what it holds,
 // whatever tp the checkpoint was saved at (the runs of both layouts are intersected).
@@ -185,7 +188,8 @@ struct CheckpointIndex {
   std::vector<std::pair<std::string, Shape>> shapes(const std::map<std::string, StoredTensor>& part) const;
 };
 // Opens a checkpoint (`path`: a checkpoint DIR, through `latest`, or a step folder): index.json
-// checked (form, CRC, pieces tiling every tensor) and the size and CRC32 of its files verified
+// checked (form, CRC, pieces tiling every tensor, each piece in its file's header as recorded)
+// and the size and CRC32 of its files verified
 // — all of them, or with model_only only the model's (what sampling needs; the optimizer
 // part of the index is then left empty). Throws CheckpointError saying what is wrong.
 CheckpointIndex open_checkpoint(const std::string& path, bool model_only = false);
@@ -197,7 +201,7 @@ class PieceReader {
   // dst[0, end - begin) = elements [begin, end) of the tp-local tensor that `tp` cuts out of
   // logical tensor `name` (padding elements 0). Reads only the pieces that overlap them.
   // Throws CheckpointError when the checkpoint lacks the tensor, holds it in another shape
-  // than `shape`, or a piece is not where the index says.
+  // than `shape`, a piece is not where the index says, or an element read is not finite.
   void read(const std::string& name, const Shape& shape, const nn::ShardSpec& tp, int64_t begin, int64_t end,
             float* dst);
   // The whole logical tensor `name`.

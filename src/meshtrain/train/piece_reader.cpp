@@ -2,6 +2,7 @@
 // only the elements asked for, and the full-tensor loaders assemble one logical tensor at a time;
 // the checks of an index's tensor set.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -24,6 +25,17 @@ std::vector<Run> runs_of(const nn::ShardSpec& tp, const Shape& shape, int64_t be
   std::vector<Run> out;
   tp.for_each_run(shape, begin, end, [&](int64_t l, int64_t g, int64_t n) { out.push_back({g, n, l - begin}); });
   return out;
+}
+
+// Whether all n floats are finite: no exponent field of all ones (integer work, vectorised).
+bool all_finite(const float* x, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
 }
 
 bool same_cut(const nn::ShardSpec& a, const nn::ShardSpec& b) {
@@ -76,6 +88,13 @@ void PieceReader::read(const std::string& name, const Shape& shape, const nn::Sh
                                 " of " + std::to_string(p.spec.numel()) + " elements; resume from an earlier step");
       }
       f->copy(*e, from, n, to);
+      // The trainer never saves a diverged step, so NaN or infinity here means an altered file
+      // (its CRCs rewritten) or a writer other than meshtrain: refused, never sampled from.
+      if (!all_finite(to, n))
+        throw CheckpointError("checkpoint " + index_.folder + ": " + p.file +
+                              " holds non-finite values (NaN or infinity) in tensor " + name +
+                              (p.key == name ? "" : " (piece " + p.key + ")") +
+                              "; it was not saved so by meshtrain train: use another step or checkpoint");
       bytes_read_ += (e->end - e->begin) / std::max<int64_t>(1, shape_numel(e->shape)) * n;
       copied += n;
     };

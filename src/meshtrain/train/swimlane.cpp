@@ -1,6 +1,7 @@
 #include "meshtrain/train/swimlane.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -70,6 +71,9 @@ pipeline::Swimlane measured_swimlane(const std::vector<trace::Event>& events, co
 }
 
 std::vector<trace::Event> read_chrome_trace(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw std::invalid_argument("the trace " + path + " is a directory; give the JSON file `train --trace` wrote");
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("cannot open the trace " + path + "; give the JSON file `train --trace` wrote");
   nlohmann::json doc;

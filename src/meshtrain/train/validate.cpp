@@ -4,9 +4,12 @@
 #include "meshtrain/train/layout.h"
 #include "meshtrain/train/outputs.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -32,6 +35,25 @@ std::string num(double v) {
   std::ostringstream s;
   s << v;
   return s.str();
+}
+
+// 0 when a file can be created in `dir`, else the errno that refuses it. access() says yes to
+// root everywhere but on read-only mounts, so this tries: an unnamed file (O_TMPFILE), which
+// vanishes on close and leaves nothing behind; where the file system has no O_TMPFILE, a named
+// probe created and removed at once.
+int cannot_create_in(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    return 0;
+  }
+  if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) return errno;
+  const fs::path probe = dir / (".meshtrain-probe-" + std::to_string(::getpid()));
+  fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return errno == EEXIST ? 0 : errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return 0;
 }
 
 // ---- the machine ----
@@ -303,6 +325,9 @@ void check_output_file(const std::string& flag, const std::string& path) {
     bad(flag + " " + path + ": the directory " + dir.string() + " is not writable; choose another path");
   if (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0)
     bad(flag + " " + path + " exists and is not writable; choose another path");
+  if (const int err = cannot_create_in(dir))
+    bad(flag + " " + path + ": no file can be created in the directory " + dir.string() + " (" +
+        std::strerror(err) + "); choose another path");
 }
 
 void check_output_dir(const std::string& flag, const std::string& path) {

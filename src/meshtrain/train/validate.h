@@ -71,7 +71,9 @@ void check_threads(const std::string& flag, int64_t threads, const Machine& m, b
 void check_ranks(const std::string& what, int64_t ranks, int64_t threads_per_rank, const Machine& m);
 // --bucket-mb in bytes: a finite size from 4 bytes to 1 TiB.
 int64_t bucket_bytes_from_mb(double mb);
-// An output file `path` of `flag`: not a directory, in an existing, writable directory.
+// An output file `path` of `flag`: not a directory, in an existing, writable directory in which
+// a file can in fact be created (tried with an unnamed file that leaves nothing behind, so a
+// read-only mount or /proc is refused for root too).
 void check_output_file(const std::string& flag, const std::string& path);
 // An output directory `path` of `flag`: a directory, or creatable (its nearest existing
 // ancestor is a writable directory).
