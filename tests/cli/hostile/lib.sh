@@ -51,6 +51,7 @@ expect() {
     _allowed "$path" "${may[@]+"${may[@]}"}" || changed+="$path "
   done < <(diff <(echo "$before") <(echo "$after") | grep -E '^[<>] ' | cut -c3- | sort -u)
   local what="$*"
+  what=${what//$'\n'/ }
   [ ${#what} -gt 160 ] && what="${what:0:157}..."
   if [ "$rc" != "$code" ]; then
     echo "FAIL: $what: exit $rc, expected $code"; echo "$out" | tail -5 | sed 's/^/    /'
