@@ -1,11 +1,12 @@
 // Swimlanes as SVG; see svg.h for what a picture holds.
 #include "meshtrain/pipeline/svg.h"
 
+#include "meshtrain/io/file.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <stdexcept>
 
@@ -226,12 +227,7 @@ std::string to_svg(const Swimlane& s) {
 }
 
 void write_svg(const Swimlane& swimlane, const std::string& path) {
-  const std::string text = to_svg(swimlane);
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error("cannot write the swimlane file '" + path + "'");
-  f << text;
-  f.close();
-  if (!f) throw std::runtime_error("writing the swimlane file '" + path + "' failed");
+  io::write_file_atomic(path, to_svg(swimlane), "swimlane file");
 }
 
 // ---- simulated schedules ----
