@@ -6,7 +6,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <string>
+#include <vector>
 
+#include "meshtrain/io/file.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/rank_trainer.h"
 
@@ -58,7 +62,10 @@ RankPieces RankTrainer::my_pieces() {
 // Every rank writes its two files into the step's tmp folder at the same time; rank 0 commits.
 // Two collectives over the world: rank 0's folder is ready (broadcast), every rank's files are
 // written (all-gather of their digests and figures). A rank that fails makes every rank throw.
-void RankTrainer::save(int64_t step) {
+// `metrics_line` (rank 0: the step's metrics line, without the save's timings) goes into the
+// checkpoint's state, so a resume can write it back when a kill came between the commit and
+// the metrics file (train/metrics.h, trim_metrics_for_resume).
+void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
   comm::Communicator& world = mesh_.world();
   const std::string& dir = o_.checkpoint_dir;
   const std::string folder = dir + "/" + step_folder_name(step);
@@ -107,7 +114,8 @@ void RankTrainer::save(int64_t step) {
   if (!failed.empty())
     throw CheckpointWriteError("cannot save checkpoint " + folder + ": rank(s) " + failed + " could not write their files");
   if (lead_) {
-    const nlohmann::json state = {{"updates", adam_->updates()}, {"data_position", step}};
+    nlohmann::json state = {{"updates", adam_->updates()}, {"data_position", step}};
+    if (metrics_line) state["metrics"] = *metrics_line;
     commit_save(dir, step, run_config(sh_.cfg, o_), state, digests, o_.keep_checkpoints);
     report_save(step, std::chrono::duration<double>(Clock::now() - t0).count(), std::move(ranks));
   }
@@ -203,14 +211,55 @@ std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const 
   }
   if (lead && !o.metrics.empty()) {
     const int64_t step = ck ? ck->step : 0;
-    const MetricsTrim t = trim_metrics_for_resume(o.metrics, step);
-    if (t.dropped > 0)
-      note("metrics file " + o.metrics + ": " +
-           (step == 0 ? std::string("this run starts from step 0, so its ") + std::to_string(t.dropped) +
-                            " line(s) were removed"
-                      : "kept its lines of steps 1-" + std::to_string(step) + " and removed " +
-                            std::to_string(t.dropped) + " line(s) of later steps (this run writes them again) or cut short") +
-           "; the file as it was is kept as " + t.backup);
+    // The line a step folder's checkpoint recorded (RankTrainer::save), for a step the file lacks.
+    std::map<int64_t, std::string> folders;
+    if (ck)
+      for (const auto& [s, path] : step_folders(dir)) folders[s] = path;
+    const MetricsLineSource source = [&](int64_t s) -> std::optional<std::string> {
+      const auto it = folders.find(s);
+      if (it == folders.end()) return std::nullopt;
+      try {
+        const nlohmann::json state = read_checkpoint_state(it->second);
+        const auto m = state.find("metrics");
+        if (m != state.end() && m->is_object() && m->value("step", int64_t{-1}) == s) return m->dump();
+      } catch (const CheckpointError&) {  // a damaged index: the line stays missing
+      }
+      return std::nullopt;
+    };
+    MetricsTrim t;
+    try {
+      t = trim_metrics_for_resume(o.metrics, step, source);
+    } catch (const io::WriteError& e) {
+      throw io::WriteError(std::string(e.what()) + " (rewriting it with one line per step up to step " +
+                           std::to_string(step) + " before continuing; nothing was trained, the file is as it was)");
+    }
+    std::vector<std::string> said;
+    const int64_t later = t.dropped - t.duplicates;  // of later steps, or cut short
+    if (step == 0 && t.dropped > 0) {
+      said.push_back("this run starts from step 0, so its " + std::to_string(t.dropped) + " line(s) were removed");
+    } else {
+      if (later > 0)
+        said.push_back("kept its lines of steps 1-" + std::to_string(step) + " and removed " + std::to_string(later) +
+                       " line(s) of later steps (this run writes them again) or cut short");
+      if (t.duplicates > 0)
+        said.push_back("collapsed " + std::to_string(t.duplicates) +
+                       " duplicate line(s) of steps it keeps to the last one written");
+    }
+    if (!t.rebuilt.empty())
+      said.push_back("rebuilt the line(s) of step(s) " + format_steps(t.rebuilt) +
+                     ", which it lacked, from the line their checkpoints recorded (without the save's \"checkpoint\" "
+                     "timings)");
+    if (!t.missing.empty())
+      said.push_back(std::string(t.existed ? "it" : "it did not exist and") + " lacks the line(s) of step(s) " +
+                     format_steps(t.missing) +
+                     ", which could not be rebuilt: no checkpoint of theirs records one (the run that trained them "
+                     "had no --metrics or an older meshtrain, or their step folders were removed)");
+    if (!t.backup.empty()) said.push_back("the file as it was is kept as " + t.backup);
+    if (!said.empty()) {
+      std::string text = "metrics file " + o.metrics + ": ";
+      for (size_t i = 0; i < said.size(); ++i) text += (i ? "; " : "") + said[i];
+      note(text);
+    }
   }
   return ck;
 }
