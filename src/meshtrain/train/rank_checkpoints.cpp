@@ -61,10 +61,11 @@ RankPieces RankTrainer::my_pieces() {
 
 // Every rank writes its two files into the step's tmp folder at the same time; rank 0 commits.
 // Two collectives over the world: rank 0's folder is ready (broadcast), every rank's files are
-// written (all-gather of their digests and figures). A rank that fails makes every rank throw.
-// `metrics_line` (rank 0: the step's metrics line, without the save's timings) goes into the
-// checkpoint's state, so a resume can write it back when a kill came between the commit and
-// the metrics file (train/metrics.h, trim_metrics_for_resume).
+// written (all-gather of their digests and figures). A rank that fails makes every rank throw;
+// rank 0 then removes the tmp folder (a full disk gets its space back) and the message says
+// which checkpoint stays `latest`. `metrics_line` (rank 0: the step's metrics line, without the
+// save's timings) goes into the checkpoint's state, so a resume can write it back when a kill
+// came between the commit and the metrics file (train/metrics.h, trim_metrics_for_resume).
 void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
   comm::Communicator& world = mesh_.world();
   const std::string& dir = o_.checkpoint_dir;
@@ -72,6 +73,19 @@ void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
   const auto t0 = Clock::now();
   reset_tensor_bytes_peak_thread();
   const int64_t resident = tensor_bytes_live_thread();
+  // A failed save: the tmp folder goes (rank 0, once every rank is past writing into it).
+  auto failed_save = [&](const std::string& what) {
+    if (lead_) {
+      std::error_code ec;
+      std::filesystem::remove_all(folder + ".tmp", ec);
+    }
+    std::string msg = what;
+    if (saved_step_)
+      msg += "; the latest checkpoint stays " + step_folder_name(*saved_step_) + " in " + dir;
+    else
+      msg += "; no checkpoint of this run had been saved yet";
+    return CheckpointWriteError(msg);
+  };
   std::string error;
   std::array<int64_t, 1> ready{1};
   if (lead_) try {
@@ -81,7 +95,7 @@ void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
     }
   world.broadcast(ready, {.root = 0});
   if (!ready[0])
-    throw CheckpointWriteError(lead_ ? error : "cannot save checkpoint " + folder + ": rank 0 could not create its folder");
+    throw failed_save(lead_ ? error : "cannot save checkpoint " + folder + ": rank 0 could not create its folder");
 
   const auto t1 = Clock::now();
   const RankPieces pieces = my_pieces();
@@ -110,13 +124,22 @@ void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
     digests.push_back({{f[1], static_cast<uint32_t>(f[2])}, {f[3], static_cast<uint32_t>(f[4])}});
     ranks.push_back({static_cast<double>(f[8]) * 1e-9, f[1] + f[3], f[5], f[6], f[7]});
   }
-  if (!ok) throw CheckpointWriteError(error);
+  if (!ok) throw failed_save(error);
   if (!failed.empty())
-    throw CheckpointWriteError("cannot save checkpoint " + folder + ": rank(s) " + failed + " could not write their files");
+    throw failed_save("cannot save checkpoint " + folder + ": rank(s) " + failed + " could not write their files");
   if (lead_) {
     nlohmann::json state = {{"updates", adam_->updates()}, {"data_position", step}};
     if (metrics_line) state["metrics"] = *metrics_line;
-    commit_save(dir, step, run_config(sh_.cfg, o_), state, digests, o_.keep_checkpoints);
+    try {
+      commit_save(dir, step, run_config(sh_.cfg, o_), state, digests, o_.keep_checkpoints);
+    } catch (const CheckpointWriteError& e) {
+      // When only `latest` (or pruning) failed, the installed folder is complete and --resume takes it.
+      std::error_code ec;
+      if (std::filesystem::exists(folder + "/index.json", ec) && !std::filesystem::exists(folder + ".tmp", ec))
+        throw CheckpointWriteError(std::string(e.what()) + "; " + step_folder_name(step) + " is complete in " + dir +
+                                   " and --resume continues from it");
+      throw failed_save(e.what());
+    }
     report_save(step, std::chrono::duration<double>(Clock::now() - t0).count(), std::move(ranks));
   }
   saved_step_ = step;
