@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -59,6 +60,15 @@ RankPieces RankTrainer::my_pieces() {
   return out;
 }
 
+// `root`'s `text` on every rank (at most 1 KiB of it): a collective over `world`.
+static std::string shared_message(comm::Communicator& world, int root, const std::string& text) {
+  std::array<int64_t, 128> buf{};
+  if (world.rank() == root) std::memcpy(buf.data(), text.data(), std::min(text.size(), sizeof buf - 1));
+  world.broadcast(buf, {.root = root});
+  const char* c = reinterpret_cast<const char*>(buf.data());
+  return std::string(c, strnlen(c, sizeof buf));
+}
+
 // Every rank writes its two files into the step's tmp folder at the same time; rank 0 commits.
 // Two collectives over the world: rank 0's folder is ready (broadcast), every rank's files are
 // written (all-gather of their digests and figures). A rank that fails makes every rank throw;
@@ -94,8 +104,7 @@ void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
       ready[0] = 0, error = e.what();
     }
   world.broadcast(ready, {.root = 0});
-  if (!ready[0])
-    throw failed_save(lead_ ? error : "cannot save checkpoint " + folder + ": rank 0 could not create its folder");
+  if (!ready[0]) throw failed_save(shared_message(world, 0, error));
 
   const auto t1 = Clock::now();
   const RankPieces pieces = my_pieces();
@@ -115,18 +124,26 @@ void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
                                           static_cast<int64_t>(write_s * 1e9)};
   std::vector<int64_t> all(kFields * world.size());
   world.all_gather(mine, all);
-  std::string failed;
+  std::vector<int> failed;
   std::vector<RankFiles> digests;
   std::vector<RankSave> ranks;
   for (int r = 0; r < world.size(); ++r) {
     const int64_t* f = &all[kFields * r];
-    if (!f[0]) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+    if (!f[0]) failed.push_back(r);
     digests.push_back({{f[1], static_cast<uint32_t>(f[2])}, {f[3], static_cast<uint32_t>(f[4])}});
     ranks.push_back({static_cast<double>(f[8]) * 1e-9, f[1] + f[3], f[5], f[6], f[7]});
   }
-  if (!ok) throw failed_save(error);
-  if (!failed.empty())
-    throw failed_save("cannot save checkpoint " + folder + ": rank(s) " + failed + " could not write their files");
+  if (!failed.empty()) {
+    // Every rank throws the first failing rank's error (its file and cause), so the run reports
+    // it whichever rank's exception arrives first.
+    std::string what = shared_message(world, failed[0], error);
+    if (world.size() > 1) {
+      what += " (rank(s) ";
+      for (size_t i = 0; i < failed.size(); ++i) what += (i ? ", " : "") + std::to_string(failed[i]);
+      what += " could not write their files)";
+    }
+    throw failed_save(what);
+  }
   if (lead_) {
     nlohmann::json state = {{"updates", adam_->updates()}, {"data_position", step}};
     if (metrics_line) state["metrics"] = *metrics_line;
