@@ -14,7 +14,9 @@
 //
 // Every failure throws WriteError: "cannot write <what> <path>: <strerror>".
 // Limits: the directory fsync after a rename is skipped where the file system does not
-// support it (EINVAL); appends are not fsynced one by one (a kill keeps them, a power loss may not).
+// support it (EINVAL); appends are not fsynced one by one (a kill keeps them, a power loss may
+// not); a kill between creating the temporary and renaming it leaves it behind, as a hidden
+// .NAME.PID.N.tmp beside the target (never taken for the target, never over another file).
 #pragma once
 
 #include <cstdint>
