@@ -124,8 +124,12 @@ std::string format_steps(const std::vector<int64_t>& steps) {
   for (size_t i = 0; i < steps.size();) {
     size_t j = i;
     while (j + 1 < steps.size() && steps[j + 1] == steps[j] + 1) ++j;
-    out += (out.empty() ? "" : ", ") + std::to_string(steps[i]);
-    if (j > i) out += "-" + std::to_string(steps[j]);
+    if (!out.empty()) out += ", ";
+    out += std::to_string(steps[i]);
+    if (j > i) {
+      out += '-';
+      out += std::to_string(steps[j]);
+    }
     i = j + 1;
   }
   return out;
