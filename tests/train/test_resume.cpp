@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -297,6 +298,32 @@ TEST_F(Resume, MetricsTrimDropsCutAndDuplicateLines) {
   const auto again = train::trim_metrics_for_resume(m.string(), 3);
   EXPECT_EQ(again.dropped, 0);
   EXPECT_FALSE(fs::exists(t.backup));
+}
+
+// The steps a file lacks come from the source (a checkpoint's recorded line) where it has
+// them; the rest are listed. Adding lines drops nothing, so no backup is written.
+TEST_F(Resume, MetricsTrimRebuildsMissingLinesAndListsTheRest) {
+  const fs::path m = tmp.path() / "m.jsonl";
+  std::ofstream(m) << "{\"step\":1,\"loss\":5}\n{\"step\":4,\"loss\":2}";  // no newline at the end
+  auto source = [](int64_t s) -> std::optional<std::string> {
+    if (s == 3 || s == 5) return "{\"loss\":" + std::to_string(6 - s) + ",\"step\":" + std::to_string(s) + "}";
+    return std::nullopt;
+  };
+  const auto t = train::trim_metrics_for_resume(m.string(), 5, source);
+  EXPECT_EQ(t.kept, 2);
+  EXPECT_EQ(t.dropped, 0);
+  EXPECT_EQ(t.rebuilt, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(t.missing, (std::vector<int64_t>{2}));
+  EXPECT_TRUE(t.backup.empty());
+  EXPECT_EQ(metric_steps(m.string()), (std::vector<int64_t>{1, 3, 4, 5}));
+  EXPECT_EQ(read_all(m.string()).back(), '\n');
+  EXPECT_EQ(train::format_steps({1, 2, 3, 5, 7, 8}), "1-3, 5, 7-8");
+  // An absent file is created from what the source has.
+  const fs::path n = tmp.path() / "n.jsonl";
+  const auto u = train::trim_metrics_for_resume(n.string(), 3, source);
+  EXPECT_FALSE(u.existed);
+  EXPECT_EQ(u.missing, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(metric_steps(n.string()), (std::vector<int64_t>{3}));
 }
 
 TEST_F(Resume, ResumeWithoutCheckpointKeepsTheOldMetrics) {

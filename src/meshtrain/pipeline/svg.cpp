@@ -1,9 +1,7 @@
 // Swimlanes as SVG; see svg.h for what a picture holds.
 #include "meshtrain/pipeline/svg.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include "meshtrain/io/file.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -231,26 +229,7 @@ std::string to_svg(const Swimlane& s) {
 }
 
 void write_svg(const Swimlane& swimlane, const std::string& path) {
-  const std::string text = to_svg(swimlane);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw std::runtime_error("cannot create the swimlane file " + path + ": " + std::strerror(errno));
-  const char* at = text.data();
-  std::size_t left = text.size();
-  int err = 0;
-  while (left > 0 && err == 0) {
-    const ssize_t k = ::write(fd, at, left);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) err = k < 0 ? errno : EIO;
-    else at += k, left -= static_cast<std::size_t>(k);
-  }
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err != 0) {
-    // What was written is a fragment: remove it (a device or pipe is left alone).
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(path.c_str());
-    throw std::runtime_error("cannot write the swimlane file " + path + ": " + std::strerror(err));
-  }
+  io::write_file_atomic(path, to_svg(swimlane), "swimlane file");
 }
 
 // ---- simulated schedules ----

@@ -59,7 +59,8 @@ std::string to_svg(const Swimlane& swimlane);
 // recognises a file it may replace.
 inline constexpr const char* kSvgMark = "<!-- written by meshtrain -->";
 
-// Writes to_svg() to `path`; throws std::runtime_error naming the path when it cannot.
+// Writes to_svg() to `path` atomically (io/file.h); throws io::WriteError (a std::runtime_error)
+// naming the path and the cause when it cannot, leaving a previous file at `path` as it was.
 void write_svg(const Swimlane& swimlane, const std::string& path);
 
 // Round tick values (1, 2 or 5 times a power of ten) covering [lo, hi], about `target` of

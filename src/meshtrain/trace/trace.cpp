@@ -1,8 +1,9 @@
 #include "meshtrain/trace/trace.h"
 
+#include "meshtrain/io/file.h"
+
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -66,10 +67,11 @@ void Recorder::write_chrome_json(const std::string& path) const {
     out.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", 0}, {"args", {{"name", "compute"}}}});
     out.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", 1}, {"args", {{"name", "communication"}}}});
   }
-  std::ofstream f(path);
-  if (!f) throw std::runtime_error("cannot write trace file '" + path + "'");
-  f << nlohmann::json{{"traceEvents", out}, {"displayTimeUnit", "ms"}, {"otherData", {{"writer", "meshtrain"}}}}.dump()
-    << "\n";
+  io::write_file_atomic(
+      path,
+      nlohmann::json{{"traceEvents", out}, {"displayTimeUnit", "ms"}, {"otherData", {{"writer", "meshtrain"}}}}.dump() +
+          "\n",
+      "trace");
 }
 
 // ---- analysis ----

@@ -52,7 +52,9 @@ class Recorder {
   };
 
   // The Chrome-trace object format, with {"otherData": {"writer": "meshtrain"}}: the mark by
-  // which the output policy (train/outputs.h) knows a trace it may replace.
+  // which the output policy (train/outputs.h) knows a trace it may replace. Written atomically
+  // (io/file.h): a failure throws io::WriteError naming the file and the cause, and leaves a
+  // previous file at `path` as it was.
   void write_chrome_json(const std::string& path) const;
 
  private:

@@ -549,6 +549,12 @@ void verify_checkpoint(const std::string& folder) try {
 } catch (const fs::filesystem_error& e) {
   throw CheckpointError("cannot read checkpoint " + folder + ": " + e.what());
 }
+nlohmann::json read_checkpoint_state(const std::string& folder) try {
+  return read_index(folder)["state"];
+} catch (const fs::filesystem_error& e) {
+  throw CheckpointError("cannot read checkpoint " + folder + ": " + e.what());
+}
+
 ResumePoint find_resume_point(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(dir, ec))

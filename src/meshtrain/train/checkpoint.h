@@ -23,7 +23,9 @@
 // rank 0 builds the index.
 // index.json (version 2):
 //   {"format": "meshtrain-checkpoint", "version": 2, "step": 100,
-//    "config": {...}, "state": {...},                         (caller-given JSON objects)
+//    "config": {...}, "state": {...},                         (caller-given JSON objects;
+//                        training's state: "updates", "data_position" and "metrics", the
+//                        step's metrics line without its save timings, see train/trainer.h)
 //    "files": {"model-00000.safetensors": {"size": N, "crc32": C}, ...},   every rank's files
 //    "tensors": {"wte.weight": {"shape": [50257, 768], "pieces": [
 //        {"file": "model-00000.safetensors", "key": "wte.weight[tp 0/2][0:9649536]",
@@ -225,6 +227,11 @@ CheckpointData load_checkpoint_model(const std::string& path);
 // Complete step folders of DIR (named step_XXXXXXXX; *.tmp folders are not), by step, oldest
 // first. Empty when DIR does not exist or is not a directory.
 std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& dir);
+
+// The "state" object of a step folder's index.json, checking the index alone (its form and
+// CRC; the tensor files are not read): what a resume needs of older step folders (the metrics
+// line a training run records there, train/trainer.h). Throws CheckpointError.
+nlohmann::json read_checkpoint_state(const std::string& folder);
 
 // Verifies a step folder without parsing its tensors: index.json (form and CRC) and the size
 // and CRC32 of every file it lists. Throws CheckpointError saying what is wrong.

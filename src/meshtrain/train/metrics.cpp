@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -51,55 +52,87 @@ double measured_gemm_gflops(int threads, kernels::Precision precision) {
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) {
   if (path.empty()) return;
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
-  if (!f_) throw std::runtime_error("cannot open metrics file '" + path + "' for writing");
+  f_ = std::make_unique<io::AppendFile>(path, /*truncate=*/!append, "metrics file");
 }
 
-MetricsWriter::~MetricsWriter() {
-  if (f_) std::fclose(f_);
-}
+MetricsWriter::~MetricsWriter() = default;
 
 void MetricsWriter::write(const nlohmann::json& line) {
-  if (!f_) return;
-  std::string s = line.dump() + "\n";
-  std::fwrite(s.data(), 1, s.size(), f_);
-  std::fflush(f_);
+  if (f_) f_->append(line.dump() + "\n");
 }
 
-MetricsTrim trim_metrics_for_resume(const std::string& path, int64_t step) {
+void MetricsWriter::close() {
+  if (f_) f_->close();
+}
+
+MetricsTrim trim_metrics_for_resume(const std::string& path, int64_t step, const MetricsLineSource& source) {
   namespace fs = std::filesystem;
   MetricsTrim t;
+  if (path.empty()) return t;
   std::error_code ec;
-  if (path.empty() || !fs::exists(path, ec)) return t;
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read metrics file '" + path + "' to continue it");
+  t.existed = fs::exists(path, ec);
   std::map<int64_t, std::string> by_step;  // the last line of each kept step
-  std::string line;
   int64_t lines = 0;
-  while (std::getline(in, line)) {
-    ++lines;
-    // A line cut by a kill does not parse and is dropped with the rest.
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
-    const int64_t s = j["step"].get<int64_t>();
-    if (s >= 1 && s <= step) by_step[s] = line;
+  bool ends_with_newline = true;
+  if (t.existed) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot read metrics file '" + path + "' to continue it");
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    ends_with_newline = text.empty() || text.back() == '\n';
+    size_t at = 0;
+    while (at < text.size()) {
+      size_t nl = text.find('\n', at);
+      if (nl == std::string::npos) nl = text.size();
+      const std::string line = text.substr(at, nl - at);
+      at = nl + 1;
+      ++lines;
+      // A line cut by a kill does not parse and is dropped with the rest.
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+      const int64_t s = j["step"].get<int64_t>();
+      if (s < 1 || s > step) continue;
+      t.duplicates += by_step.count(s) ? 1 : 0;
+      by_step[s] = line;
+    }
   }
   t.kept = static_cast<int64_t>(by_step.size());
   t.dropped = lines - t.kept;
-  if (t.dropped == 0) return t;
-  t.backup = path + ".old";
-  fs::copy_file(path, t.backup, fs::copy_options::overwrite_existing, ec);
-  if (ec) throw std::runtime_error("cannot keep the metrics file '" + path + "' as " + t.backup + ": " + ec.message());
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    for (const auto& [s, l] : by_step) out << l << '\n';
-    out.flush();
-    if (!out) throw std::runtime_error("cannot write '" + tmp + "' (rewriting the metrics file to continue it)");
+  for (int64_t s = 1; s <= step; ++s) {
+    if (by_step.count(s)) continue;
+    std::optional<std::string> line = source ? source(s) : std::nullopt;
+    if (line) {
+      by_step[s] = std::move(*line);
+      t.rebuilt.push_back(s);
+    } else {
+      t.missing.push_back(s);
+    }
   }
-  fs::rename(tmp, path, ec);
-  if (ec) throw std::runtime_error("cannot replace the metrics file '" + path + "': " + ec.message());
+  if (t.dropped == 0 && t.rebuilt.empty() && ends_with_newline) return t;
+  if (t.dropped > 0) {
+    t.backup = path + ".old";
+    fs::copy_file(path, t.backup, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw std::runtime_error("cannot keep the metrics file '" + path + "' as " + t.backup + ": " + ec.message());
+  }
+  std::string text;
+  for (const auto& [s, l] : by_step) text += l + '\n';
+  io::write_file_atomic(path, text, "metrics file");
   return t;
+}
+
+std::string format_steps(const std::vector<int64_t>& steps) {
+  std::string out;
+  for (size_t i = 0; i < steps.size();) {
+    size_t j = i;
+    while (j + 1 < steps.size() && steps[j + 1] == steps[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(steps[i]);
+    if (j > i) {
+      out += '-';
+      out += std::to_string(steps[j]);
+    }
+    i = j + 1;
+  }
+  return out;
 }
 
 void configure_allocator() {

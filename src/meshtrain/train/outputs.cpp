@@ -165,6 +165,11 @@ void PathPlan::check() const {
     if (is_output(e.role)) {
       check_path_usable(e.flag, e.path);
       check_output_file(e.flag, e.path);
+      std::error_code ec;
+      const fs::file_status st = fs::status(e.path, ec);
+      if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st))
+        bad(e.flag + " " + e.path + " is not a regular file (a device, pipe or socket); give the path of a file "
+            "to write");
     } else if (e.role == Role::checkpoint_dir) {
       check_path_usable(e.flag, e.path);
       check_output_dir(e.flag, e.path);

@@ -260,6 +260,7 @@ void WorkerLoop::run() {
   client_.finish(lead_ ? model_.vspan() : std::span<float>());
   if (!lead_) return;
   report(client_.take_rounds());
+  metrics_->close();
   const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
   TrainResult& res = sh_.res;
   res.wall_s = wall;

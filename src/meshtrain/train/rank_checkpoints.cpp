@@ -4,13 +4,17 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <zlib.h>
 
+#include "meshtrain/io/file.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/rank_trainer.h"
 
@@ -80,16 +84,42 @@ RankPieces RankTrainer::my_pieces() {
   return out;
 }
 
+// `root`'s `text` on every rank (at most 1 KiB of it): a collective over `world`.
+static std::string shared_message(comm::Communicator& world, int root, const std::string& text) {
+  std::array<int64_t, 128> buf{};
+  if (world.rank() == root) std::memcpy(buf.data(), text.data(), std::min(text.size(), sizeof buf - 1));
+  world.broadcast(buf, {.root = root});
+  const char* c = reinterpret_cast<const char*>(buf.data());
+  return std::string(c, strnlen(c, sizeof buf));
+}
+
 // Every rank writes its two files into the step's tmp folder at the same time; rank 0 commits.
 // Two collectives over the world: rank 0's folder is ready (broadcast), every rank's files are
-// written (all-gather of their digests and figures). A rank that fails makes every rank throw.
-void RankTrainer::save(int64_t step) {
+// written (all-gather of their digests and figures). A rank that fails makes every rank throw;
+// rank 0 then removes the tmp folder (a full disk gets its space back) and the message says
+// which checkpoint stays `latest`. `metrics_line` (rank 0: the step's metrics line, without the
+// save's timings) goes into the checkpoint's state, so a resume can write it back when a kill
+// came between the commit and the metrics file (train/metrics.h, trim_metrics_for_resume).
+void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
   comm::Communicator& world = mesh_.world();
   const std::string& dir = o_.checkpoint_dir;
   const std::string folder = dir + "/" + step_folder_name(step);
   const auto t0 = Clock::now();
   reset_tensor_bytes_peak_thread();
   const int64_t resident = tensor_bytes_live_thread();
+  // A failed save: the tmp folder goes (rank 0, once every rank is past writing into it).
+  auto failed_save = [&](const std::string& what) {
+    if (lead_) {
+      std::error_code ec;
+      std::filesystem::remove_all(folder + ".tmp", ec);
+    }
+    std::string msg = what;
+    if (saved_step_)
+      msg += "; the latest checkpoint stays " + step_folder_name(*saved_step_) + " in " + dir;
+    else
+      msg += "; no checkpoint of this run had been saved yet";
+    return CheckpointWriteError(msg);
+  };
   std::string error;
   std::array<int64_t, 1> ready{1};
   if (lead_) try {
@@ -98,8 +128,7 @@ void RankTrainer::save(int64_t step) {
       ready[0] = 0, error = e.what();
     }
   world.broadcast(ready, {.root = 0});
-  if (!ready[0])
-    throw CheckpointWriteError(lead_ ? error : "cannot save checkpoint " + folder + ": rank 0 could not create its folder");
+  if (!ready[0]) throw failed_save(shared_message(world, 0, error));
 
   const auto t1 = Clock::now();
   const RankPieces pieces = my_pieces();
@@ -119,21 +148,39 @@ void RankTrainer::save(int64_t step) {
                                           static_cast<int64_t>(write_s * 1e9)};
   std::vector<int64_t> all(kFields * world.size());
   world.all_gather(mine, all);
-  std::string failed;
+  std::vector<int> failed;
   std::vector<RankFiles> digests;
   std::vector<RankSave> ranks;
   for (int r = 0; r < world.size(); ++r) {
     const int64_t* f = &all[kFields * r];
-    if (!f[0]) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+    if (!f[0]) failed.push_back(r);
     digests.push_back({{f[1], static_cast<uint32_t>(f[2])}, {f[3], static_cast<uint32_t>(f[4])}});
     ranks.push_back({static_cast<double>(f[8]) * 1e-9, f[1] + f[3], f[5], f[6], f[7]});
   }
-  if (!ok) throw CheckpointWriteError(error);
-  if (!failed.empty())
-    throw CheckpointWriteError("cannot save checkpoint " + folder + ": rank(s) " + failed + " could not write their files");
+  if (!failed.empty()) {
+    // Every rank throws the first failing rank's error (its file and cause), so the run reports
+    // it whichever rank's exception arrives first.
+    std::string what = shared_message(world, failed[0], error);
+    if (world.size() > 1) {
+      what += " (rank(s) ";
+      for (size_t i = 0; i < failed.size(); ++i) what += (i ? ", " : "") + std::to_string(failed[i]);
+      what += " could not write their files)";
+    }
+    throw failed_save(what);
+  }
   if (lead_) {
-    const nlohmann::json state = {{"updates", adam_->updates()}, {"data_position", step}};
-    commit_save(dir, step, run_config(sh_.cfg, o_), state, digests, o_.keep_checkpoints);
+    nlohmann::json state = {{"updates", adam_->updates()}, {"data_position", step}};
+    if (metrics_line) state["metrics"] = *metrics_line;
+    try {
+      commit_save(dir, step, run_config(sh_.cfg, o_), state, digests, o_.keep_checkpoints);
+    } catch (const CheckpointWriteError& e) {
+      // When only `latest` (or pruning) failed, the installed folder is complete and --resume takes it.
+      std::error_code ec;
+      if (std::filesystem::exists(folder + "/index.json", ec) && !std::filesystem::exists(folder + ".tmp", ec))
+        throw CheckpointWriteError(std::string(e.what()) + "; " + step_folder_name(step) + " is complete in " + dir +
+                                   " and --resume continues from it");
+      throw failed_save(e.what());
+    }
     report_save(step, std::chrono::duration<double>(Clock::now() - t0).count(), std::move(ranks));
   }
   saved_step_ = step;
@@ -250,14 +297,55 @@ std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const 
   }
   if (lead && !o.metrics.empty()) {
     const int64_t step = ck ? ck->step : 0;
-    const MetricsTrim t = trim_metrics_for_resume(o.metrics, step);
-    if (t.dropped > 0)
-      note("metrics file " + o.metrics + ": " +
-           (step == 0 ? std::string("this run starts from step 0, so its ") + std::to_string(t.dropped) +
-                            " line(s) were removed"
-                      : "kept its lines of steps 1-" + std::to_string(step) + " and removed " +
-                            std::to_string(t.dropped) + " line(s) of later steps (this run writes them again) or cut short") +
-           "; the file as it was is kept as " + t.backup);
+    // The line a step folder's checkpoint recorded (RankTrainer::save), for a step the file lacks.
+    std::map<int64_t, std::string> folders;
+    if (ck)
+      for (const auto& [s, path] : step_folders(dir)) folders[s] = path;
+    const MetricsLineSource source = [&](int64_t s) -> std::optional<std::string> {
+      const auto it = folders.find(s);
+      if (it == folders.end()) return std::nullopt;
+      try {
+        const nlohmann::json state = read_checkpoint_state(it->second);
+        const auto m = state.find("metrics");
+        if (m != state.end() && m->is_object() && m->value("step", int64_t{-1}) == s) return m->dump();
+      } catch (const CheckpointError&) {  // a damaged index: the line stays missing
+      }
+      return std::nullopt;
+    };
+    MetricsTrim t;
+    try {
+      t = trim_metrics_for_resume(o.metrics, step, source);
+    } catch (const io::WriteError& e) {
+      throw io::WriteError(std::string(e.what()) + " (rewriting it with one line per step up to step " +
+                           std::to_string(step) + " before continuing; nothing was trained, the file is as it was)");
+    }
+    std::vector<std::string> said;
+    const int64_t later = t.dropped - t.duplicates;  // of later steps, or cut short
+    if (step == 0 && t.dropped > 0) {
+      said.push_back("this run starts from step 0, so its " + std::to_string(t.dropped) + " line(s) were removed");
+    } else {
+      if (later > 0)
+        said.push_back("kept its lines of steps 1-" + std::to_string(step) + " and removed " + std::to_string(later) +
+                       " line(s) of later steps (this run writes them again) or cut short");
+      if (t.duplicates > 0)
+        said.push_back("collapsed " + std::to_string(t.duplicates) +
+                       " duplicate line(s) of steps it keeps to the last one written");
+    }
+    if (!t.rebuilt.empty())
+      said.push_back("rebuilt the line(s) of step(s) " + format_steps(t.rebuilt) +
+                     ", which it lacked, from the line their checkpoints recorded (without the save's \"checkpoint\" "
+                     "timings)");
+    if (!t.missing.empty())
+      said.push_back(std::string(t.existed ? "it" : "it did not exist and") + " lacks the line(s) of step(s) " +
+                     format_steps(t.missing) +
+                     ", which could not be rebuilt: no checkpoint of theirs records one (the run that trained them "
+                     "had no --metrics or an older meshtrain, or their step folders were removed)");
+    if (!t.backup.empty()) said.push_back("the file as it was is kept as " + t.backup);
+    if (!said.empty()) {
+      std::string text = "metrics file " + o.metrics + ": ";
+      for (size_t i = 0; i < said.size(); ++i) text += (i ? "; " : "") + said[i];
+      note(text);
+    }
   }
   return ck;
 }

@@ -7,6 +7,7 @@
 #include <map>
 #include <span>
 
+#include "meshtrain/io/file.h"
 #include "meshtrain/parallel/tensor_parallel.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/rank_trainer.h"
@@ -165,24 +166,30 @@ void RankTrainer::print_header() {
   std::fflush(stdout);
 }
 
-// Writes the Chrome trace and, beside it, the SVG swimlane; prints the overlap figure.
+// Writes the Chrome trace and, beside it, the SVG swimlane (each atomically: a failure leaves
+// the previous file and throws io::WriteError naming the file); prints what it wrote and the
+// overlap figure.
 void write_trace(const trace::Recorder& rec, const TrainOptions& o) {
   rec.write_chrome_json(o.trace);
   const std::string svg = trace_svg_path(o.trace);
   const auto events = rec.events();
   bool drawn = false;
   for (const auto& e : events) drawn = drawn || e.category == "forward";
-  if (drawn)  // the measured swimlane, from the first step on (train/swimlane.h)
-    pipeline::write_svg(measured_swimlane(events, "meshtrain train " + o.model + ": " +
-                                                      parallel::MeshShape{o.dp, o.tp, o.pp}.str() +
-                                                      (o.pp > 1 ? ", " + o.schedule : std::string()) + ", " +
-                                                      std::to_string(o.microbatches) + " micro-batch(es)"),
-                        svg);
+  if (drawn) try {  // the measured swimlane, from the first step on (train/swimlane.h)
+      pipeline::write_svg(measured_swimlane(events, "meshtrain train " + o.model + ": " +
+                                                        parallel::MeshShape{o.dp, o.tp, o.pp}.str() +
+                                                        (o.pp > 1 ? ", " + o.schedule : std::string()) + ", " +
+                                                        std::to_string(o.microbatches) + " micro-batch(es)"),
+                          svg);
+    } catch (const io::WriteError& e) {
+      throw io::WriteError(std::string(e.what()) + " (the trace " + o.trace + " was written)");
+    }
   if (o.quiet) return;
   auto all = rec.events();
   std::vector<trace::Event> dp, rest, pp;  // dp collectives run async; tp ones inline in compute
   for (auto& e : all) (e.category == "tp-comm" ? rest : e.category == "pp-comm" ? pp : dp).push_back(e);
-  std::printf("trace: %s (Perfetto / chrome://tracing) and %s", o.trace.c_str(), svg.c_str());
+  std::printf("trace: %s (Perfetto / chrome://tracing)", o.trace.c_str());
+  if (drawn) std::printf(" and %s", svg.c_str());
   const double compute_ms = trace::busy_us(all, 0, trace::Track::compute) / 1e3;
   if (trace::busy_us(dp, 0, trace::Track::comm) > 0)
     std::printf(" | rank 0: dp communication %.1f ms, %.0f%% of it hidden behind backward",

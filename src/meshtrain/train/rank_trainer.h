@@ -92,7 +92,7 @@ class RankTrainer {
     return a[0];
   }
   float evaluate();
-  void save(int64_t step);
+  void save(int64_t step, const nlohmann::json* metrics_line = nullptr);
   RankPieces my_pieces();
   void report_save(int64_t step, double seconds, std::vector<RankSave> ranks);
   std::optional<int64_t> pending_save_;  // rank 0: a save of this step, for its metrics line
@@ -101,6 +101,7 @@ class RankTrainer {
   std::optional<StageCosts> profiled_;       // --pp-balance profile: the measured costs
   int64_t restore();
   [[noreturn]] void diverged(int64_t step, const char* what, double value) const;
+  std::string kept_checkpoint() const;
   StateBytes state_bytes();
   void print_header();
 

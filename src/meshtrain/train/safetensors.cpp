@@ -69,8 +69,8 @@ class AtomicWriter {
     while (n > 0) {
       const ssize_t k = ::write(fd_, c, std::min(n, kChunk));
       if (k < 0 && errno == EINTR) continue;
-      if (k <= 0)
-        throw CheckpointError("cannot write " + tmp_ + ": " + errno_text() +
+      if (k <= 0)  // 0: no error set (a regular file never writes nothing otherwise); report EIO
+        throw CheckpointError("cannot write " + tmp_ + ": " + (k < 0 ? errno_text() : std::strerror(EIO)) +
                               "; check free disk space");
       c += k;
       n -= static_cast<size_t>(k);

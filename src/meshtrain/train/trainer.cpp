@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "meshtrain/comm/world.h"
+#include "meshtrain/io/file.h"
 #include "meshtrain/kernels/adamw.h"
 #include "meshtrain/model/gpt.h"
 #include "meshtrain/parallel/data_parallel.h"
@@ -150,6 +151,15 @@ void RankTrainer::diverged(int64_t step, const char* what, double value) const {
   msg += "; lower --lr (or lengthen --warmup)";
   if (saved_step_) msg += " and continue with --resume";
   throw TrainingDiverged(msg);
+}
+
+// For the message of a failed metrics write: what stays `latest`, and that its step's line
+// comes back on --resume.
+std::string RankTrainer::kept_checkpoint() const {
+  if (o_.checkpoint_dir.empty()) return "";
+  if (!saved_step_) return "; no checkpoint had been saved yet";
+  return "; the latest checkpoint stays " + step_folder_name(*saved_step_) + " in " + o_.checkpoint_dir +
+         " (it records its step's metrics line, which --resume writes back); free space and continue with --resume";
 }
 
 StateBytes RankTrainer::state_bytes() {
@@ -310,27 +320,33 @@ void RankTrainer::run() {
     r.tp_bytes_sent = tp_bytes;
     const bool last = step + 1 == o_.steps;
     if (o_.eval_every > 0 && ((step + 1) % o_.eval_every == 0 || last)) r.val_loss = evaluate();
+
+    // Rank 0's metrics line of the step. A checkpoint of the step records it (without the save's
+    // timings) before `latest` names it, so no kill leaves a committed step without its line:
+    // a resume writes back a line the file lacks (prepare_checkpoints).
+    nlohmann::json line;
+    if (lead_) {
+      line = step_json(r);
+      if (o_.dp > 1) {
+        line["comm_bytes_sent"] = r.comm_bytes_sent;
+        line["comm_bytes_received"] = r.comm_bytes_received;
+        line["comm_wait_ms"] = r.comm_wait_ms;
+      }
+      if (o_.tp > 1) line["tp_bytes_sent"] = tp_bytes;
+      if (o_.pp > 1) {  // one entry per pipeline rank (of rank 0's dp/tp position)
+        line["bubble"] = pp_bubble;
+        line["peak_saved_activation_bytes"] = pp_peak;
+        line["microbatches_in_flight"] = pp_in_flight;
+      } else {
+        line["peak_saved_activation_bytes"] = std::vector<int64_t>{pst.peak_saved_bytes};
+      }
+      if (r.val_loss) line["val_loss"] = *r.val_loss;
+    }
     // A checkpoint directory always gets the end of the run; --checkpoint-every adds a cadence.
     if (!o_.checkpoint_dir.empty() && ((o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0) || last))
-      save(step + 1);
+      save(step + 1, lead_ ? &line : nullptr);
     if (!lead_) continue;
 
-    nlohmann::json line = step_json(r);
-    if (o_.dp > 1) {
-      line["comm_bytes_sent"] = r.comm_bytes_sent;
-      line["comm_bytes_received"] = r.comm_bytes_received;
-      line["comm_wait_ms"] = r.comm_wait_ms;
-    }
-    if (o_.tp > 1) line["tp_bytes_sent"] = tp_bytes;
-    if (o_.pp > 1) {  // one entry per pipeline rank (of rank 0's dp/tp position)
-      line["bubble"] = pp_bubble;
-      line["peak_saved_activation_bytes"] = pp_peak;
-      line["microbatches_in_flight"] = pp_in_flight;
-    }
-    else {
-      line["peak_saved_activation_bytes"] = std::vector<int64_t>{pst.peak_saved_bytes};
-    }
-    if (r.val_loss) line["val_loss"] = *r.val_loss;
     if (pending_save_) {  // this step's checkpoint, per world rank
       nlohmann::json c = {{"step", *pending_save_}, {"seconds", res.last_save_s}};
       for (const RankSave& s : res.saves) {
@@ -342,7 +358,11 @@ void RankTrainer::run() {
       line["checkpoint"] = c;
       pending_save_.reset();
     }
-    metrics->write(line);
+    try {
+      metrics->write(line);
+    } catch (const io::WriteError& e) {
+      throw io::WriteError(std::string(e.what()) + " (at step " + std::to_string(step + 1) + ")" + kept_checkpoint());
+    }
     if (talk && o_.log_every > 0 && ((step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps);
     if (talk && r.val_loss)
       std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step + 1), *r.val_loss);
@@ -353,6 +373,11 @@ void RankTrainer::run() {
   // Every rank must agree whether to evaluate (a collective under dp).
   if (o_.eval_every <= 0 || start >= o_.steps) final_val = evaluate(), have_val = true;
   if (!lead_) return;
+  try {
+    metrics->close();
+  } catch (const io::WriteError& e) {
+    throw io::WriteError(std::string(e.what()) + " (closing it at the end of the run)" + kept_checkpoint());
+  }
   res.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
   if (have_val) res.final_val_loss = final_val;
   if (talk) {

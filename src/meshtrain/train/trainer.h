@@ -150,10 +150,16 @@ model::GPTConfig resolve_options(TrainOptions& opt);
 // CheckpointError before any step runs (among them: --resume with a missing directory or with
 // step folders none of which verifies; a new run, without --resume, into a directory that
 // already holds step folders). While running: TrainingDiverged, CheckpointWriteError (a save
-// failed), CommError.
-// --resume continues from the newest valid step folder (train/checkpoint.h) and keeps the
-// metrics file's lines up to that step (train/metrics.h), printing a note to stderr for
-// anything it chose or skipped.
+// failed), io::WriteError (a metrics or trace file could not be written: a full disk), CommError;
+// the last checkpoint saved stays `latest`, and nothing is printed as written that was not.
+// A step that saves records its metrics line (without the save's timings) in the checkpoint's
+// state before `latest` names it; the line goes to the metrics file after the save, with a
+// "checkpoint" object of the save's timings.
+// --resume continues from the newest valid step folder (train/checkpoint.h) and leaves the
+// metrics file with exactly one line for each step up to that one (train/metrics.h: later and
+// cut lines dropped, duplicates collapsed, a missing line written back from the checkpoint that
+// recorded it), printing a note to stderr for anything it chose, skipped, repaired or could not
+// repair.
 TrainResult train(TrainOptions opt);
 
 }  // namespace meshtrain::train
