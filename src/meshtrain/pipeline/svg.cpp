@@ -229,7 +229,7 @@ std::string to_svg(const Swimlane& s) {
 }
 
 void write_svg(const Swimlane& swimlane, const std::string& path) {
-  io::write_file_atomic(path, to_svg(swimlane), "swimlane file");
+  io::write_file_atomic(path, to_svg(swimlane), "the swimlane file");
 }
 
 // ---- simulated schedules ----
