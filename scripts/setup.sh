@@ -14,6 +14,7 @@ PACKAGES=(
   libxml2-dev                                      # tests read the SVG swimlanes back
   nlohmann-json3-dev libcli11-dev zlib1g-dev
   fortunes                                         # the text corpus of the quick start
+  dataset-fashion-mnist                            # images: /usr/share/datasets/fashion-mnist
   python3
 )
 

@@ -1,0 +1,248 @@
+// Image data sets: opening the four IDX files, the epoch permutation, augmentation and batches.
+// The layouts and the order are specified in images.h; this file only implements them.
+#include "meshtrain/train/images.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <stdexcept>
+
+#include "meshtrain/tensor/rng.h"
+#include "meshtrain/train/idx.h"
+
+namespace meshtrain::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kRowBits = 24;   // augmentation counter: step * 2^24 + row
+constexpr int64_t kMaxStep = int64_t{1} << 39;
+constexpr int kFeistelRounds = 6;
+
+constexpr const char* kFileNames[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                       "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+
+const char* split_stream(Split split) {
+  return split == Split::train ? "images.train.order" : "images.val.order";
+}
+
+// ---- locating the files ----
+
+std::string resolve_directory(const std::string& spec) {
+  std::error_code ec;
+  if (spec == ImageDataset::kFashionMnist) {
+    const std::string dir = ImageDataset::kFashionMnistDir;
+    if (!fs::is_directory(dir, ec))
+      throw DataError("data set fashion-mnist: " + dir +
+                      " does not exist; install the Debian package dataset-fashion-mnist "
+                      "(scripts/setup.sh does) or pass a directory holding the four IDX files");
+    return dir;
+  }
+  if (!fs::exists(spec, ec))
+    throw DataError("data directory " + spec +
+                    " does not exist; pass fashion-mnist or a directory holding the four IDX "
+                    "files of an image data set");
+  if (!fs::is_directory(spec, ec))
+    throw DataError("data directory " + spec +
+                    " is not a directory; image data is a directory holding "
+                    "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte "
+                    "and t10k-labels-idx1-ubyte (each may end in .gz)");
+  return spec;
+}
+
+// `name` or `name.gz` inside dir, the plain one first.
+std::string find_file(const std::string& dir, const std::string& name) {
+  std::error_code ec;
+  for (const std::string& candidate : {name, name + ".gz"}) {
+    const fs::path p = fs::path(dir) / candidate;
+    if (fs::exists(p, ec)) return p.string();
+  }
+  throw DataError("data directory " + dir + " has neither " + name + " nor " + name +
+                  ".gz; it must hold the four IDX files train-images-idx3-ubyte, "
+                  "train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte "
+                  "(each may end in .gz)");
+}
+
+// One split's images and labels, checked to pair one to one.
+void check_pair(const IdxImages& images, const IdxLabels& labels) {
+  const auto n_labels = static_cast<int64_t>(labels.labels.size());
+  if (images.count != n_labels)
+    throw DataError("data files " + images.path + " and " + labels.path + ": the first holds " +
+                    std::to_string(images.count) + " images but the second " +
+                    std::to_string(n_labels) +
+                    " labels; an image file and its label file must pair one to one (check they "
+                    "come from the same data set and split)");
+  if (images.count == 0)
+    throw DataError("data file " + images.path +
+                    " holds no images; each split needs at least one");
+  if (images.rows == 0 || images.cols == 0)
+    throw DataError("data file " + images.path + " declares images of " +
+                    std::to_string(images.rows) + " x " + std::to_string(images.cols) +
+                    " pixels; an image needs at least one");
+}
+
+}  // namespace
+
+// ---- the permutation ----
+
+int64_t epoch_position(uint64_t key, int64_t n, int64_t k) {
+  if (n < 1 || k < 0 || k >= n)
+    throw std::invalid_argument("epoch_position needs 0 <= k < n, got k=" + std::to_string(k) +
+                                " n=" + std::to_string(n));
+  int bits = 2;
+  while ((int64_t{1} << bits) < n) bits += 2;  // even, so both halves have bits/2
+  const int half = bits / 2;
+  const uint64_t mask = (uint64_t{1} << half) - 1;
+  auto x = static_cast<uint64_t>(k);
+  do {  // cycle walking: stays on the cycle through k, which returns below n
+    uint64_t left = x >> half;
+    uint64_t right = x & mask;
+    for (int r = 0; r < kFeistelRounds; ++r) {
+      const uint64_t f = philox_u64(key, (static_cast<uint64_t>(r) << 32) | right) & mask;
+      const uint64_t next = left ^ f;
+      left = right;
+      right = next;
+    }
+    x = (left << half) | right;
+  } while (x >= static_cast<uint64_t>(n));
+  return static_cast<int64_t>(x);
+}
+
+// ---- opening ----
+
+ImageDataset ImageDataset::open(const std::string& spec) {
+  ImageDataset ds;
+  ds.path_ = resolve_directory(spec);
+  std::string files[4];
+  for (int i = 0; i < 4; ++i) files[i] = find_file(ds.path_, kFileNames[i]);
+  IdxImages train_images = read_idx_images(files[0]);
+  IdxLabels train_labels = read_idx_labels(files[1], kClasses);
+  check_pair(train_images, train_labels);
+  IdxImages test_images = read_idx_images(files[2]);
+  IdxLabels test_labels = read_idx_labels(files[3], kClasses);
+  check_pair(test_images, test_labels);
+  if (test_images.rows != train_images.rows || test_images.cols != train_images.cols)
+    throw DataError("data files " + train_images.path + " and " + test_images.path +
+                    " hold images of different sizes (" + std::to_string(train_images.rows) +
+                    " x " + std::to_string(train_images.cols) + " and " +
+                    std::to_string(test_images.rows) + " x " + std::to_string(test_images.cols) +
+                    "); both splits must come from one data set");
+  ds.height_ = train_images.rows;
+  ds.width_ = train_images.cols;
+  ds.train_ = Part{std::move(train_images.pixels), std::move(train_labels.labels)};
+  ds.test_ = Part{std::move(test_images.pixels), std::move(test_labels.labels)};
+  for (int v = 0; v < 256; ++v)
+    ds.normalised_[v] = (static_cast<float>(v) / 255.0f - kMean) / kStd;
+  return ds;
+}
+
+int64_t ImageDataset::num_images(Split split) const {
+  return static_cast<int64_t>(part(split).labels.size());
+}
+
+const uint8_t* ImageDataset::pixels(Split split) const { return part(split).pixels.data(); }
+
+const uint8_t* ImageDataset::labels(Split split) const { return part(split).labels.data(); }
+
+// ---- order and augmentation ----
+
+int64_t ImageDataset::image_index(Split split, uint64_t seed, int64_t step, int64_t B,
+                                  int64_t row) const {
+  const int64_t n = num_images(split);
+  const int64_t position = step * B + row;
+  const uint64_t epoch_key =
+      philox_u64(stream_key(seed, split_stream(split)), static_cast<uint64_t>(position / n));
+  return epoch_position(epoch_key, n, position % n);
+}
+
+Augmentation ImageDataset::augmentation(uint64_t seed, int64_t step, int64_t row) {
+  const uint64_t bits = philox_u64(stream_key(seed, "images.augment"),
+                                   (static_cast<uint64_t>(step) << kRowBits) +
+                                       static_cast<uint64_t>(row));
+  Augmentation a;
+  a.dy = static_cast<int>((bits & 0xffff) % (2 * kPad + 1));
+  a.dx = static_cast<int>(((bits >> 16) & 0xffff) % (2 * kPad + 1));
+  a.flip = ((bits >> 32) & 1) != 0;
+  return a;
+}
+
+void ImageDataset::write_image(const Part& p, int64_t index, const Augmentation& aug,
+                               float* out) const {
+  const uint8_t* src = p.pixels.data() + index * height_ * width_;
+  const int64_t shift_y = aug.dy - kPad;  // out(y, x) = src(y + shift_y, x + shift_x)
+  const int64_t shift_x = aug.dx - kPad;
+  for (int64_t y = 0; y < height_; ++y) {
+    const int64_t sy = y + shift_y;
+    float* row = out + y * width_;
+    for (int64_t x = 0; x < width_; ++x) {
+      const int64_t sx = (aug.flip ? width_ - 1 - x : x) + shift_x;
+      const bool inside = sy >= 0 && sy < height_ && sx >= 0 && sx < width_;
+      row[x] = normalised_[inside ? src[sy * width_ + sx] : 0];
+    }
+  }
+}
+
+// ---- batches ----
+
+namespace {
+
+void check_rows(int64_t B, int64_t row_begin, int64_t row_end) {
+  if (B < 1 || B > (int64_t{1} << kRowBits))
+    throw std::invalid_argument("image batches hold 1..2^24 rows, got B=" + std::to_string(B));
+  if (row_begin < 0 || row_end > B || row_begin > row_end)
+    throw std::invalid_argument("rows [" + std::to_string(row_begin) + ", " +
+                                std::to_string(row_end) + ") are not inside a batch of B=" +
+                                std::to_string(B));
+}
+
+}  // namespace
+
+void ImageDataset::batch(Split split, uint64_t seed, int64_t step, int64_t B, int64_t row_begin,
+                         int64_t row_end, float* images, int32_t* labels, bool augment) const {
+  check_rows(B, row_begin, row_end);
+  if (step < 0 || step >= kMaxStep)
+    throw std::invalid_argument("step must be in 0..2^39-1, got " + std::to_string(step));
+  const Part& p = part(split);
+  const int64_t pixels = height_ * width_;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int64_t index = image_index(split, seed, step, B, r);
+    const Augmentation aug = augment ? augmentation(seed, step, r) : Augmentation{kPad, kPad, false};
+    write_image(p, index, aug, images + (r - row_begin) * pixels);
+    labels[r - row_begin] = p.labels[static_cast<size_t>(index)];
+  }
+}
+
+int64_t ImageDataset::num_eval_batches(Split split, int64_t B) const {
+  if (B < 1) throw std::invalid_argument("batch size must be positive, got B=" + std::to_string(B));
+  return (num_images(split) + B - 1) / B;
+}
+
+int64_t ImageDataset::eval_batch(Split split, int64_t j, int64_t B, int64_t row_begin,
+                                 int64_t row_end, float* images, int32_t* labels) const {
+  check_rows(B, row_begin, row_end);
+  const int64_t batches = num_eval_batches(split, B);
+  if (j < 0 || j >= batches)
+    throw std::invalid_argument("evaluation batch " + std::to_string(j) + " is outside 0.." +
+                                std::to_string(batches - 1) + " for B=" + std::to_string(B) +
+                                " over the " + to_string(split) + " split's " +
+                                std::to_string(num_images(split)) + " images");
+  const Part& p = part(split);
+  const int64_t pixels = height_ * width_;
+  const int64_t n = num_images(split);
+  int64_t real = 0;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    float* out = images + (r - row_begin) * pixels;
+    const int64_t index = j * B + r;
+    if (index < n) {
+      write_image(p, index, Augmentation{kPad, kPad, false}, out);
+      labels[r - row_begin] = p.labels[static_cast<size_t>(index)];
+      ++real;
+    } else {
+      std::fill(out, out + pixels, 0.0f);
+      labels[r - row_begin] = -1;
+    }
+  }
+  return real;
+}
+
+}  // namespace meshtrain::train
