@@ -245,4 +245,28 @@ std::vector<std::pair<std::string, Shape>> stage_param_shapes(const GPTConfig& c
   return out;
 }
 
+// ---- as a model::Stage ----
+
+Tensor GPTStage::forward(nn::Context& ctx, const Tensor& x, const MicroBatch& mb, StageResult* result,
+                         Portal* portal) {
+  float loss = 0;
+  Tensor out = forward(ctx, x, mb.tokens, mb.targets, mb.rows, mb.T, &loss, portal);
+  if (result && last()) *result = StageResult{loss, 0, 0};
+  return out;
+}
+
+Shape GPTStage::input_shape(int64_t rows, int64_t T) const {
+  return {rows, T / layout_->seq_shards(), cfg_.n_embd};
+}
+
+std::vector<StageUnit> GPTStage::units() {
+  std::vector<StageUnit> out;
+  StageUnit ends{this, {}};
+  for (nn::Param* p : params())
+    if (p->name.rfind("h.", 0) != 0) ends.params.push_back(p);
+  if (!ends.params.empty()) out.push_back(std::move(ends));
+  for (auto& b : h) out.push_back({b.get(), b->params()});
+  return out;
+}
+
 }  // namespace meshtrain::model

@@ -25,6 +25,7 @@
 
 #include "meshtrain/model/config.h"
 #include "meshtrain/model/gpt.h"
+#include "meshtrain/model/model.h"
 #include "meshtrain/nn/layernorm.h"
 
 namespace meshtrain::model {
@@ -39,6 +40,8 @@ class GPTLayout {
   virtual std::unique_ptr<Block> block(int64_t i, const GPTConfig& cfg, uint64_t seed) const;
   // Checks a micro-batch's T against the layout (sequence parallelism needs T % tp == 0).
   virtual void check_seq(int64_t T) const {}
+  // Ranks the sequence of an activation between blocks is split over (sequence parallelism: tp).
+  virtual int64_t seq_shards() const { return 1; }
 
   // Embedding: tokens (B, T) -> x (B, T, C); backward accumulates into wte.grad and wpe.grad.
   virtual Tensor embed(nn::Context& ctx, const nn::Param& wte, const nn::Param& wpe,
@@ -86,7 +89,7 @@ struct StageSpec {
 using nn::Portal;
 
 // ---- the stage ----
-class GPTStage : public nn::Module {
+class GPTStage : public Stage {
  public:
   GPTStage(const GPTConfig& cfg, uint64_t seed, StageSpec spec,
            std::shared_ptr<const GPTLayout> layout = plain_layout());
@@ -103,18 +106,29 @@ class GPTStage : public nn::Module {
   // of the input x (empty for the first stage). Parameter gradients accumulate.
   // Across stages: takes_portal writes the skip tensor's gradient to portal->out; sends_portal
   // reads it from portal->in.
-  Tensor backward(nn::Context& ctx, const Tensor& dy, float grad_scale, Portal* portal = nullptr);
+  Tensor backward(nn::Context& ctx, const Tensor& dy, float grad_scale, Portal* portal = nullptr) override;
+  // The model::Stage form of forward: tokens and targets from `mb`, the mean loss in result.
+  Tensor forward(nn::Context& ctx, const Tensor& x, const MicroBatch& mb, StageResult* result,
+                 Portal* portal) override;
+  // Activations between stages: (rows, T, C), (rows, T / tp, C) under sequence parallelism.
+  Shape input_shape(int64_t rows, int64_t T) const override;
+  Shape output_shape(int64_t rows, int64_t T) const override { return input_shape(rows, T); }
+  // Units: the stage's ends (embedding, ln_f: its parameters outside the blocks), then each block.
+  std::vector<StageUnit> units() override;
+  // The tied token table when the first and the last stage differ; the last stage's is the copy.
+  nn::Param* tied_param() override { return spec_.head != spec_.embedding ? &wte : nullptr; }
+  bool tied_copy() const override { return spec_.head && !spec_.embedding; }
   // Logits (B, T, V) for sampling, on a stage that holds the whole model; saves nothing.
   Tensor logits(nn::Context& ctx, const int32_t* tokens, int64_t B, int64_t T);
-  bool sends_portal() const { return holds(cfg_.skip_from) && !holds(cfg_.skip_to); }
-  bool takes_portal() const { return holds(cfg_.skip_to) && !holds(cfg_.skip_from); }
+  bool sends_portal() const override { return holds(cfg_.skip_from) && !holds(cfg_.skip_to); }
+  bool takes_portal() const override { return holds(cfg_.skip_to) && !holds(cfg_.skip_from); }
 
   void collect_params(std::vector<nn::Param*>& out) override;  // wte, wpe, blocks, ln_f (held ones)
 
   const GPTConfig& config() const { return cfg_; }
   const StageSpec& spec() const { return spec_; }
-  bool first() const { return spec_.embedding; }
-  bool last() const { return spec_.head; }
+  bool first() const override { return spec_.embedding; }
+  bool last() const override { return spec_.head; }
 
   nn::Param wte;  // (V, C): held by the first and the last stage (tied)
   nn::Param wpe;  // (block_size, C): first stage only

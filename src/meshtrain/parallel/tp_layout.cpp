@@ -25,6 +25,8 @@ std::unique_ptr<model::Block> TensorParallelLayout::block(int64_t i, const model
   return std::make_unique<TPBlock>("h." + std::to_string(i), cfg, seed, tp_, opt_);
 }
 
+int64_t TensorParallelLayout::seq_shards() const { return opt_.sequence_parallel ? tp_->size() : 1; }
+
 void TensorParallelLayout::check_seq(int64_t T) const {
   if (opt_.sequence_parallel && T % tp_->size() != 0)
     throw std::invalid_argument("--sequence-parallel: sequence length " + std::to_string(T) +

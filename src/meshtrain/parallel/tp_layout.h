@@ -27,6 +27,7 @@ class TensorParallelLayout : public model::GPTLayout {
   nn::ShardSpec wte_shard(const model::GPTConfig& cfg) const override;
   std::unique_ptr<model::Block> block(int64_t i, const model::GPTConfig& cfg, uint64_t seed) const override;
   void check_seq(int64_t T) const override;
+  int64_t seq_shards() const override;
   Tensor embed(nn::Context& ctx, const nn::Param& wte, const nn::Param& wpe, const int32_t* tokens,
                int64_t B, int64_t T, int64_t V) const override;
   void embed_backward(nn::Context& ctx, nn::Param& wte, nn::Param& wpe, const Tensor& dx,

@@ -66,11 +66,11 @@ StepStats Executor::run_step() {
   for (const Action& a : list) {
     const Key k{a.stage, a.microbatch};
     if (a.kind == Kind::RECV_F) {
-      Tensor buf = Tensor::empty(chunks_[a.chunk]->boundary_shape());
+      Tensor buf = Tensor::empty(chunks_[a.chunk]->input_shape());
       recv_f[k] = pp_->irecv(span_of(buf), s.rank_of(a.stage - 1), {.tag = tag(a.stage - 1, a.microbatch, Msg::activation)});
       act_in[k] = buf;
     } else if (a.kind == Kind::RECV_B) {
-      Tensor buf = Tensor::empty(chunks_[a.chunk]->boundary_shape());
+      Tensor buf = Tensor::empty(chunks_[a.chunk]->output_shape());
       recv_b[k] = pp_->irecv(span_of(buf), s.rank_of(a.stage + 1), {.tag = tag(a.stage + 1, a.microbatch, Msg::gradient)});
       grad_in[k] = buf;
     }
@@ -84,13 +84,13 @@ StepStats Executor::run_step() {
     const Key k{a.stage, a.microbatch};
     StageRunner& c = *chunks_[a.chunk];
     if (a.kind == Kind::F && c.portal_from() >= 0 && s.rank_of(c.portal_from()) != rank_) {
-      Tensor buf = Tensor::empty(c.boundary_shape());
+      Tensor buf = Tensor::empty(c.portal_shape());
       recv_portal[k] = pp_->irecv(span_of(buf), s.rank_of(c.portal_from()),
                                   {.tag = tag(c.portal_from(), a.microbatch, Msg::portal)});
       portal_in[k] = buf;
       st.portal_bytes_received += buf.bytes();
     } else if ((a.kind == Kind::B || a.kind == Kind::I) && c.portal_to() >= 0 && s.rank_of(c.portal_to()) != rank_) {
-      Tensor buf = Tensor::empty(c.boundary_shape());
+      Tensor buf = Tensor::empty(c.portal_shape());
       recv_portal_grad[k] = pp_->irecv(span_of(buf), s.rank_of(c.portal_to()),
                                        {.tag = tag(c.portal_to(), a.microbatch, Msg::portal_grad)});
       portal_grad_in[k] = buf;
@@ -212,6 +212,9 @@ Tensor StageRunner::backward_input(nn::Context&, int, const Tensor&, bool, nn::P
 void StageRunner::backward_weights(nn::Context&, int, bool) {
   throw std::invalid_argument("this pipeline stage cannot split its backward into I and W");
 }
+Shape StageRunner::boundary_shape() const {
+  throw std::logic_error("a pipeline stage gives neither its boundary shape nor its input and output shapes");
+}
 
 // ---- forward only ----
 
@@ -226,7 +229,7 @@ void Executor::forward_only(int microbatches) {
       const int stage = s.stage_of(rank_, c);
       StageRunner& r = *chunks_[c];
       if (stage > 0 && s.rank_of(stage - 1) != rank_) {
-        x = Tensor::empty(r.boundary_shape());
+        x = Tensor::empty(r.input_shape());
         pp_->recv(span_of(x), s.rank_of(stage - 1), {.tag = tag(stage - 1, mb, Msg::activation)});
       }
       nn::Portal portal;
@@ -235,7 +238,7 @@ void Executor::forward_only(int microbatches) {
           portal.in = skips.at({stage, mb});
           skips.erase({stage, mb});
         } else {
-          portal.in = Tensor::empty(r.boundary_shape());
+          portal.in = Tensor::empty(r.portal_shape());
           pp_->recv(span_of(portal.in), s.rank_of(r.portal_from()), {.tag = tag(r.portal_from(), mb, Msg::portal)});
         }
       }

@@ -59,9 +59,15 @@ class StageRunner {
   // (they follow the F and B chain, so they add no order the dry run would need to check).
   virtual int portal_to() const { return -1; }
   virtual int portal_from() const { return -1; }
-  // Shape of what crosses a stage boundary (an activation forward, its gradient backward);
-  // the same at every boundary of the model.
-  virtual Shape boundary_shape() const = 0;
+  // Shapes of what crosses this stage's boundaries: what it receives forward (and sends back
+  // as a gradient), what it sends forward (and receives back as a gradient), and the skip
+  // tensor a portal carries to or from it. A transformer's are all one shape; a convolutional
+  // network's shrink from stage to stage. Each defaults to boundary_shape(), for stages whose
+  // boundaries all have one shape.
+  virtual Shape input_shape() const { return boundary_shape(); }
+  virtual Shape output_shape() const { return boundary_shape(); }
+  virtual Shape portal_shape() const { return boundary_shape(); }
+  virtual Shape boundary_shape() const;  // the default refuses: override it or the three above
 };
 
 inline constexpr int kPipelineTagBase = 1 << 23;  // tags kPipelineTagBase .. kMaxUserTag

@@ -50,13 +50,8 @@ class RankTrainer {
   // Data-parallel units in forward order: per stage, its ends (embedding, ln_f) and its blocks.
   std::vector<parallel::Unit> units() {
     std::vector<parallel::Unit> u;
-    for (auto& stage : stages_) {
-      std::vector<nn::Param*> root;
-      for (nn::Param* p : stage->params())
-        if (p->name.rfind("h.", 0) != 0) root.push_back(p);
-      if (!root.empty()) u.push_back({stage.get(), root});
-      for (auto& b : stage->h) u.push_back({b.get(), b->params()});
-    }
+    for (auto& stage : stages_)
+      for (model::StageUnit& unit : stage->units()) u.push_back({unit.module, std::move(unit.params)});
     return u;
   }
   std::vector<nn::Param*> stage_params() {
@@ -67,7 +62,7 @@ class RankTrainer {
   std::vector<nn::Param*> model_params() { return ddp_ ? ddp_->params() : stage_params(); }
   // The last stage's copy of the tied token table (pp > 1), which the norm counts once.
   const nn::Param* wte_copy() {
-    return o_.pp > 1 && stages_.back()->last() ? &stages_.back()->wte : nullptr;
+    return stages_.back()->tied_copy() ? stages_.back()->tied_param() : nullptr;
   }
   double global_grad_sq();
   double pp_sum(double v) {
@@ -80,7 +75,7 @@ class RankTrainer {
   double pipeline_loss(int64_t n) {
     double sum = 0;
     if (stages_.back()->last())
-      for (float l : runners_.back()->losses()) sum += l / static_cast<double>(n);
+      for (const model::StageResult& r : runners_.back()->results()) sum += r.loss / static_cast<double>(n);
     return pp_sum(sum);
   }
   void record(const pipeline::StepStats& st);
@@ -110,9 +105,9 @@ class RankTrainer {
   double analytic_mb_ = 0;
   parallel::DeviceMesh mesh_;
   bool lead_;
-  std::vector<std::unique_ptr<model::GPTStage>> stages_;  // this rank's chunks, in chunk order
+  std::vector<std::unique_ptr<model::Stage>> stages_;  // this rank's chunks, in chunk order
   std::unique_ptr<parallel::DataParallel> ddp_;
-  std::vector<std::unique_ptr<GPTStageRunner>> runners_;
+  std::vector<std::unique_ptr<StageDriver>> runners_;
   std::unique_ptr<pipeline::Executor> exec_;
   std::shared_ptr<comm::Communicator> emb_;  // pp > 1: first and last stage, for the tied wte
   std::unique_ptr<AdamW> adam_;

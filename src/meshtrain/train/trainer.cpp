@@ -72,9 +72,8 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     dpo.bf16_wire = o_.comm_dtype == kernels::Precision::bf16;
     // The tied token table of the first and last stage: a bucket of its own, so both stages
     // slice it alike over dp and can sum their slices of its gradient.
-    if (o_.pp > 1)
-      for (auto& stage : stages_)
-        if (stage->first() || stage->last()) dpo.own_bucket.push_back(&stage->wte);
+    for (auto& stage : stages_)
+      if (nn::Param* tied = stage->tied_param()) dpo.own_bucket.push_back(tied);
     ddp_ = std::make_unique<parallel::DataParallel>(units(), mesh_.dp_ptr(), dpo);
     params = ddp_->optimizer_params();
   }
@@ -82,8 +81,7 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
   for (auto& stage : stages_) {
     std::function<void(bool)> sync;
     if (ddp_) sync = [d = ddp_.get()](bool last) { d->set_sync(last); };
-    runners_.push_back(std::make_unique<GPTStageRunner>(*stage, hooks(), sync,
-                                                        o_.sequence_parallel ? o_.tp : 1, o_.recompute));
+    runners_.push_back(std::make_unique<StageDriver>(*stage, hooks(), sync, o_.recompute));
     runners.push_back(runners_.back().get());
     if (sh.cfg.has_skip()) {  // a skip connection whose ends sit on two stages: a portal
       auto stage_of_block = [&](int64_t b) {
@@ -130,11 +128,11 @@ float RankTrainer::evaluate() {
   for (int64_t j = 0; j < n; ++j)
     sh_.data.batch(Split::val, DataOrder::random, o_.seed, j, B, T, r0, r0 + rows, tok.data() + j * rows * T,
                    tgt.data() + j * rows * T);
-  for (auto& r : runners_) r->set_batches(tok.data(), tgt.data(), rows, T, 1.f);
+  for (auto& r : runners_) r->set_batches({.tokens = tok.data(), .targets = tgt.data(), .rows = rows, .T = T}, 1.f);
   exec_->forward_only(static_cast<int>(n));
   double sum = 0;  // batch losses in order, as one rank adds them
   if (stages_.back()->last())
-    for (float l : runners_.back()->losses()) sum += l;
+    for (const model::StageResult& r : runners_.back()->results()) sum += r.loss;
   return static_cast<float>(dp_mean(pp_sum(sum) / static_cast<double>(n)));
 }
 
@@ -260,7 +258,8 @@ void RankTrainer::run() {
       sh_.data.batch(Split::train, o_.data_order, o_.seed, step, B, T, r0, r0 + rows, tok.data() + mb * rows * T,
                      tgt.data() + mb * rows * T);
     }
-    for (auto& r : runners_) r->set_batches(tok.data(), tgt.data(), rows, T, 1.0f / static_cast<float>(M));
+    for (auto& r : runners_)
+      r->set_batches({.tokens = tok.data(), .targets = tgt.data(), .rows = rows, .T = T}, 1.0f / static_cast<float>(M));
     exec_->set_weights_epoch(step);
     const pipeline::StepStats pst = exec_->run_step();
     record(pst);
@@ -286,7 +285,7 @@ void RankTrainer::run() {
       ddp_->finish_grad_sync();
     }
     if (emb_) {  // the tied token table: first stage + last stage (under ZeRO-2/3 their equal slices)
-      nn::Param& wte = stages_[0]->first() ? stages_[0]->wte : stages_.back()->wte;
+      nn::Param& wte = *(stages_[0]->tied_param() ? stages_[0] : stages_.back())->tied_param();
       emb_->all_reduce(ddp_ ? ddp_->synced_grad(&wte)
                             : std::span<float>(wte.grad.data(), static_cast<size_t>(wte.grad.numel())));
     }
