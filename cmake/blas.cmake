@@ -1,6 +1,7 @@
 # Chooses the BLAS behind kernels/gemm (see docs/benchmarks.md for the measurement that picked
 # the default). Provides the interface target `meshtrain_blas` and the definition
-# MESHTRAIN_BLAS_<NAME> so kernels/gemm.cpp knows which library it calls.
+# MESHTRAIN_BLAS_<NAME> so kernels/gemm.cpp knows which library it calls, and the interface
+# target `meshtrain_dnnl` (oneDNN, always: the convolutions use it).
 # Default: oneDNN. On the Sapphire-Rapids-class machines here it ran the GPT products at
 # 2.5-8x the rate of Debian's OpenBLAS 0.3.21 and BLIS 0.9, whose run-time CPU detection does
 # not recognise this CPU and falls back to old kernels (OpenBLAS reports "Prescott", i.e.
@@ -10,6 +11,14 @@
 set(MESHTRAIN_BLAS "dnnl" CACHE STRING "BLAS library behind GEMM: dnnl, openblas or blis")
 set_property(CACHE MESHTRAIN_BLAS PROPERTY STRINGS dnnl openblas blis)
 add_library(meshtrain_blas INTERFACE)
+
+# oneDNN is needed whatever library runs GEMM: its convolution primitives run kernels/conv.cpp.
+# Debian's dnnl-config.cmake calls find_package(OpenCL REQUIRED) itself, which fails with a
+# page of CMake text when the loader and headers are absent: look for them first.
+meshtrain_require(OpenCL "ocl-icd-opencl-dev opencl-c-headers (oneDNN's CMake package needs them)")
+meshtrain_require(dnnl "libdnnl-dev")
+add_library(meshtrain_dnnl INTERFACE)
+target_link_libraries(meshtrain_dnnl INTERFACE DNNL::dnnl)
 
 if(MESHTRAIN_BLAS STREQUAL "openblas")
   # The OpenMP build of OpenBLAS respects each calling thread's omp_set_num_threads, which is
@@ -39,11 +48,7 @@ elseif(MESHTRAIN_BLAS STREQUAL "blis")
   target_include_directories(meshtrain_blas INTERFACE ${MESHTRAIN_BLIS_INCLUDE})
   target_compile_definitions(meshtrain_blas INTERFACE MESHTRAIN_BLAS_BLIS=1)
 elseif(MESHTRAIN_BLAS STREQUAL "dnnl")
-  # Debian's dnnl-config.cmake calls find_package(OpenCL REQUIRED) itself, which fails with a
-  # page of CMake text when the loader and headers are absent: look for them first.
-  meshtrain_require(OpenCL "ocl-icd-opencl-dev opencl-c-headers (oneDNN's CMake package needs them)")
-  meshtrain_require(dnnl "libdnnl-dev")
-  target_link_libraries(meshtrain_blas INTERFACE DNNL::dnnl)
+  target_link_libraries(meshtrain_blas INTERFACE meshtrain_dnnl)
   target_compile_definitions(meshtrain_blas INTERFACE MESHTRAIN_BLAS_DNNL=1)
 else()
   message(FATAL_ERROR "MESHTRAIN_BLAS must be openblas, blis or dnnl, not '${MESHTRAIN_BLAS}'")

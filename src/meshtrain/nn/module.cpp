@@ -8,6 +8,12 @@ std::vector<Param*> Module::params() {
   return out;
 }
 
+std::vector<Param*> Module::buffers() {
+  std::vector<Param*> out;
+  collect_buffers(out);
+  return out;
+}
+
 int64_t Module::num_params() {
   int64_t n = 0;
   for (Param* p : params()) n += p->numel();

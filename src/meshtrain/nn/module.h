@@ -9,6 +9,12 @@
 //   activation gradients are WRITTEN (=): backward returns a fresh tensor. Where a kernel adds
 //   into an activation gradient instead (layernorm backward into the residual stream), its
 //   header says so.
+//
+// BUFFERS: state a module keeps and a checkpoint saves but nothing trains (batch norm's running
+// mean and variance) are Params whose grad is empty (Param::buffer), listed by collect_buffers,
+// never by collect_params. The optimizer, gradient synchronisation and ZeRO all work from
+// params(), so they never see a buffer; whoever saves or loads a model's state reads both.
+// A module with children forwards collect_buffers to them as it does collect_params.
 #pragma once
 
 #include <string>
@@ -28,8 +34,11 @@ class Module {
 
   // Appends this module's parameters (and its children's) in a fixed order.
   virtual void collect_params(std::vector<Param*>& out) = 0;
+  // Appends this module's buffers (and its children's) in a fixed order; none by default.
+  virtual void collect_buffers(std::vector<Param*>& out) {}
 
   std::vector<Param*> params();
+  std::vector<Param*> buffers();
   int64_t num_params();  // local elements
   void zero_grad();
 };

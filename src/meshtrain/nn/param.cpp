@@ -100,6 +100,16 @@ Param::Param(std::string n, Shape global, ShardSpec s, bool d)
   grad = Tensor(local);
 }
 
+Param Param::buffer(std::string name, Shape global_shape, ShardSpec shard) {
+  Param p;
+  p.name = std::move(name);
+  p.global_shape = std::move(global_shape);
+  p.shard = shard;
+  p.decay = false;
+  p.value = Tensor(p.shard.local_shape(p.global_shape));
+  return p;
+}
+
 void init_normal(Param& p, uint64_t seed, float std) {
   uint64_t key = stream_key(seed, p.name);
   float* v = p.value.data();
@@ -112,6 +122,18 @@ void init_normal(Param& p, uint64_t seed, float std) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = p.shard.global_index(p.global_shape, i);
     v[i] = g < 0 ? 0.f : std * philox_normal(key, static_cast<uint64_t>(g));
+  }
+}
+
+void init_uniform(Param& p, uint64_t seed, float lo, float hi) {
+  const uint64_t key = stream_key(seed, p.name);
+  float* v = p.value.data();
+  const int64_t n = p.value.numel();
+  const float width = hi - lo;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = p.shard.global_index(p.global_shape, i);
+    v[i] = g < 0 ? 0.f : lo + width * philox_uniform(key, static_cast<uint64_t>(g));
   }
 }
 

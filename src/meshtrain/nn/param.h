@@ -74,6 +74,10 @@ struct Param {
 
   Param() = default;
   Param(std::string name, Shape global_shape, ShardSpec shard = {}, bool decay = true);
+  // A buffer: state saved with the model but not trained (batch norm's running statistics). Its
+  // grad is empty; modules list it through collect_buffers, never collect_params (nn/module.h).
+  static Param buffer(std::string name, Shape global_shape, ShardSpec shard = {});
+  bool is_buffer() const { return grad.numel() == 0 && value.numel() > 0; }
   int64_t numel() const { return value.numel(); }
   // The local part's shape and size from the spec (valid even while ZeRO-3 has released the
   // value).
@@ -85,6 +89,8 @@ struct Param {
 // ---- initialisation (layout-invariant) ----
 // value[i] = std * N(0,1) drawn from stream (seed, name) at the element's global index.
 void init_normal(Param& p, uint64_t seed, float std);
+// value[i] = lo + (hi - lo) * U[0,1) drawn from stream (seed, name) at the element's global index.
+void init_uniform(Param& p, uint64_t seed, float lo, float hi);
 void init_constant(Param& p, float v);
 
 }  // namespace meshtrain::nn

@@ -1,0 +1,135 @@
+// Batch normalisation: every pass loops over channels (the OpenMP loop) and, inside, over the
+// N contiguous HW rows of that channel. The sums accumulate in double per row and per channel.
+#include "meshtrain/kernels/batchnorm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace meshtrain::kernels {
+
+namespace {
+constexpr int64_t kParallelMin = 1 << 14;  // elements
+bool split_channels(int64_t n, int threads) { return threads > 1 && n > kParallelMin; }
+}  // namespace
+
+// ---- forward ----
+void batchnorm_local_stats(double* stats, const float* inp, int64_t N, int64_t C, int64_t HW, int threads) {
+  stats[0] = static_cast<double>(N * HW);
+  double* sum = stats + 1;      // (C)
+  double* sumsq = stats + 1 + C;  // (C)
+#pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
+  for (int64_t c = 0; c < C; ++c) {
+    double s = 0.0, q = 0.0;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + (n * C + c) * HW;  // (HW)
+#pragma omp simd reduction(+ : s, q)
+      for (int64_t i = 0; i < HW; ++i) {
+        const double v = x[i];
+        s += v;
+        q += v * v;
+      }
+    }
+    sum[c] = s;
+    sumsq[c] = q;
+  }
+}
+
+void batchnorm_stats(float* mean, float* rstd, double* var, const double* stats, int64_t C, float eps) {
+  const double n = stats[0];
+  if (!(n > 0)) throw std::invalid_argument("batchnorm: no elements to take statistics over (count 0)");
+  for (int64_t c = 0; c < C; ++c) {
+    const double m = stats[1 + c] / n;
+    const double v = std::max(0.0, stats[1 + C + c] / n - m * m);
+    mean[c] = static_cast<float>(m);
+    rstd[c] = static_cast<float>(1.0 / std::sqrt(v + static_cast<double>(eps)));
+    if (var) var[c] = v;
+  }
+}
+
+void batchnorm_update_running(float* running_mean, float* running_var, const double* stats, int64_t C,
+                              float momentum) {
+  const double n = stats[0];
+  if (n < 2)
+    throw std::invalid_argument("batchnorm: training needs more than one value per channel (count " +
+                                std::to_string(static_cast<int64_t>(n)) + ")");
+  const double mo = momentum;
+  for (int64_t c = 0; c < C; ++c) {
+    const double m = stats[1 + c] / n;
+    const double v = std::max(0.0, stats[1 + C + c] / n - m * m) * n / (n - 1);
+    running_mean[c] = static_cast<float>((1 - mo) * running_mean[c] + mo * m);
+    running_var[c] = static_cast<float>((1 - mo) * running_var[c] + mo * v);
+  }
+}
+
+void batchnorm_eval_rstd(float* rstd, const float* running_var, int64_t C, float eps) {
+  for (int64_t c = 0; c < C; ++c)
+    rstd[c] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(running_var[c]) + static_cast<double>(eps)));
+}
+
+void batchnorm_normalize(float* out, const float* inp, const float* weight, const float* bias,
+                         const float* mean, const float* rstd, int64_t N, int64_t C, int64_t HW, int threads) {
+#pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
+  for (int64_t c = 0; c < C; ++c) {
+    const float m = mean[c], a = rstd[c] * weight[c], b = bias[c];
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + (n * C + c) * HW;
+      float* y = out + (n * C + c) * HW;
+#pragma omp simd
+      for (int64_t i = 0; i < HW; ++i) y[i] = (x[i] - m) * a + b;
+    }
+  }
+}
+
+// ---- backward ----
+void batchnorm_backward_sums(double* sums, const float* dout, const float* inp, const float* mean,
+                             const float* rstd, int64_t N, int64_t C, int64_t HW, int threads) {
+  double* sdy = sums;       // (C)
+  double* sdyx = sums + C;  // (C)
+#pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
+  for (int64_t c = 0; c < C; ++c) {
+    const double m = mean[c];
+    double s = 0.0, sx = 0.0;  // sx: sum dy (x - mean); times rstd below
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + (n * C + c) * HW;
+      const float* d = dout + (n * C + c) * HW;
+#pragma omp simd reduction(+ : s, sx)
+      for (int64_t i = 0; i < HW; ++i) {
+        s += d[i];
+        sx += static_cast<double>(d[i]) * (x[i] - m);
+      }
+    }
+    sdy[c] = s;
+    sdyx[c] = sx * rstd[c];
+  }
+}
+
+void batchnorm_backward_params(float* dweight, float* dbias, const double* sums, int64_t C) {
+  for (int64_t c = 0; c < C; ++c) {
+    if (dweight) dweight[c] += static_cast<float>(sums[C + c]);
+    if (dbias) dbias[c] += static_cast<float>(sums[c]);
+  }
+}
+
+void batchnorm_backward_data(float* dinp, const float* dout, const float* inp, const float* weight,
+                             const float* mean, const float* rstd, const double* sums, double count, int64_t N,
+                             int64_t C, int64_t HW, int threads) {
+  if (!(count > 0)) throw std::invalid_argument("batchnorm: backward with count 0");
+#pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
+  for (int64_t c = 0; c < C; ++c) {
+    // dx = weight rstd (dy - mean(dy) - xhat mean(dy xhat)), means over the group's count.
+    const float m = mean[c], r = rstd[c], a = weight[c] * r;
+    const float mdy = static_cast<float>(sums[c] / count);
+    const float mdyx = static_cast<float>(sums[C + c] / count);
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + (n * C + c) * HW;
+      const float* d = dout + (n * C + c) * HW;
+      float* dx = dinp + (n * C + c) * HW;
+#pragma omp simd
+      for (int64_t i = 0; i < HW; ++i) dx[i] = a * (d[i] - mdy - (x[i] - m) * r * mdyx);
+    }
+  }
+}
+
+}  // namespace meshtrain::kernels

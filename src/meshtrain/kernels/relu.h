@@ -1,0 +1,14 @@
+// ReLU: max(x, 0).
+//   forward:  out(n) = max(inp, 0)
+//   backward: dinp(n) = out > 0 ? dout : 0   (written; reads the forward's output, so the
+//             input need not be kept: the gradient at 0 is 0, as PyTorch's)
+#pragma once
+
+#include <cstdint>
+
+namespace meshtrain::kernels {
+
+void relu_forward(float* out, const float* inp, int64_t n, int threads);
+void relu_backward(float* dinp, const float* out, const float* dout, int64_t n, int threads);
+
+}  // namespace meshtrain::kernels

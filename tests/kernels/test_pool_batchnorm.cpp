@@ -1,0 +1,145 @@
+// kernels/pool, relu, concat and batchnorm beyond what the layer gradient checks cover
+// (tests/nn/test_cnn_gradcheck.cpp): max-pool ties and NaN, results independent of the thread
+// budget, and batch-norm sums that add up over slices of a batch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernel_test_util.h"
+#include "meshtrain/kernels/batchnorm.h"
+#include "meshtrain/kernels/concat.h"
+#include "meshtrain/kernels/pool.h"
+#include "meshtrain/kernels/relu.h"
+
+using namespace meshtrain::kernels;
+using meshtrain::kernels::testing::randn;
+
+namespace {
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+// A window of equal values gives its gradient to its first position (row-major), as PyTorch;
+// a NaN in a window wins.
+TEST(PoolKernel, MaxTiesGoToTheFirstPositionAndNaNWins) {
+  const Pool2dShape s{.N = 1, .C = 1, .H = 2, .W = 4, .KH = 2, .KW = 2, .stride_h = 2, .stride_w = 2};
+  std::vector<float> x{1, 1, 2, 2,
+                       1, 1, 2, std::numeric_limits<float>::quiet_NaN()};
+  std::vector<float> y(2), dx(8);
+  std::vector<int32_t> am(2);
+  maxpool2d_forward(y.data(), am.data(), x.data(), s, 1);
+  EXPECT_EQ(y[0], 1.0f);
+  EXPECT_TRUE(std::isnan(y[1]));
+  EXPECT_EQ(am[0], 0);
+  EXPECT_EQ(am[1], 7);
+  const std::vector<float> dy{3, 5};
+  maxpool2d_backward(dx.data(), dy.data(), am.data(), s, 1);
+  EXPECT_EQ(dx, (std::vector<float>{3, 0, 0, 0, 0, 0, 0, 5}));
+}
+
+// Every output is computed by one thread in a fixed order: the budget does not change a bit.
+TEST(PoolKernel, ResultsDoNotDependOnTheThreadBudget) {
+  const Pool2dShape s{.N = 4, .C = 16, .H = 24, .W = 24, .KH = 3, .KW = 3, .stride_h = 2, .stride_w = 2,
+                      .pad_h = 1, .pad_w = 1};
+  const std::vector<float> x = randn(s.N * s.C * s.H * s.W, 1);
+  const std::vector<float> dy = randn(s.N * s.C * s.OH() * s.OW(), 2);
+  auto run = [&](int threads) {
+    std::vector<float> ym(dy.size()), ya(dy.size()), dxm(x.size()), dxa(x.size()), g(s.N * s.C), dg(x.size());
+    std::vector<int32_t> am(dy.size());
+    maxpool2d_forward(ym.data(), am.data(), x.data(), s, threads);
+    maxpool2d_backward(dxm.data(), dy.data(), am.data(), s, threads);
+    avgpool2d_forward(ya.data(), x.data(), s, true, threads);
+    avgpool2d_backward(dxa.data(), dy.data(), s, false, threads);
+    global_avgpool_forward(g.data(), x.data(), s.N * s.C, s.H * s.W, threads);
+    global_avgpool_backward(dg.data(), dy.data(), s.N * s.C, s.H * s.W, threads);
+    return std::vector<std::vector<float>>{ym, ya, dxm, dxa, g, dg};
+  };
+  const auto one = run(1), two = run(2);
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(same_bits(one[i], two[i])) << "output " << i;
+}
+
+TEST(PoolKernel, RefusesPaddingOverHalfTheWindow) {
+  std::vector<float> buf(64);
+  EXPECT_THROW(avgpool2d_forward(buf.data(), buf.data(),
+                                 {.N = 1, .C = 1, .H = 4, .W = 4, .KH = 2, .KW = 2, .pad_h = 2}, true, 1),
+               std::invalid_argument);
+}
+
+TEST(ReluKernel, GradientFlowsWhereTheOutputIsPositive) {
+  const std::vector<float> x{-1.0f, 0.0f, 2.0f, -0.0f, 3.5f};
+  std::vector<float> y(5), dx(5);
+  relu_forward(y.data(), x.data(), 5, 1);
+  EXPECT_EQ(y, (std::vector<float>{0, 0, 2, 0, 3.5f}));
+  const std::vector<float> dy{1, 2, 3, 4, 5};
+  relu_backward(dx.data(), y.data(), dy.data(), 5, 1);
+  EXPECT_EQ(dx, (std::vector<float>{0, 0, 3, 0, 5}));
+}
+
+TEST(ConcatKernel, EmptyPartsAndASkippedGradient) {
+  // Parts of 2, 0 and 1 channels, N = 2, HW = 3.
+  const std::vector<float> a{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, c{-1, -2, -3, -4, -5, -6};
+  const float* parts[] = {a.data(), nullptr, c.data()};
+  const int64_t channels[] = {2, 0, 1};
+  std::vector<float> out(18);
+  concat_channels_forward(out.data(), parts, channels, 2, 3, 1);
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 3, 4, 5, 6, -1, -2, -3, 7, 8, 9, 10, 11, 12, -4, -5, -6}));
+  std::vector<float> da(12, 0.0f);
+  float* dparts[] = {da.data(), nullptr, nullptr};
+  concat_channels_backward(dparts, out.data(), channels, 2, 3, 1);
+  EXPECT_EQ(da, a);
+}
+
+// The statistics of a batch are the sums of its slices' statistics (what the group all-reduce
+// relies on), and the thread budget changes no bit: each channel is summed by one thread.
+TEST(BatchNormKernel, SumsAddUpOverSlicesAndIgnoreTheBudget) {
+  const int64_t N = 6, C = 5, HW = 40 * 40;  // large enough for the threaded path
+  const std::vector<float> x = randn(N * C * HW, 3, 2.0f), dy = randn(N * C * HW, 4);
+  std::vector<double> whole(1 + 2 * C), a(1 + 2 * C), b(1 + 2 * C), whole2(1 + 2 * C);
+  batchnorm_local_stats(whole.data(), x.data(), N, C, HW, 1);
+  batchnorm_local_stats(whole2.data(), x.data(), N, C, HW, 2);
+  EXPECT_EQ(whole, whole2);
+  batchnorm_local_stats(a.data(), x.data(), 2, C, HW, 1);
+  batchnorm_local_stats(b.data(), x.data() + 2 * C * HW, N - 2, C, HW, 1);
+  EXPECT_EQ(a[0] + b[0], static_cast<double>(N * HW));
+  for (int64_t i = 1; i < 1 + 2 * C; ++i) EXPECT_NEAR(a[i] + b[i], whole[i], 1e-12 * (1 + std::fabs(whole[i]))) << i;
+
+  std::vector<float> mean(C), rstd(C), w(C, 1.5f), bias(C, 0.25f);
+  std::vector<double> var(C);
+  batchnorm_stats(mean.data(), rstd.data(), var.data(), whole.data(), C, 1e-5f);
+  std::vector<double> s1(2 * C), s2(2 * C);
+  batchnorm_backward_sums(s1.data(), dy.data(), x.data(), mean.data(), rstd.data(), N, C, HW, 1);
+  batchnorm_backward_sums(s2.data(), dy.data(), x.data(), mean.data(), rstd.data(), N, C, HW, 2);
+  EXPECT_EQ(s1, s2);
+  std::vector<float> y1(x.size()), y2(x.size()), dx1(x.size()), dx2(x.size());
+  batchnorm_normalize(y1.data(), x.data(), w.data(), bias.data(), mean.data(), rstd.data(), N, C, HW, 1);
+  batchnorm_normalize(y2.data(), x.data(), w.data(), bias.data(), mean.data(), rstd.data(), N, C, HW, 2);
+  EXPECT_TRUE(same_bits(y1, y2));
+  batchnorm_backward_data(dx1.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), s1.data(),
+                          whole[0], N, C, HW, 1);
+  batchnorm_backward_data(dx2.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), s1.data(),
+                          whole[0], N, C, HW, 2);
+  EXPECT_TRUE(same_bits(dx1, dx2));
+}
+
+// With |mean| / std = 1e3 the float64 sums still give the variance to float32 precision.
+TEST(BatchNormKernel, VarianceSurvivesALargeMean) {
+  const int64_t N = 64, C = 1, HW = 64;
+  std::vector<float> x = randn(N * HW, 5);  // std 1
+  for (float& v : x) v += 1000.0f;
+  double m = 0, v2 = 0;
+  for (float v : x) m += v;
+  m /= static_cast<double>(x.size());
+  for (float v : x) v2 += (v - m) * (v - m);
+  v2 /= static_cast<double>(x.size());
+  std::vector<double> stats(3), var(1);
+  std::vector<float> mean(1), rstd(1);
+  batchnorm_local_stats(stats.data(), x.data(), N, C, HW, 1);
+  batchnorm_stats(mean.data(), rstd.data(), var.data(), stats.data(), C, 0.0f);
+  EXPECT_NEAR(var[0], v2, 1e-9 * v2);
+  EXPECT_NEAR(mean[0], m, 1e-4);
+}
