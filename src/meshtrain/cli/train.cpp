@@ -23,6 +23,7 @@ void add_train_command(CLI::App& app) {
   auto staleness = std::make_shared<std::string>("0");
   auto precision = std::make_shared<std::string>("fp32");
   auto comm_dtype = std::make_shared<std::string>("fp32");
+  auto weight_decay = std::make_shared<float>(0.f);
   CLI::App* c = app.add_subcommand("train", "Train a GPT on a text or token file");
   c->add_option("--model", opt->model, "Named model: gpt-tiny, gpt-small, gpt2-124m")->capture_default_str();
   c->add_option("--config", opt->config_file, "Model config JSON file (instead of --model)");
@@ -52,12 +53,12 @@ void add_train_command(CLI::App& app) {
   c->add_option("--steps", opt->steps, "Optimizer steps")->check(integer<int64_t>(1))->capture_default_str();
   c->add_option("--batch", opt->batch, "Global batch size B (default: the model's)")->check(integer<int64_t>(1));
   c->add_option("--seq", opt->seq, "Sequence length T (default: the model's)")->check(integer<int64_t>(1));
-  c->add_option("--lr", opt->adam.lr, "Peak learning rate")->capture_default_str();
-  c->add_option("--min-lr", opt->adam.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
-  c->add_option("--warmup", opt->adam.warmup_steps, "Linear warm-up steps")->check(integer<int64_t>(0))->capture_default_str();
-  c->add_option("--weight-decay", opt->adam.weight_decay, "AdamW weight decay (2-D weights only)")->capture_default_str();
-  c->add_option("--beta2", opt->adam.beta2, "AdamW beta2")->capture_default_str();
-  c->add_option("--grad-clip", opt->adam.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
+  c->add_option("--lr", opt->optim.lr, "Peak learning rate")->capture_default_str();
+  c->add_option("--min-lr", opt->optim.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
+  c->add_option("--warmup", opt->optim.warmup_steps, "Linear warm-up steps")->check(integer<int64_t>(0))->capture_default_str();
+  c->add_option("--weight-decay", *weight_decay, "AdamW weight decay (2-D weights only; default 0.1)");
+  c->add_option("--beta2", opt->optim.beta2, "AdamW beta2")->capture_default_str();
+  c->add_option("--grad-clip", opt->optim.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
   c->add_option("--seed", opt->seed, "Seed of the initialisation and the data order")->check(integer<uint64_t>())->capture_default_str();
   c->add_option("--precision", *precision, "Matrix products in fp32, or bf16 (bf16 operands, float32 accumulation; float32 master weights, Adam, norms, softmax and loss)")->capture_default_str();
   c->add_option("--comm-dtype", *comm_dtype, "Data-parallel gradient buckets and tensor-parallel activations on the wire as fp32, or bf16 (half the bytes; summed in float32)")->capture_default_str();
@@ -77,7 +78,8 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--overwrite", opt->overwrite, "Let --metrics and --trace replace existing files that meshtrain did not write");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([c, opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt] {
+  c->callback([c, opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
+               weight_decay] {
     train::TrainOptions o = *opt;
     auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
     try {
@@ -117,6 +119,7 @@ void add_train_command(CLI::App& app) {
       if (given("--log-every") && o.quiet)
         throw std::invalid_argument("--log-every sets how often progress lines print, and --quiet prints none; "
                                     "give one of them");
+      if (given("--weight-decay")) o.optim.weight_decay = *weight_decay;
       // --checkpoint-dir alone saves at the default cadence and at the end (README).
       if (!o.checkpoint_dir.empty() && !given("--checkpoint-every")) o.checkpoint_every = kDefaultCheckpointEvery;
       check_comm_timeout_env();

@@ -49,9 +49,9 @@ nlohmann::json run_config(const model::GPTConfig& cfg, const TrainOptions& o) {
 
 // ---- saving: each rank its pieces ----
 
-// What this rank writes: of every parameter it holds, its value, exp_avg and exp_avg_sq over
-// the same flat range of the tp-local tensor, as views (nothing is copied). Every logical
-// element is written by exactly one rank: under ZeRO 1-3 each dp rank its segments; without
+// What this rank writes: of every parameter it holds, its value and the optimizer's state
+// tensors (exp_avg and exp_avg_sq, or momentum_buffer: Optimizer::state()) over the same flat
+// range of the tp-local tensor, as views (nothing is copied). Every logical element is written by exactly one rank: under ZeRO 1-3 each dp rank its segments; without
 // ZeRO each dp rank the dp_rank-th of dp near-equal ranges of every parameter (the copies are
 // equal); a tp-replicated parameter by tp rank 0 only; the last stage's copy of the tied wte not
 // at all.
@@ -59,7 +59,7 @@ RankPieces RankTrainer::my_pieces() {
   RankPieces out;
   const std::vector<nn::Param*> opt = ddp_ ? ddp_->optimizer_params() : stage_params();
   const bool sliced = ddp_ && o_.zero >= 1;
-  const std::vector<Tensor>&m = adam_->exp_avg(), &v = adam_->exp_avg_sq();
+  const std::vector<Optimizer::StateSlot>& state = optimizer_->state();
   const int64_t d = mesh_.coord().dp, P = o_.dp;
   for (size_t k = 0; k < opt.size(); ++k) {
     nn::Param* q = opt[k];
@@ -78,8 +78,8 @@ RankPieces RankTrainer::my_pieces() {
       return SavePiece{{name, p->global_shape, p->shard, begin, end}, Tensor::view(t, at, {end - begin})};
     };
     out.model.push_back(piece(p->name, q->value));
-    out.optimizer.push_back(piece("exp_avg." + p->name, m[k]));
-    out.optimizer.push_back(piece("exp_avg_sq." + p->name, v[k]));
+    for (const Optimizer::StateSlot& slot : state)
+      out.optimizer.push_back(piece(slot.prefix + "." + p->name, slot.tensors[k]));
   }
   return out;
 }
@@ -169,7 +169,7 @@ void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
     throw failed_save(what);
   }
   if (lead_) {
-    nlohmann::json state = {{"updates", adam_->updates()}, {"data_position", step}};
+    nlohmann::json state = {{"updates", optimizer_->updates()}, {"data_position", step}};
     if (metrics_line) state["metrics"] = *metrics_line;
     try {
       commit_save(dir, step, run_config(sh_.cfg, o_), state, digests, o_.keep_checkpoints);
@@ -229,10 +229,9 @@ int64_t RankTrainer::restore() {
   }
   for (size_t k = 0; k < opt.size(); ++k) {
     const std::string& name = (ddp_ ? ddp_->origin(opt[k]) : opt[k])->name;
-    read("exp_avg." + name, opt[k], adam_->exp_avg()[k]);
-    read("exp_avg_sq." + name, opt[k], adam_->exp_avg_sq()[k]);
+    for (Optimizer::StateSlot& slot : optimizer_->state()) read(slot.prefix + "." + name, opt[k], slot.tensors[k]);
   }
-  adam_->set_updates(ck.state.value("updates", ck.step));
+  optimizer_->set_updates(ck.state.value("updates", ck.step));
   saved_step_ = ck.step;
   restore_bytes_read_ = rd.bytes_read();
   return ck.step;
@@ -289,11 +288,11 @@ std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const 
            "): training continues on it, so the loss curve will not be the uninterrupted run's");
     }
     const auto shapes = model::gpt_param_shapes(cfg);
-    std::vector<std::pair<std::string, Shape>> moments;
-    for (const auto& [name, shape] : shapes) moments.emplace_back("exp_avg." + name, shape);
-    for (const auto& [name, shape] : shapes) moments.emplace_back("exp_avg_sq." + name, shape);
+    std::vector<std::pair<std::string, Shape>> state;
+    for (const std::string& prefix : state_prefixes(o.optim))
+      for (const auto& [name, shape] : shapes) state.emplace_back(prefix + "." + name, shape);
     check_tensor_set("checkpoint " + *rp.folder + " (model)", shapes, ck->shapes(ck->model));
-    check_tensor_set("checkpoint " + *rp.folder + " (optimizer state)", moments, ck->shapes(ck->optimizer));
+    check_tensor_set("checkpoint " + *rp.folder + " (optimizer state)", state, ck->shapes(ck->optimizer));
   }
   if (lead && !o.metrics.empty()) {
     const int64_t step = ck ? ck->step : 0;

@@ -115,7 +115,7 @@ class RankTrainer {
   std::vector<std::unique_ptr<GPTStageRunner>> runners_;
   std::unique_ptr<pipeline::Executor> exec_;
   std::shared_ptr<comm::Communicator> emb_;  // pp > 1: first and last stage, for the tied wte
-  std::unique_ptr<AdamW> adam_;
+  std::unique_ptr<Optimizer> optimizer_;
   std::optional<int64_t> saved_step_;  // the newest checkpoint this run saved or resumed from
 };
 

@@ -105,7 +105,7 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     emb_ = world.split(holds_wte ? mesh_.coord().dp * o_.tp + mesh_.coord().tp : comm::kNoColor, pp_rank,
                        "embedding");
   }
-  adam_ = std::make_unique<AdamW>(params, o_.adam, o_.threads);
+  optimizer_ = make_optimizer(params, o_.optim, o_.threads);
   if (trace::Recorder* rec = sh.recorder) {
     // Communication spans on the rank's comm track, as the communicator runs them.
     const int rank = world.rank();
@@ -170,7 +170,7 @@ StateBytes RankTrainer::state_bytes() {
   } else {
     for (nn::Param* p : stage_params()) s.params += p->value.bytes(), s.grads += p->grad.bytes();
   }
-  s.optimizer = adam_->state_bytes();
+  s.optimizer = optimizer_->state_bytes();
   return s;
 }
 
@@ -302,11 +302,11 @@ void RankTrainer::run() {
     r.loss = static_cast<float>(mean_loss);
     {
       trace::Recorder::Span s(rec, rank, trace::Track::compute, "optimizer", "optimizer");
-      r.grad_norm = adam_->step_with_grad_sq(step, global_grad_sq());  // applies nothing on a non-finite norm
+      r.grad_norm = optimizer_->step_with_grad_sq(step, global_grad_sq());  // applies nothing on a non-finite norm
       if (ddp_) ddp_->finish_optimizer_step();
     }
     if (!std::isfinite(r.grad_norm)) diverged(step, "gradient norm", r.grad_norm);
-    r.lr = lr_at(o_.adam, step);
+    r.lr = lr_at(o_.optim, step);
     r.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     r.tokens_per_s = static_cast<double>(B * T) / (r.step_ms / 1e3);
     r.mfu = flops_per_step / (r.step_ms / 1e3) / (peak_gflops * 1e9);
@@ -436,7 +436,8 @@ model::GPTConfig resolve_options(TrainOptions& o) {
     int64_t local_ranks = o.backend == "mpi" ? 1 : int64_t{o.dp} * o.tp * o.pp + o.ps_servers;
     o.threads = static_cast<int>(std::max<int64_t>(1, machine.cores / local_ranks));
   }
-  if (o.adam.decay_steps == 0) o.adam.decay_steps = o.steps;
+  if (o.optim.decay_steps == 0) o.optim.decay_steps = o.steps;
+  if (!o.optim.weight_decay) o.optim.weight_decay = default_weight_decay(o.optim.kind);
   return cfg;
 }
 
