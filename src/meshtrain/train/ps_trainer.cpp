@@ -86,8 +86,10 @@ void run_server(comm::Communicator& world, std::shared_ptr<comm::Communicator> s
   const int64_t lo = L.off[j], hi = L.off[j] + L.n[j];
   Tensor values = Tensor::empty({L.n[j]}), grad({L.n[j]});
   // Segment parameters: this shard's part of each parameter (the ZeRO pattern), so the optimizer
-  // applies each one's weight-decay flag.
+  // applies each one's weight-decay flag; origin[k]: the parameter segment k is part of.
   std::vector<std::unique_ptr<nn::Param>> segs;
+  std::vector<size_t> origin;
+  const size_t n_params = init->params.size();
   {
     std::memcpy(values.data(), init->values.data() + lo, values.bytes());
     for (size_t i = 0; i < init->params.size(); ++i) {
@@ -101,6 +103,7 @@ void run_server(comm::Communicator& world, std::shared_ptr<comm::Communicator> s
       seg->value = Tensor::view(values, s - lo, {e - s});
       seg->grad = Tensor::view(grad, s - lo, {e - s});
       segs.push_back(std::move(seg));
+      origin.push_back(i);
     }
   }
   init.reset();
@@ -114,6 +117,18 @@ void run_server(comm::Communicator& world, std::shared_ptr<comm::Communicator> s
   std::vector<parallel::PSRead> holds;
   if (j == 0) so.on_hold = [&holds](const parallel::PSRead& h) { holds.push_back(h); };
   std::unique_ptr<Optimizer> opt = make_optimizer(ptrs, ac, o.threads);
+  // LAMB's per-tensor norms: a parameter may be cut between servers, so each server adds its
+  // segments' sums into a vector over all parameters and the servers sum it (in the same round
+  // order as the gradient norm's sum below).
+  opt->set_param_sq_reduce([&](std::span<double> sq, size_t k) {
+    if (!servers) return;
+    std::vector<double> whole(n_params * k, 0.0);
+    for (size_t i = 0; i < origin.size(); ++i)
+      for (size_t j = 0; j < k; ++j) whole[origin[i] * k + j] += sq[i * k + j];
+    servers->all_reduce(whole);
+    for (size_t i = 0; i < origin.size(); ++i)
+      for (size_t j = 0; j < k; ++j) sq[i * k + j] = whole[origin[i] * k + j];
+  });
   auto norm_reduce = [&](double local) {
     if (!servers) return local;
     std::array<double, 1> v{local};

@@ -106,6 +106,12 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
                        "embedding");
   }
   optimizer_ = make_optimizer(params, o_.optim, o_.threads);
+  {
+    std::map<const nn::Param*, size_t> index;
+    for (nn::Param* p : model_params()) index.emplace(p, index.size());
+    for (nn::Param* q : optimizer_->params()) origin_index_.push_back(index.at(ddp_ ? ddp_->origin(q) : q));
+  }
+  optimizer_->set_param_sq_reduce([this](std::span<double> sq, size_t k) { reduce_param_sq(sq, k); });
   if (trace::Recorder* rec = sh.recorder) {
     // Communication spans on the rank's comm track, as the communicator runs them.
     const int rank = world.rank();
@@ -190,6 +196,34 @@ double RankTrainer::global_grad_sq() {
   if (sliced && o_.dp > 1) mesh_.dp_group().all_reduce(sq);
   if (o_.tp > 1) mesh_.tp_group().all_reduce(sq);
   return pp_sum(sq[0]);
+}
+
+// Per-parameter sums of squares over the whole logical tensors (LAMB's trust ratios), the same
+// on every rank that holds a part of a tensor. The sums are added into one vector indexed by
+// the origin parameter's place in model_params() — under ZeRO a rank's segments are pieces of
+// the flat buckets, so a parameter may be cut between ranks and a rank may hold pieces of many
+// — then summed over the dp group when ZeRO slices the state (without ZeRO every dp rank holds
+// the whole tensors already), and over the tp group with a replicated parameter counted on tp
+// rank 0 only. Each parameter lives on one pipeline stage (the last stage's copy of the tied
+// wte equals the first stage's), so nothing runs over pp. Both collectives are decided by the
+// layout alone, so every rank of a group makes them.
+void RankTrainer::reduce_param_sq(std::span<double> sq, size_t per_param) {
+  const bool sliced = ddp_ && o_.zero >= 1;
+  if (!(sliced && o_.dp > 1) && o_.tp == 1) return;
+  const std::vector<nn::Param*> origins = model_params();
+  std::vector<double> whole(origins.size() * per_param, 0.0);
+  for (size_t i = 0; i < origin_index_.size(); ++i)
+    for (size_t j = 0; j < per_param; ++j) whole[origin_index_[i] * per_param + j] += sq[i * per_param + j];
+  if (sliced && o_.dp > 1) mesh_.dp_group().all_reduce(whole);
+  if (o_.tp > 1) {
+    if (mesh_.coord().tp != 0)
+      for (size_t g = 0; g < origins.size(); ++g)
+        if (!origins[g]->shard.is_split())
+          for (size_t j = 0; j < per_param; ++j) whole[g * per_param + j] = 0.0;
+    mesh_.tp_group().all_reduce(whole);
+  }
+  for (size_t i = 0; i < origin_index_.size(); ++i)
+    for (size_t j = 0; j < per_param; ++j) sq[i * per_param + j] = whole[origin_index_[i] * per_param + j];
 }
 
 // ---- the loop ----
