@@ -44,7 +44,8 @@ nlohmann::json run_config(const model::GPTConfig& cfg, const TrainOptions& o) {
   return {{"model", cfg.to_json()}, {"batch", o.batch},  {"seq", o.seq},
           {"seed", o.seed},         {"data_order", to_string(o.data_order)},
           {"steps", o.steps},       {"layout", {{"dp", o.dp}, {"tp", o.tp}, {"pp", o.pp}, {"zero", o.zero}}},
-          {"data", data_identity(o.data)}};
+          {"data", data_identity(o.data)},
+          {"optimizer", {{"name", to_string(o.optim.kind)}, {"state", state_prefixes(o.optim)}}}};
 }
 
 // ---- saving: each rank its pieces ----
@@ -237,6 +238,50 @@ int64_t RankTrainer::restore() {
   return ck.step;
 }
 
+// The optimizer a checkpoint was saved by and the state it keeps (checkpoints from before
+// --optimizer existed: AdamW's).
+struct SavedOptimizer {
+  std::string name = "adamw";
+  std::vector<std::string> state = {"exp_avg", "exp_avg_sq"};
+};
+
+static SavedOptimizer saved_optimizer(const CheckpointIndex& ck, const std::string& folder) {
+  SavedOptimizer s;
+  const auto it = ck.config.find("optimizer");
+  if (it == ck.config.end()) return s;
+  try {
+    s.name = it->at("name").get<std::string>();
+    s.state = it->at("state").get<std::vector<std::string>>();
+    parse_optimizer(s.name);
+  } catch (const std::exception&) {
+    throw CheckpointError("checkpoint " + folder + ": its index's config names no optimizer meshtrain knows (" +
+                          it->dump() + "); the checkpoint does not match its index");
+  }
+  return s;
+}
+
+// A resume continues the optimizer's state as it was, so it must be the same optimizer keeping
+// the same state: another optimizer's state does not carry over (refused, rather than restarted
+// silently from zero moments).
+static void check_same_optimizer(const SavedOptimizer& saved, const OptimizerConfig& now, const std::string& folder) {
+  const std::string name = to_string(now.kind);
+  if (saved.name != name)
+    throw bad("cannot resume from " + folder + ": it was trained with --optimizer " + saved.name +
+              " and this run has --optimizer " + name + "; one optimizer's state does not carry over to another, so "
+              "resume with --optimizer " + saved.name + ", or start the new run in another --checkpoint-dir");
+  if (saved.state != state_prefixes(now)) {
+    auto list = [](const std::vector<std::string>& v) {
+      std::string out;
+      for (const std::string& p : v) out += (out.empty() ? "" : ", ") + p;
+      return out.empty() ? std::string("none") : out;
+    };
+    throw bad("cannot resume from " + folder + ": its " + name + " state is [" + list(saved.state) +
+              "] and this run's is [" + list(state_prefixes(now)) + "]" +
+              (now.kind == OptimizerKind::sgd ? " (--momentum 0 keeps no momentum buffer)" : "") +
+              "; resume with the settings it was saved with, or start the new run in another --checkpoint-dir");
+  }
+}
+
 // --resume: chooses and loads the checkpoint (train/checkpoint.h: the newest valid step folder),
 // checks it belongs to this run, and trims the metrics file to its step. Without --resume, a
 // run that will save refuses a directory holding step folders. `lead` prints the notes.
@@ -288,11 +333,13 @@ std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const 
            "): training continues on it, so the loss curve will not be the uninterrupted run's");
     }
     const auto shapes = model::gpt_param_shapes(cfg);
+    const SavedOptimizer saved = saved_optimizer(*ck, *rp.folder);
     std::vector<std::pair<std::string, Shape>> state;
-    for (const std::string& prefix : state_prefixes(o.optim))
+    for (const std::string& prefix : saved.state)
       for (const auto& [name, shape] : shapes) state.emplace_back(prefix + "." + name, shape);
     check_tensor_set("checkpoint " + *rp.folder + " (model)", shapes, ck->shapes(ck->model));
     check_tensor_set("checkpoint " + *rp.folder + " (optimizer state)", state, ck->shapes(ck->optimizer));
+    check_same_optimizer(saved, o.optim, *rp.folder);
   }
   if (lead && !o.metrics.empty()) {
     const int64_t step = ck ? ck->step : 0;
