@@ -108,6 +108,22 @@ TEST_F(ResumeCli, NewRunIntoAnotherRunsDirectoryExits2) {
   EXPECT_EQ(read_all(ck / "step_00000002" / "model-00000.safetensors"), before);
 }
 
+// The optimizer's state continues only with the optimizer that saved it.
+TEST_F(ResumeCli, AnotherOptimizerExits2) {
+  ASSERT_EQ(train("--steps 2 --optimizer sgd --lr 0.05").code, 0);
+  const std::string before = read_all(ck / "step_00000002" / "optimizer-00000.safetensors");
+  Result lamb = train("--steps 4 --optimizer lamb --resume");
+  EXPECT_EQ(lamb.code, 2) << lamb.output;
+  EXPECT_TRUE(has(lamb, "--optimizer sgd")) << lamb.output;
+  Result plain = train("--steps 4 --optimizer sgd --lr 0.05 --momentum 0 --resume");
+  EXPECT_EQ(plain.code, 2) << plain.output;
+  EXPECT_TRUE(has(plain, "momentum")) << plain.output;
+  EXPECT_EQ(read_all(ck / "step_00000002" / "optimizer-00000.safetensors"), before);
+  Result same = train("--steps 4 --optimizer sgd --lr 0.05 --resume");
+  EXPECT_EQ(same.code, 0) << same.output;
+  EXPECT_TRUE(has(same, "at step 2")) << same.output;
+}
+
 TEST_F(ResumeCli, MissingDirectoryExits2) {
   Result r = train("--steps 2 --checkpoint-every 2 --resume");
   EXPECT_EQ(r.code, 2) << r.output;

@@ -83,7 +83,7 @@ TEST(Bf16WeightCopy, TheOptimizerWritesTheNextStepsCopyAsItUpdates) {
   run(a, x, dy, 3);
   run(b, x, dy, -1);
   ASSERT_TRUE(same(a.weight.grad, b.weight.grad));
-  train::AdamWConfig cfg;
+  train::OptimizerConfig cfg;
   train::AdamW oa({&a.weight}, cfg, 1), ob({&b.weight}, cfg, 1);
   oa.step(3);
   ob.step(3);

@@ -34,7 +34,7 @@ inline train::TrainOptions layout_options(int dp) {
   o.batch = 12;
   o.seq = 32;
   o.steps = 30;
-  o.adam.warmup_steps = 5;
+  o.optim.warmup_steps = 5;
   o.eval_every = 0;
   o.eval_batches = 2;
   o.quiet = true;

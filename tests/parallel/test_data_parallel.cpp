@@ -194,7 +194,7 @@ TEST(DataParallel, CheckpointResumesOnAnotherLayout) {
   const auto& ref = reference_curve();
   auto first = options(2, 2, 1);
   first.steps = 10;
-  first.adam.decay_steps = 30;
+  first.optim.decay_steps = 30;
   first.checkpoint_dir = dir.string();
   first.checkpoint_every = 10;
   train::train(first);
@@ -234,7 +234,7 @@ TEST(TrainerLayouts, CheckpointFromTensorParallelResumesOnDataParallel) {
   auto first = options(1, 0, 1);
   first.tp = 2;
   first.steps = 10;
-  first.adam.decay_steps = 30;
+  first.optim.decay_steps = 30;
   first.checkpoint_dir = dir.string();
   first.checkpoint_every = 10;
   train::train(first);
@@ -266,7 +266,7 @@ TEST(TrainerLayouts, PaddedVocabularyTrainsAndResumesAtTp1) {
   first.tp = 2;
   first.pad_vocab = true;
   first.steps = 6;
-  first.adam.decay_steps = 12;
+  first.optim.decay_steps = 12;
   first.checkpoint_dir = (dir / "ck").string();
   first.checkpoint_every = 6;
   const auto a = train::train(first);

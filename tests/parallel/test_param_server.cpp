@@ -114,6 +114,26 @@ TEST_P(ParamServerSync, MatchesSingleRank) {
 INSTANTIATE_TEST_SUITE_P(Servers, ParamServerSync, ::testing::Values(1, 2),
                          [](const auto& info) { return "servers" + std::to_string(info.param); });
 
+// SGD and LAMB on the servers: with 2 servers a tensor may be cut between them, and LAMB's
+// per-tensor norms are summed over the servers, so both stay on the single-rank curve.
+TEST(ParamServerOptimizers, SgdAndLambMatchSingleRank) {
+  for (auto kind : {train::OptimizerKind::sgd, train::OptimizerKind::lamb}) {
+    auto single = options(1, 0, 0);
+    single.steps = 10;
+    single.optim.kind = kind;
+    single.optim.lr = kind == train::OptimizerKind::sgd ? 0.05f : 0.02f;
+    const auto ref = train::train(single).steps;
+    ASSERT_LT(ref.back().loss, ref.front().loss - 0.3f) << to_string(kind);
+    auto ps = single;
+    ps.dp = 2, ps.ps_servers = 2;
+    const auto r = run_ps(ps, nullptr);
+    ASSERT_EQ(r.steps.size(), ref.size()) << to_string(kind);
+    for (size_t i = 0; i < ref.size(); ++i)
+      EXPECT_LT(std::fabs(r.steps[i].loss - ref[i].loss) / std::fabs(ref[i].loss), 1e-5)
+          << to_string(kind) << ": step " << i << " loss " << r.steps[i].loss << " vs single-rank " << ref[i].loss;
+  }
+}
+
 // ---- bounded staleness ----
 
 // The bound acting, shown by events the server reports rather than by timings: worker 0 reads

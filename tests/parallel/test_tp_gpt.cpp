@@ -153,7 +153,7 @@ struct Layout {
 std::vector<float> loss_curve(const model::GPTConfig& cfg, Layout L, int steps, int64_t B,
                               int64_t T, float lr) {
   static const train::TokenDataset data = corpus();
-  train::AdamWConfig ac{.lr = lr, .min_lr = lr / 10, .warmup_steps = 5, .decay_steps = steps};
+  train::OptimizerConfig ac{.lr = lr, .min_lr = lr / 10, .warmup_steps = 5, .decay_steps = steps};
   std::vector<float> curve(steps);
   auto run_rank = [&](parallel::DeviceMesh* mesh) {
     auto gpt = parallel::build_gpt(cfg, kSeed, mesh ? mesh->tp_ptr() : nullptr,

@@ -128,7 +128,7 @@ TEST(PipelineLayouts, CheckpointsCrossLayouts) {
     const fs::path dir = tmp.path() / ("ck" + std::to_string(save_pp));
     auto first = pp_options(save_pp, "1f1b", 2);
     first.steps = 10;
-    first.adam.decay_steps = 30;
+    first.optim.decay_steps = 30;
     first.checkpoint_dir = dir.string();
     first.checkpoint_every = 10;
     train::train(first);

@@ -88,7 +88,7 @@ INSTANTIATE_TEST_SUITE_P(GptTiny, Bf16Layouts,
 TEST(Bf16Training, StaysWithinABandOfTheFloat32CurveFor300Steps) {
   auto o = layout_options(1);
   o.steps = 300;
-  o.adam.warmup_steps = 20;
+  o.optim.warmup_steps = 20;
   const auto f32 = train::train(o).steps;
   o.precision = Precision::bf16;
   const auto bf16 = train::train(o).steps;

@@ -51,7 +51,7 @@ TEST(ModelWeights, TrainerCheckpointRoundTripsEveryTensor) {
   o.checkpoint_dir = tmp.file("ck");
   o.checkpoint_every = 2;
   o.save_initial = true;
-  o.adam.warmup_steps = 1;
+  o.optim.warmup_steps = 1;
   const auto res = train::train(o);
 
   // Step 0 holds the initial weights, which the seed alone determines (DESIGN decision 1): a

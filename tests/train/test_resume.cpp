@@ -84,8 +84,8 @@ class Resume : public ::testing::Test {
     o.seq = 16;
     o.steps = steps;
     o.seed = seed;
-    o.adam.warmup_steps = 2;
-    o.adam.decay_steps = 8;  // the same schedule however far a run goes
+    o.optim.warmup_steps = 2;
+    o.optim.decay_steps = 8;  // the same schedule however far a run goes
     o.eval_every = 0;
     o.eval_batches = 1;
     o.quiet = true;
@@ -369,7 +369,7 @@ TEST_F(DivergedRun, StopsNamingTheStepAndKeepsTheLastGoodCheckpoint) {
     fs::remove_all(ck);
     auto o = options(8);
     o.dp = dp;
-    o.adam.lr = 1e30f;
+    o.optim.lr = 1e30f;
     o.checkpoint_every = 1;
     std::string what;
     try {

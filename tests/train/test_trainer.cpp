@@ -46,7 +46,7 @@ train::TrainOptions tiny_options(const std::string& data) {
   o.batch = 4;
   o.seq = 32;
   o.steps = 12;
-  o.adam.warmup_steps = 3;
+  o.optim.warmup_steps = 3;
   o.eval_every = 0;
   o.eval_batches = 2;
   o.quiet = true;
@@ -57,7 +57,7 @@ train::TrainOptions tiny_options(const std::string& data) {
 }  // namespace
 
 TEST(LearningRate, WarmupThenCosine) {
-  train::AdamWConfig c;
+  train::OptimizerConfig c;
   c.lr = 1e-3f, c.min_lr = 1e-4f, c.warmup_steps = 10, c.decay_steps = 110;
   EXPECT_FLOAT_EQ(train::lr_at(c, 0), 1e-4f);
   EXPECT_FLOAT_EQ(train::lr_at(c, 9), 1e-3f);
@@ -81,7 +81,7 @@ TEST(Trainer, ResumeEqualsUninterrupted) {
   first.checkpoint_dir = (dir / "ckpt").string();
   first.checkpoint_every = 5;
   // Stop after step 7 by running a 7-step job with the same schedule horizon.
-  first.adam.decay_steps = 12;
+  first.optim.decay_steps = 12;
   first.steps = 7;
   train::train(first);
   // The newest checkpoint is step 7 (saved at the end); resume from step 5's instead to also

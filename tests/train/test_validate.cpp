@@ -61,6 +61,8 @@ TEST(Validate, GoodOptionsPass) {
 
 TEST(Validate, EveryFlagOutsideItsRangeIsNamed) {
   const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  constexpr auto sgd = train::OptimizerKind::sgd, lamb = train::OptimizerKind::lamb;
+  constexpr auto step = train::LrSchedule::step;
   struct Bad {
     const char* flag;
     std::function<void(train::TrainOptions&)> set;
@@ -71,18 +73,25 @@ TEST(Validate, EveryFlagOutsideItsRangeIsNamed) {
       {"--batch", [](auto& o) { o.batch = -5; }},
       {"--seq", [](auto& o) { o.seq = -7; }},
       {"--seq", [](auto& o) { o.seq = 65; }},
-      {"--lr", [](auto& o) { o.adam.lr = 0; }},
-      {"--lr", [=](auto& o) { o.adam.lr = static_cast<float>(inf); }},
-      {"--lr", [=](auto& o) { o.adam.lr = static_cast<float>(nan); }},
-      {"--min-lr", [](auto& o) { o.adam.min_lr = -1; }},
-      {"--warmup", [](auto& o) { o.adam.warmup_steps = -5; }},
-      {"--weight-decay", [](auto& o) { o.adam.weight_decay = -100; }},
-      {"--weight-decay", [=](auto& o) { o.adam.weight_decay = static_cast<float>(nan); }},
-      {"--beta2", [](auto& o) { o.adam.beta2 = 2; }},
-      {"--beta2", [](auto& o) { o.adam.beta2 = 1; }},
-      {"--beta2", [](auto& o) { o.adam.beta2 = -0.1f; }},
-      {"--grad-clip", [](auto& o) { o.adam.grad_clip = -1; }},
-      {"--grad-clip", [=](auto& o) { o.adam.grad_clip = static_cast<float>(inf); }},
+      {"--lr", [](auto& o) { o.optim.lr = 0; }},
+      {"--lr", [=](auto& o) { o.optim.lr = static_cast<float>(inf); }},
+      {"--lr", [=](auto& o) { o.optim.lr = static_cast<float>(nan); }},
+      {"--min-lr", [](auto& o) { o.optim.min_lr = -1; }},
+      {"--warmup", [](auto& o) { o.optim.warmup_steps = -5; }},
+      {"--weight-decay", [](auto& o) { o.optim.weight_decay = -100; }},
+      {"--weight-decay", [=](auto& o) { o.optim.weight_decay = static_cast<float>(nan); }},
+      {"--beta2", [](auto& o) { o.optim.beta2 = 2; }},
+      {"--beta2", [](auto& o) { o.optim.beta2 = 1; }},
+      {"--beta2", [](auto& o) { o.optim.beta2 = -0.1f; }},
+      {"--beta2", [](auto& o) { o.optim.kind = lamb, o.optim.beta2 = 1; }},
+      {"--momentum", [](auto& o) { o.optim.kind = sgd, o.optim.momentum = 1; }},
+      {"--momentum", [=](auto& o) { o.optim.kind = sgd, o.optim.momentum = static_cast<float>(nan); }},
+      {"--nesterov", [](auto& o) { o.optim.kind = sgd, o.optim.momentum = 0, o.optim.nesterov = true; }},
+      {"--lr-step-every", [](auto& o) { o.optim.schedule = step; }},
+      {"--lr-step-gamma", [](auto& o) { o.optim.schedule = step, o.optim.step_every = 5, o.optim.step_gamma = 0; }},
+      {"--lr-step-gamma", [=](auto& o) { o.optim.schedule = step, o.optim.step_every = 5, o.optim.step_gamma = 1.5f; }},
+      {"--grad-clip", [](auto& o) { o.optim.grad_clip = -1; }},
+      {"--grad-clip", [=](auto& o) { o.optim.grad_clip = static_cast<float>(inf); }},
       {"--val-fraction", [](auto& o) { o.val_fraction = 0; }},
       {"--val-fraction", [](auto& o) { o.val_fraction = 1; }},
       {"--val-fraction", [=](auto& o) { o.val_fraction = nan; }},

@@ -3,6 +3,7 @@
 // with the sentence the trainer raised; failures while training exit 1.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -16,6 +17,35 @@
 
 namespace meshtrain::cli {
 
+namespace {
+
+// --optimizer and --lr-schedule into `o`, and the flags that mean nothing for the chosen ones
+// refused, naming what they need (the library ignores them; a user's call must not).
+void check_optimizer_flags(train::TrainOptions& o, const std::string& optimizer, const std::string& schedule,
+                           const std::function<bool(const char*)>& given) {
+  using train::OptimizerKind;
+  o.optim.kind = train::parse_optimizer(optimizer);
+  o.optim.schedule = train::parse_lr_schedule(schedule);
+  const std::string name = train::to_string(o.optim.kind);
+  for (const char* flag : {"--momentum", "--nesterov"})
+    if (given(flag) && o.optim.kind != OptimizerKind::sgd)
+      throw std::invalid_argument(std::string(flag) + " sets SGD's momentum; it needs --optimizer sgd, and this run's "
+                                  "optimizer is " + name + " (drop " + flag + ", or add --optimizer sgd)");
+  if (given("--beta2") && o.optim.kind == OptimizerKind::sgd)
+    throw std::invalid_argument("--beta2 sets the second-moment decay of AdamW and LAMB; it needs --optimizer adamw "
+                                "or lamb, and SGD keeps no second moment (drop --beta2, or choose adamw or lamb)");
+  if (o.optim.schedule != train::LrSchedule::step)
+    for (const char* flag : {"--lr-step-every", "--lr-step-gamma"})
+      if (given(flag))
+        throw std::invalid_argument(std::string(flag) + " sets the step decay of the learning rate; it needs "
+                                    "--lr-schedule step (drop " + flag + ", or add --lr-schedule step)");
+  if (given("--min-lr") && o.optim.schedule == train::LrSchedule::step)
+    throw std::invalid_argument("--min-lr is where the cosine decay ends; --lr-schedule step does not use it (drop "
+                                "--min-lr, or use --lr-schedule cosine)");
+}
+
+}  // namespace
+
 void add_train_command(CLI::App& app) {
   auto opt = std::make_shared<train::TrainOptions>();
   auto order = std::make_shared<std::string>("random");
@@ -23,6 +53,9 @@ void add_train_command(CLI::App& app) {
   auto staleness = std::make_shared<std::string>("0");
   auto precision = std::make_shared<std::string>("fp32");
   auto comm_dtype = std::make_shared<std::string>("fp32");
+  auto optimizer = std::make_shared<std::string>("adamw");
+  auto lr_schedule = std::make_shared<std::string>("cosine");
+  auto weight_decay = std::make_shared<float>(0.f);
   CLI::App* c = app.add_subcommand("train", "Train a GPT on a text or token file");
   c->add_option("--model", opt->model, "Named model: gpt-tiny, gpt-small, gpt2-124m")->capture_default_str();
   c->add_option("--config", opt->config_file, "Model config JSON file (instead of --model)");
@@ -52,12 +85,18 @@ void add_train_command(CLI::App& app) {
   c->add_option("--steps", opt->steps, "Optimizer steps")->check(integer<int64_t>(1))->capture_default_str();
   c->add_option("--batch", opt->batch, "Global batch size B (default: the model's)")->check(integer<int64_t>(1));
   c->add_option("--seq", opt->seq, "Sequence length T (default: the model's)")->check(integer<int64_t>(1));
-  c->add_option("--lr", opt->adam.lr, "Peak learning rate")->capture_default_str();
-  c->add_option("--min-lr", opt->adam.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
-  c->add_option("--warmup", opt->adam.warmup_steps, "Linear warm-up steps")->check(integer<int64_t>(0))->capture_default_str();
-  c->add_option("--weight-decay", opt->adam.weight_decay, "AdamW weight decay (2-D weights only)")->capture_default_str();
-  c->add_option("--beta2", opt->adam.beta2, "AdamW beta2")->capture_default_str();
-  c->add_option("--grad-clip", opt->adam.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
+  c->add_option("--optimizer", *optimizer, "adamw, sgd (momentum, optional Nesterov, L2 weight decay) or lamb (AdamW's moments scaled per tensor by the trust ratio |w| / |update|)")->capture_default_str();
+  c->add_option("--lr", opt->optim.lr, "Peak learning rate")->capture_default_str();
+  c->add_option("--lr-schedule", *lr_schedule, "After the warm-up: cosine (down to --min-lr) or step (times --lr-step-gamma every --lr-step-every steps)")->capture_default_str();
+  c->add_option("--min-lr", opt->optim.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
+  c->add_option("--lr-step-every", opt->optim.step_every, "--lr-schedule step: steps between two decays (counted from the run's start)")->check(integer<int64_t>(1));
+  c->add_option("--lr-step-gamma", opt->optim.step_gamma, "--lr-schedule step: the factor of each decay")->capture_default_str();
+  c->add_option("--warmup", opt->optim.warmup_steps, "Linear warm-up steps")->check(integer<int64_t>(0))->capture_default_str();
+  c->add_option("--weight-decay", *weight_decay, "Weight decay of the 2-D weights (default: adamw 0.1, lamb 0.01, sgd 0; sgd adds it to the gradient as L2, adamw and lamb decouple it)");
+  c->add_option("--beta2", opt->optim.beta2, "AdamW and LAMB: second-moment decay")->capture_default_str();
+  c->add_option("--momentum", opt->optim.momentum, "SGD: momentum (0: none)")->capture_default_str();
+  c->add_flag("--nesterov", opt->optim.nesterov, "SGD: Nesterov momentum");
+  c->add_option("--grad-clip", opt->optim.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
   c->add_option("--seed", opt->seed, "Seed of the initialisation and the data order")->check(integer<uint64_t>())->capture_default_str();
   c->add_option("--precision", *precision, "Matrix products in fp32, or bf16 (bf16 operands, float32 accumulation; float32 master weights, Adam, norms, softmax and loss)")->capture_default_str();
   c->add_option("--comm-dtype", *comm_dtype, "Data-parallel gradient buckets and tensor-parallel activations on the wire as fp32, or bf16 (half the bytes; summed in float32)")->capture_default_str();
@@ -77,13 +116,15 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--overwrite", opt->overwrite, "Let --metrics and --trace replace existing files that meshtrain did not write");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([c, opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt] {
+  c->callback([c, opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
+               optimizer, lr_schedule, weight_decay] {
     train::TrainOptions o = *opt;
     auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
     try {
       // A flag given an empty value would silently mean "not given": refuse it.
       for (const char* flag : {"--model", "--config", "--data", "--metrics", "--trace", "--checkpoint-dir",
-                               "--pp-balance", "--schedule", "--backend", "--data-order"})
+                               "--pp-balance", "--schedule", "--backend", "--data-order", "--optimizer",
+                               "--lr-schedule"})
         if (given(flag) && c->get_option(flag)->as<std::string>().empty())
           throw std::invalid_argument(std::string(flag) + " is empty; give it a value or leave the flag out");
       if (given("--model") && given("--config"))
@@ -117,6 +158,8 @@ void add_train_command(CLI::App& app) {
       if (given("--log-every") && o.quiet)
         throw std::invalid_argument("--log-every sets how often progress lines print, and --quiet prints none; "
                                     "give one of them");
+      check_optimizer_flags(o, *optimizer, *lr_schedule, given);
+      if (given("--weight-decay")) o.optim.weight_decay = *weight_decay;
       // --checkpoint-dir alone saves at the default cadence and at the end (README).
       if (!o.checkpoint_dir.empty() && !given("--checkpoint-every")) o.checkpoint_every = kDefaultCheckpointEvery;
       check_comm_timeout_env();

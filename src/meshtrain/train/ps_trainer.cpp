@@ -1,5 +1,5 @@
 // Parameter-server training: the worker loop (pull, forward/backward on this worker's rows,
-// push) and the server loop (AdamW over the shard as the rounds close). See ps_trainer.h and
+// push) and the server loop (the optimizer over the shard as the rounds close). See ps_trainer.h and
 // parallel/param_server.h.
 #include "meshtrain/train/ps_trainer.h"
 
@@ -85,9 +85,11 @@ void run_server(comm::Communicator& world, std::shared_ptr<comm::Communicator> s
   const parallel::PSLayout L = layout_for(o, *init);
   const int64_t lo = L.off[j], hi = L.off[j] + L.n[j];
   Tensor values = Tensor::empty({L.n[j]}), grad({L.n[j]});
-  // Segment parameters: this shard's part of each parameter (the ZeRO pattern), so AdamW
-  // applies each one's weight-decay flag.
+  // Segment parameters: this shard's part of each parameter (the ZeRO pattern), so the optimizer
+  // applies each one's weight-decay flag; origin[k]: the parameter segment k is part of.
   std::vector<std::unique_ptr<nn::Param>> segs;
+  std::vector<size_t> origin;
+  const size_t n_params = init->params.size();
   {
     std::memcpy(values.data(), init->values.data() + lo, values.bytes());
     for (size_t i = 0; i < init->params.size(); ++i) {
@@ -101,19 +103,32 @@ void run_server(comm::Communicator& world, std::shared_ptr<comm::Communicator> s
       seg->value = Tensor::view(values, s - lo, {e - s});
       seg->grad = Tensor::view(grad, s - lo, {e - s});
       segs.push_back(std::move(seg));
+      origin.push_back(i);
     }
   }
   init.reset();
   std::vector<nn::Param*> ptrs;
   for (auto& s : segs) ptrs.push_back(s.get());
-  AdamWConfig ac = o.adam;
+  OptimizerConfig ac = o.optim;
   parallel::PSServerOptions so;
   so.staleness = o.staleness;
   so.budget = o.steps * o.dp;
   if (o.staleness != 0) so.push_clip = ac.grad_clip, ac.grad_clip = 0;  // clipped per push instead
   std::vector<parallel::PSRead> holds;
   if (j == 0) so.on_hold = [&holds](const parallel::PSRead& h) { holds.push_back(h); };
-  AdamW adam(ptrs, ac, o.threads);
+  std::unique_ptr<Optimizer> opt = make_optimizer(ptrs, ac, o.threads);
+  // LAMB's per-tensor norms: a parameter may be cut between servers, so each server adds its
+  // segments' sums into a vector over all parameters and the servers sum it (in the same round
+  // order as the gradient norm's sum below).
+  opt->set_param_sq_reduce([&](std::span<double> sq, size_t k) {
+    if (!servers) return;
+    std::vector<double> whole(n_params * k, 0.0);
+    for (size_t i = 0; i < origin.size(); ++i)
+      for (size_t j = 0; j < k; ++j) whole[origin[i] * k + j] += sq[i * k + j];
+    servers->all_reduce(whole);
+    for (size_t i = 0; i < origin.size(); ++i)
+      for (size_t j = 0; j < k; ++j) sq[i * k + j] = whole[origin[i] * k + j];
+  });
   auto norm_reduce = [&](double local) {
     if (!servers) return local;
     std::array<double, 1> v{local};
@@ -124,8 +139,8 @@ void run_server(comm::Communicator& world, std::shared_ptr<comm::Communicator> s
       world, L, j, {values.data(), static_cast<size_t>(L.n[j])}, {grad.data(), static_cast<size_t>(L.n[j])}, so,
       [&](int64_t round) {
         parallel::PSUpdate u;
-        u.grad_norm = adam.step(round, norm_reduce);
-        u.lr = lr_at(o.adam, round);
+        u.grad_norm = opt->step(round, norm_reduce);
+        u.lr = lr_at(o.optim, round);
         return u;
       });
   ps.serve();

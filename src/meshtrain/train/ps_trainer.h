@@ -1,7 +1,7 @@
 // The training loop of parameter-server mode (`meshtrain train --ps-servers S`): ranks
 // 0..dp-1 are workers (each a full model replica computing gradients on its rows of the global
 // batch), ranks dp..dp+S-1 are servers (each owning a contiguous shard of the flattened
-// parameters and its AdamW moments). The protocol, the rounds and the staleness rule live in
+// parameters and its optimizer state). The protocol, the rounds and the staleness rule live in
 // parallel/param_server.h; docs/param_server.md explains the modes.
 //
 // The run spends a sample budget of `steps` global batches (steps * dp pushes of B/dp rows);

@@ -44,14 +44,15 @@ nlohmann::json run_config(const model::GPTConfig& cfg, const TrainOptions& o) {
   return {{"model", cfg.to_json()}, {"batch", o.batch},  {"seq", o.seq},
           {"seed", o.seed},         {"data_order", to_string(o.data_order)},
           {"steps", o.steps},       {"layout", {{"dp", o.dp}, {"tp", o.tp}, {"pp", o.pp}, {"zero", o.zero}}},
-          {"data", data_identity(o.data)}};
+          {"data", data_identity(o.data)},
+          {"optimizer", {{"name", to_string(o.optim.kind)}, {"state", state_prefixes(o.optim)}}}};
 }
 
 // ---- saving: each rank its pieces ----
 
-// What this rank writes: of every parameter it holds, its value, exp_avg and exp_avg_sq over
-// the same flat range of the tp-local tensor, as views (nothing is copied). Every logical
-// element is written by exactly one rank: under ZeRO 1-3 each dp rank its segments; without
+// What this rank writes: of every parameter it holds, its value and the optimizer's state
+// tensors (exp_avg and exp_avg_sq, or momentum_buffer: Optimizer::state()) over the same flat
+// range of the tp-local tensor, as views (nothing is copied). Every logical element is written by exactly one rank: under ZeRO 1-3 each dp rank its segments; without
 // ZeRO each dp rank the dp_rank-th of dp near-equal ranges of every parameter (the copies are
 // equal); a tp-replicated parameter by tp rank 0 only; the last stage's copy of the tied wte not
 // at all.
@@ -59,7 +60,7 @@ RankPieces RankTrainer::my_pieces() {
   RankPieces out;
   const std::vector<nn::Param*> opt = ddp_ ? ddp_->optimizer_params() : stage_params();
   const bool sliced = ddp_ && o_.zero >= 1;
-  const std::vector<Tensor>&m = adam_->exp_avg(), &v = adam_->exp_avg_sq();
+  const std::vector<Optimizer::StateSlot>& state = optimizer_->state();
   const int64_t d = mesh_.coord().dp, P = o_.dp;
   for (size_t k = 0; k < opt.size(); ++k) {
     nn::Param* q = opt[k];
@@ -78,8 +79,8 @@ RankPieces RankTrainer::my_pieces() {
       return SavePiece{{name, p->global_shape, p->shard, begin, end}, Tensor::view(t, at, {end - begin})};
     };
     out.model.push_back(piece(p->name, q->value));
-    out.optimizer.push_back(piece("exp_avg." + p->name, m[k]));
-    out.optimizer.push_back(piece("exp_avg_sq." + p->name, v[k]));
+    for (const Optimizer::StateSlot& slot : state)
+      out.optimizer.push_back(piece(slot.prefix + "." + p->name, slot.tensors[k]));
   }
   return out;
 }
@@ -169,7 +170,7 @@ void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
     throw failed_save(what);
   }
   if (lead_) {
-    nlohmann::json state = {{"updates", adam_->updates()}, {"data_position", step}};
+    nlohmann::json state = {{"updates", optimizer_->updates()}, {"data_position", step}};
     if (metrics_line) state["metrics"] = *metrics_line;
     try {
       commit_save(dir, step, run_config(sh_.cfg, o_), state, digests, o_.keep_checkpoints);
@@ -229,13 +230,56 @@ int64_t RankTrainer::restore() {
   }
   for (size_t k = 0; k < opt.size(); ++k) {
     const std::string& name = (ddp_ ? ddp_->origin(opt[k]) : opt[k])->name;
-    read("exp_avg." + name, opt[k], adam_->exp_avg()[k]);
-    read("exp_avg_sq." + name, opt[k], adam_->exp_avg_sq()[k]);
+    for (Optimizer::StateSlot& slot : optimizer_->state()) read(slot.prefix + "." + name, opt[k], slot.tensors[k]);
   }
-  adam_->set_updates(ck.state.value("updates", ck.step));
+  optimizer_->set_updates(ck.state.value("updates", ck.step));
   saved_step_ = ck.step;
   restore_bytes_read_ = rd.bytes_read();
   return ck.step;
+}
+
+// The optimizer a checkpoint was saved by and the state it keeps (checkpoints from before
+// --optimizer existed: AdamW's).
+struct SavedOptimizer {
+  std::string name = "adamw";
+  std::vector<std::string> state = {"exp_avg", "exp_avg_sq"};
+};
+
+static SavedOptimizer saved_optimizer(const CheckpointIndex& ck, const std::string& folder) {
+  SavedOptimizer s;
+  const auto it = ck.config.find("optimizer");
+  if (it == ck.config.end()) return s;
+  try {
+    s.name = it->at("name").get<std::string>();
+    s.state = it->at("state").get<std::vector<std::string>>();
+    parse_optimizer(s.name);
+  } catch (const std::exception&) {
+    throw CheckpointError("checkpoint " + folder + ": its index's config names no optimizer meshtrain knows (" +
+                          it->dump() + "); the checkpoint does not match its index");
+  }
+  return s;
+}
+
+// A resume continues the optimizer's state as it was, so it must be the same optimizer keeping
+// the same state: another optimizer's state does not carry over (refused, rather than restarted
+// silently from zero moments).
+static void check_same_optimizer(const SavedOptimizer& saved, const OptimizerConfig& now, const std::string& folder) {
+  const std::string name = to_string(now.kind);
+  if (saved.name != name)
+    throw bad("cannot resume from " + folder + ": it was trained with --optimizer " + saved.name +
+              " and this run has --optimizer " + name + "; one optimizer's state does not carry over to another, so "
+              "resume with --optimizer " + saved.name + ", or start the new run in another --checkpoint-dir");
+  if (saved.state != state_prefixes(now)) {
+    auto list = [](const std::vector<std::string>& v) {
+      std::string out;
+      for (const std::string& p : v) out += (out.empty() ? "" : ", ") + p;
+      return out.empty() ? std::string("none") : out;
+    };
+    throw bad("cannot resume from " + folder + ": its " + name + " state is [" + list(saved.state) +
+              "] and this run's is [" + list(state_prefixes(now)) + "]" +
+              (now.kind == OptimizerKind::sgd ? " (--momentum 0 keeps no momentum buffer)" : "") +
+              "; resume with the settings it was saved with, or start the new run in another --checkpoint-dir");
+  }
 }
 
 // --resume: chooses and loads the checkpoint (train/checkpoint.h: the newest valid step folder),
@@ -289,11 +333,13 @@ std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const 
            "): training continues on it, so the loss curve will not be the uninterrupted run's");
     }
     const auto shapes = model::gpt_param_shapes(cfg);
-    std::vector<std::pair<std::string, Shape>> moments;
-    for (const auto& [name, shape] : shapes) moments.emplace_back("exp_avg." + name, shape);
-    for (const auto& [name, shape] : shapes) moments.emplace_back("exp_avg_sq." + name, shape);
+    const SavedOptimizer saved = saved_optimizer(*ck, *rp.folder);
+    std::vector<std::pair<std::string, Shape>> state;
+    for (const std::string& prefix : saved.state)
+      for (const auto& [name, shape] : shapes) state.emplace_back(prefix + "." + name, shape);
     check_tensor_set("checkpoint " + *rp.folder + " (model)", shapes, ck->shapes(ck->model));
-    check_tensor_set("checkpoint " + *rp.folder + " (optimizer state)", moments, ck->shapes(ck->optimizer));
+    check_tensor_set("checkpoint " + *rp.folder + " (optimizer state)", state, ck->shapes(ck->optimizer));
+    check_same_optimizer(saved, o.optim, *rp.folder);
   }
   if (lead && !o.metrics.empty()) {
     const int64_t step = ck ? ck->step : 0;

@@ -66,6 +66,7 @@ void RankTrainer::print_header() {
               static_cast<long long>(o_.batch), static_cast<long long>(o_.seq),
               parallel::MeshShape{o_.dp, o_.tp, o_.pp}.str().c_str(), o_.threads, o_.data.c_str(),
               static_cast<long long>(sh_.data.num_tokens(Split::train)));
+  std::printf("%s\n", describe(o_.optim).c_str());
   if (o_.precision == kernels::Precision::bf16) {
     const std::string isa = kernels::bf16_isa();
     if (isa == "emulated") note("--precision bf16: " + kernels::bf16_fallback_note());
@@ -79,8 +80,8 @@ void RankTrainer::print_header() {
                 measured_gemm_gflops(1, kernels::Precision::bf16), measured_gemm_gflops(1));
   }
   {
-    // Training memory against the analytic sum: parameters, gradients, two Adam moments (all
-    // float32) and the activations one micro-batch saves (model/config.h).
+    // Training memory against the analytic sum: parameters, gradients, the optimizer's state
+    // (all float32) and the activations one micro-batch saves (model/config.h).
     StateBytes s = sh_.res.state_bytes;
     const double MiB = 1024.0 * 1024.0;
     const double act = cfg.activation_bytes(o_.batch / o_.dp / o_.microbatches, o_.seq);
@@ -102,7 +103,7 @@ void RankTrainer::print_header() {
       bf16_buffers = 2.0 * (a + b + once) + (o_.zero >= 3 ? 0.0 : static_cast<double>(s.params) / 2);
     }
     const double total = static_cast<double>(s.params + s.grads + s.optimizer) + act + bf16_buffers;
-    std::printf("memory per rank (analytic): params %.1f + grads %.1f + adam %.1f + activations %.1f%s = %.1f MiB\n",
+    std::printf("memory per rank (analytic): params %.1f + grads %.1f + optimizer %.1f + activations %.1f%s = %.1f MiB\n",
                 s.params / MiB, s.grads / MiB, s.optimizer / MiB, act / MiB,
                 bf16_buffers > 0 ? (" + bf16 weight copies and operand buffers " + fmt_mib(bf16_buffers / MiB)).c_str() : "", total / MiB);
     analytic_mb_ = total / MiB;
@@ -145,8 +146,9 @@ void RankTrainer::print_header() {
   }
   if (o_.dp > 1 || o_.zero > 0) {
     // ZeRO's per-rank state (the engine's buffers and the optimizer's moments) against the
-    // analytic formula: float32 Adam, 4 + 4 + 8 bytes per parameter the rank holds (its stages'
-    // tp-local elements), each term divided by dp from its ZeRO stage on. One line per rank
+    // analytic formula: 4 + 4 + 4 x (state tensors: AdamW and LAMB 2, SGD 1 or 0) bytes per
+    // parameter the rank holds (its stages' tp-local elements), each term divided by dp from its
+    // ZeRO stage on. One line per rank
     // (the first 8).
     const double d = o_.dp, MiB = 1024.0 * 1024.0;
     const auto& ranks = sh_.res.ranks;
@@ -154,7 +156,7 @@ void RankTrainer::print_header() {
       const StateBytes& s = ranks[r].bytes;
       const double n = static_cast<double>(ranks[r].held_params);
       const double ap = 4 * n / (o_.zero >= 3 ? d : 1), ag = 4 * n / (o_.zero >= 2 ? d : 1),
-                   ao = 8 * n / (o_.zero >= 1 ? d : 1);
+                   ao = 4.0 * static_cast<double>(state_prefixes(o_.optim).size()) * n / (o_.zero >= 1 ? d : 1);
       const parallel::MeshCoord c = parallel::mesh_coord({o_.dp, o_.tp, o_.pp}, static_cast<int>(r));
       std::printf("state of rank %zu (dp %d, tp %d, pp %d; zero %d, %.0f parameters in its part of the model): params %.2f + grads %.2f "
                   "+ optimizer %.2f MiB | analytic %.2f + %.2f + %.2f MiB\n",

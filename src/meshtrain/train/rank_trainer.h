@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -65,6 +66,7 @@ class RankTrainer {
     return stages_.back()->tied_copy() ? stages_.back()->tied_param() : nullptr;
   }
   double global_grad_sq();
+  void reduce_param_sq(std::span<double> sq, size_t per_param);
   double pp_sum(double v) {
     if (o_.pp == 1) return v;
     std::array<double, 1> a{v};
@@ -110,7 +112,10 @@ class RankTrainer {
   std::vector<std::unique_ptr<StageDriver>> runners_;
   std::unique_ptr<pipeline::Executor> exec_;
   std::shared_ptr<comm::Communicator> emb_;  // pp > 1: first and last stage, for the tied wte
-  std::unique_ptr<AdamW> adam_;
+  std::unique_ptr<Optimizer> optimizer_;
+  // For each of the optimizer's parameters, the index of its origin in model_params() (the same
+  // order on every rank of its dp and tp groups): where reduce_param_sq adds its sums.
+  std::vector<size_t> origin_index_;
   std::optional<int64_t> saved_step_;  // the newest checkpoint this run saved or resumed from
 };
 

@@ -103,7 +103,13 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     emb_ = world.split(holds_wte ? mesh_.coord().dp * o_.tp + mesh_.coord().tp : comm::kNoColor, pp_rank,
                        "embedding");
   }
-  adam_ = std::make_unique<AdamW>(params, o_.adam, o_.threads);
+  optimizer_ = make_optimizer(params, o_.optim, o_.threads);
+  {
+    std::map<const nn::Param*, size_t> index;
+    for (nn::Param* p : model_params()) index.emplace(p, index.size());
+    for (nn::Param* q : optimizer_->params()) origin_index_.push_back(index.at(ddp_ ? ddp_->origin(q) : q));
+  }
+  optimizer_->set_param_sq_reduce([this](std::span<double> sq, size_t k) { reduce_param_sq(sq, k); });
   if (trace::Recorder* rec = sh.recorder) {
     // Communication spans on the rank's comm track, as the communicator runs them.
     const int rank = world.rank();
@@ -168,7 +174,7 @@ StateBytes RankTrainer::state_bytes() {
   } else {
     for (nn::Param* p : stage_params()) s.params += p->value.bytes(), s.grads += p->grad.bytes();
   }
-  s.optimizer = adam_->state_bytes();
+  s.optimizer = optimizer_->state_bytes();
   return s;
 }
 
@@ -188,6 +194,34 @@ double RankTrainer::global_grad_sq() {
   if (sliced && o_.dp > 1) mesh_.dp_group().all_reduce(sq);
   if (o_.tp > 1) mesh_.tp_group().all_reduce(sq);
   return pp_sum(sq[0]);
+}
+
+// Per-parameter sums of squares over the whole logical tensors (LAMB's trust ratios), the same
+// on every rank that holds a part of a tensor. The sums are added into one vector indexed by
+// the origin parameter's place in model_params() — under ZeRO a rank's segments are pieces of
+// the flat buckets, so a parameter may be cut between ranks and a rank may hold pieces of many
+// — then summed over the dp group when ZeRO slices the state (without ZeRO every dp rank holds
+// the whole tensors already), and over the tp group with a replicated parameter counted on tp
+// rank 0 only. Each parameter lives on one pipeline stage (the last stage's copy of the tied
+// wte equals the first stage's), so nothing runs over pp. Both collectives are decided by the
+// layout alone, so every rank of a group makes them.
+void RankTrainer::reduce_param_sq(std::span<double> sq, size_t per_param) {
+  const bool sliced = ddp_ && o_.zero >= 1;
+  if (!(sliced && o_.dp > 1) && o_.tp == 1) return;
+  const std::vector<nn::Param*> origins = model_params();
+  std::vector<double> whole(origins.size() * per_param, 0.0);
+  for (size_t i = 0; i < origin_index_.size(); ++i)
+    for (size_t j = 0; j < per_param; ++j) whole[origin_index_[i] * per_param + j] += sq[i * per_param + j];
+  if (sliced && o_.dp > 1) mesh_.dp_group().all_reduce(whole);
+  if (o_.tp > 1) {
+    if (mesh_.coord().tp != 0)
+      for (size_t g = 0; g < origins.size(); ++g)
+        if (!origins[g]->shard.is_split())
+          for (size_t j = 0; j < per_param; ++j) whole[g * per_param + j] = 0.0;
+    mesh_.tp_group().all_reduce(whole);
+  }
+  for (size_t i = 0; i < origin_index_.size(); ++i)
+    for (size_t j = 0; j < per_param; ++j) sq[i * per_param + j] = whole[origin_index_[i] * per_param + j];
 }
 
 // ---- the loop ----
@@ -301,11 +335,11 @@ void RankTrainer::run() {
     r.loss = static_cast<float>(mean_loss);
     {
       trace::Recorder::Span s(rec, rank, trace::Track::compute, "optimizer", "optimizer");
-      r.grad_norm = adam_->step_with_grad_sq(step, global_grad_sq());  // applies nothing on a non-finite norm
+      r.grad_norm = optimizer_->step_with_grad_sq(step, global_grad_sq());  // applies nothing on a non-finite norm
       if (ddp_) ddp_->finish_optimizer_step();
     }
     if (!std::isfinite(r.grad_norm)) diverged(step, "gradient norm", r.grad_norm);
-    r.lr = lr_at(o_.adam, step);
+    r.lr = lr_at(o_.optim, step);
     r.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     r.tokens_per_s = static_cast<double>(B * T) / (r.step_ms / 1e3);
     r.mfu = flops_per_step / (r.step_ms / 1e3) / (peak_gflops * 1e9);
@@ -435,7 +469,8 @@ model::GPTConfig resolve_options(TrainOptions& o) {
     int64_t local_ranks = o.backend == "mpi" ? 1 : int64_t{o.dp} * o.tp * o.pp + o.ps_servers;
     o.threads = static_cast<int>(std::max<int64_t>(1, machine.cores / local_ranks));
   }
-  if (o.adam.decay_steps == 0) o.adam.decay_steps = o.steps;
+  if (o.optim.decay_steps == 0) o.optim.decay_steps = o.steps;
+  if (!o.optim.weight_decay) o.optim.weight_decay = default_weight_decay(o.optim.kind);
   return cfg;
 }
 

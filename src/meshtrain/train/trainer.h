@@ -1,4 +1,4 @@
-// The training loop: data -> forward/backward over micro-batches -> clip -> AdamW, with
+// The training loop: data -> forward/backward over micro-batches -> clip -> the optimizer, with
 // validation every K steps, one metrics line per step, and checkpoints that resume
 // bit-for-bit (the batch of a step is a function of (seed, step) and every kernel is
 // deterministic for a fixed thread budget, so a resumed run recomputes exactly what the
@@ -55,7 +55,7 @@ struct TrainOptions {
   int64_t batch = -1;  // global batch B (-1: the model's default; other values below 1 are refused)
   int64_t seq = -1;    // T (-1: the model's default; other values below 1 are refused)
   uint64_t seed = 1337;
-  AdamWConfig adam;
+  OptimizerConfig optim;  // --optimizer and its flags, the learning-rate schedule, clipping
   int threads = 0;  // kernel threads per rank (0: cores / ranks)
   kernels::Precision precision = kernels::Precision::f32;  // of the matrix products (--precision)
   kernels::Precision comm_dtype = kernels::Precision::f32;  // of the dp gradient buckets on the wire (--comm-dtype)

@@ -96,6 +96,49 @@ void finite(const char* flag, double v, const std::string& rule) {
   if (!std::isfinite(v)) bad(std::string(flag) + " must be a finite number " + rule + ", got " + num(v));
 }
 
+// The optimizer's flags and its schedule's. Flags that mean nothing for the chosen optimizer
+// are refused by the CLI, which knows which were given; here every value is checked that the
+// chosen optimizer and schedule read.
+void check_optimizer(const OptimizerConfig& a) {
+  finite("--lr", a.lr, "above 0");
+  if (!(a.lr > 0)) bad("--lr must be a finite number above 0, got " + num(a.lr));
+  finite("--min-lr", a.min_lr, "of at least 0");
+  if (a.min_lr < 0) bad("--min-lr must be at least 0, got " + num(a.min_lr));
+  if (a.schedule == LrSchedule::cosine && a.min_lr > a.lr)
+    bad("--min-lr " + num(a.min_lr) + " is above --lr " + num(a.lr) +
+        "; the cosine decay goes down from --lr to --min-lr, so give a --min-lr of at most --lr");
+  at_least("--warmup", a.warmup_steps, 0, " (steps of linear warm-up)");
+  if (a.schedule == LrSchedule::step) {
+    if (a.step_every < 1)
+      bad("--lr-schedule step needs --lr-step-every K, a number of steps of at least 1 (the learning rate is "
+          "multiplied by --lr-step-gamma every K steps)" +
+          (a.step_every == 0 ? std::string() : ", got " + std::to_string(a.step_every)));
+    finite("--lr-step-gamma", a.step_gamma, "above 0 and at most 1");
+    if (!(a.step_gamma > 0 && a.step_gamma <= 1))
+      bad("--lr-step-gamma must be above 0 and at most 1 (the factor of each decay, e.g. 0.1), got " +
+          num(a.step_gamma));
+  }
+  if (a.weight_decay) {
+    finite("--weight-decay", *a.weight_decay, "of at least 0");
+    if (*a.weight_decay < 0) bad("--weight-decay must be at least 0 (0: no decay), got " + num(*a.weight_decay));
+  }
+  finite("--grad-clip", a.grad_clip, "of at least 0");
+  if (a.grad_clip < 0) bad("--grad-clip must be at least 0 (0: no clipping), got " + num(a.grad_clip));
+  const std::string name = a.kind == OptimizerKind::lamb ? "LAMB" : "AdamW";
+  if (a.kind == OptimizerKind::sgd) {
+    if (!(a.momentum >= 0 && a.momentum < 1))
+      bad("--momentum must be at least 0 and below 1 (SGD's momentum, e.g. 0.9; 0: none), got " + num(a.momentum));
+    if (a.nesterov && a.momentum == 0)
+      bad("--nesterov needs a momentum above 0 (Nesterov's look-ahead is along the momentum); drop --nesterov or "
+          "give --momentum");
+    return;
+  }
+  if (!(a.beta2 >= 0 && a.beta2 < 1))
+    bad("--beta2 must be at least 0 and below 1 (" + name + "'s second-moment decay, e.g. 0.99), got " + num(a.beta2));
+  if (!(a.beta1 >= 0 && a.beta1 < 1)) bad(name + " beta1 must be at least 0 and below 1, got " + num(a.beta1));
+  if (!(a.eps > 0) || !std::isfinite(a.eps)) bad(name + " eps must be a finite number above 0, got " + num(a.eps));
+}
+
 void check_ranges(const TrainOptions& o, const model::GPTConfig& cfg) {
   if (o.data.empty()) bad("--data is required: a text file or a uint16 token file (.bin)");
   at_least("--steps", o.steps, 1);
@@ -103,23 +146,7 @@ void check_ranges(const TrainOptions& o, const model::GPTConfig& cfg) {
   if (o.seq < 1 || o.seq > cfg.block_size)
     bad("--seq must be between 1 and the model's " + std::to_string(cfg.block_size) +
         " positions (block_size), got " + std::to_string(o.seq));
-  const AdamWConfig& a = o.adam;
-  finite("--lr", a.lr, "above 0");
-  if (!(a.lr > 0)) bad("--lr must be a finite number above 0, got " + num(a.lr));
-  finite("--min-lr", a.min_lr, "of at least 0");
-  if (a.min_lr < 0) bad("--min-lr must be at least 0, got " + num(a.min_lr));
-  if (a.min_lr > a.lr)
-    bad("--min-lr " + num(a.min_lr) + " is above --lr " + num(a.lr) +
-        "; the cosine decay goes down from --lr to --min-lr, so give a --min-lr of at most --lr");
-  at_least("--warmup", a.warmup_steps, 0, " (steps of linear warm-up)");
-  finite("--weight-decay", a.weight_decay, "of at least 0");
-  if (a.weight_decay < 0) bad("--weight-decay must be at least 0 (0: no decay), got " + num(a.weight_decay));
-  if (!(a.beta2 >= 0 && a.beta2 < 1))
-    bad("--beta2 must be at least 0 and below 1 (AdamW's second-moment decay, e.g. 0.99), got " + num(a.beta2));
-  if (!(a.beta1 >= 0 && a.beta1 < 1)) bad("AdamW beta1 must be at least 0 and below 1, got " + num(a.beta1));
-  if (!(a.eps > 0) || !std::isfinite(a.eps)) bad("AdamW eps must be a finite number above 0, got " + num(a.eps));
-  finite("--grad-clip", a.grad_clip, "of at least 0");
-  if (a.grad_clip < 0) bad("--grad-clip must be at least 0 (0: no clipping), got " + num(a.grad_clip));
+  check_optimizer(o.optim);
   if (!(o.val_fraction > 0 && o.val_fraction < 1))
     bad("--val-fraction must be above 0 and below 1 (the validation loss needs held-out tokens), got " +
         num(o.val_fraction));
@@ -196,7 +223,7 @@ void check_memory(const TrainOptions& o, const model::GPTConfig& cfg, const Mach
   if (e.total() <= static_cast<double>(m.memory_bytes)) return;
   bad("this run needs at least " + format_bytes(e.total()) + " of memory in this process (" +
       std::to_string(e.ranks) + " rank(s): parameters " + format_bytes(e.params) + ", gradients " +
-      format_bytes(e.grads) + ", Adam state " + format_bytes(e.optimizer) + ", activations " +
+      format_bytes(e.grads) + ", optimizer state " + format_bytes(e.optimizer) + ", activations " +
       format_bytes(e.activations) + ", tokens " + format_bytes(e.data) +
       (e.eval > 0.01 * e.total() ? ", validation batches " + format_bytes(e.eval) : std::string()) +
       ") but the machine has " +
@@ -234,21 +261,22 @@ MemoryEstimate estimate_memory(const TrainOptions& o, const model::GPTConfig& cf
   const double per_token = 4.0 * (L * (16 * C + static_cast<double>(cfg.n_head) + 4) + 2 * C + 2 + V + 1);
   const double dp = std::max(1, o.dp), tp = std::max(1, o.tp);
   const double B = static_cast<double>(std::max<int64_t>(o.batch, 1)), T = static_cast<double>(std::max<int64_t>(o.seq, 1));
+  const double state = 4.0 * static_cast<double>(state_prefixes(o.optim).size());  // bytes a parameter
   MemoryEstimate e;
   e.ranks = static_cast<int>(std::min<int64_t>(local_ranks(o), std::numeric_limits<int>::max()));
   const double ranks = e.ranks;
   if (o.ps_servers > 0) {
     // Workers hold the whole model's values and gradients; servers hold the values, gradients
-    // and Adam moments of their shards (all of the model over all servers).
+    // and optimizer state of their shards (all of the model over all servers).
     const double workers = o.backend == "mpi" ? 1 : dp;
     e.params = 4 * n * workers + (o.backend == "mpi" ? 0 : 4 * n);
     e.grads = 4 * n * workers + (o.backend == "mpi" ? 0 : 4 * n);
-    e.optimizer = o.backend == "mpi" ? 0 : 8 * n;
+    e.optimizer = o.backend == "mpi" ? 0 : state * n;
     e.activations = per_token * (B / dp) * T * workers;
   } else {
     e.params = 4 * n / tp / (o.zero >= 3 ? dp : 1) * ranks;
     e.grads = 4 * n / tp / (o.zero >= 2 ? dp : 1) * ranks;
-    e.optimizer = 8 * n / tp / (o.zero >= 1 ? dp : 1) * ranks;
+    e.optimizer = state * n / tp / (o.zero >= 1 ? dp : 1) * ranks;
     e.activations = per_token * (B / dp / std::max(1, o.microbatches)) * T / tp * ranks;
   }
   // Validation holds the tokens and targets (int32) of all --eval-batches batches of its rows.

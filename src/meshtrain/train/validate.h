@@ -10,7 +10,7 @@
 //   - thread counts against the machine: at most kThreadsPerCore x cores kernel threads per
 //     rank, and at most kRanksPerCore x cores threads (ranks x kernel threads) in one process;
 //   - memory against the machine: the analytic bytes of the run per process (parameters,
-//     gradients, Adam moments, activations of one micro-batch, the token file) must fit in the
+//     gradients, optimizer state, activations of one micro-batch, the token file) must fit in the
 //     available memory (MemAvailable in /proc/meminfo, lowered by a cgroup memory limit);
 //   - output paths (train/outputs.h): --metrics and --trace must name a file in an existing
 //     directory, and --checkpoint-dir must not be (or lie under) a regular file; no output may
