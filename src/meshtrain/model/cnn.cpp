@@ -1,0 +1,410 @@
+#include "meshtrain/model/cnn.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "meshtrain/kernels/crossentropy.h"
+#include "meshtrain/kernels/elementwise.h"
+#include "meshtrain/nn/activation.h"
+#include "meshtrain/nn/conv.h"
+#include "meshtrain/nn/linear.h"
+#include "meshtrain/nn/pool.h"
+#include "meshtrain/nn/shape.h"
+
+namespace meshtrain::model {
+
+// ---- configs ----
+
+nlohmann::json CNNConfig::to_json() const {
+  return {{"family", "cnn"}, {"name", name},     {"channels", channels}, {"height", height},
+          {"width", width},  {"classes", classes}, {"batch", batch}};
+}
+
+std::vector<std::string> cnn_config_names() { return {"cnn-small", "resnet-small", "inception-small"}; }
+
+CNNConfig cnn_config(const std::string& name) {
+  for (const std::string& n : cnn_config_names())
+    if (n == name) {
+      CNNConfig c;
+      c.name = name;
+      return c;
+    }
+  throw std::invalid_argument("unknown CNN '" + name + "'; the named CNNs are cnn-small, resnet-small and inception-small");
+}
+
+namespace {
+
+Tensor sum_of(const Tensor& a, const Tensor& b, int threads) {
+  Tensor s = Tensor::empty(a.shape());
+  kernels::add(s.data(), a.data(), b.data(), a.numel(), threads);
+  return s;
+}
+
+// Layers run one after the other.
+class Sequence : public nn::Layer {
+ public:
+  template <class L>
+  L* add(std::unique_ptr<L> layer) {
+    L* raw = layer.get();
+    layers_.push_back(std::move(layer));
+    return raw;
+  }
+  Tensor forward(nn::Context& ctx, const Tensor& x) override {
+    Tensor y = x;
+    for (auto& l : layers_) y = l->forward(ctx, y);
+    return y;
+  }
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override {
+    Tensor d = dy;
+    for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) d = (*it)->backward(ctx, d);
+    return d;
+  }
+  void collect_params(std::vector<nn::Param*>& out) override {
+    for (auto& l : layers_) l->collect_params(out);
+  }
+  void collect_buffers(std::vector<nn::Param*>& out) override {
+    for (auto& l : layers_) l->collect_buffers(out);
+  }
+  std::vector<std::unique_ptr<nn::Layer>> layers_;
+};
+
+// conv (no bias: the batch norm's shift takes its place) -> batch norm (-> ReLU)
+void conv_bn(Sequence& s, const std::string& conv, const std::string& bn, int64_t in, int64_t out, int64_t k,
+             int64_t stride, uint64_t seed, std::vector<nn::BatchNorm2d*>& bns, bool relu = true) {
+  s.add(std::make_unique<nn::Conv2d>(conv, in, out, k,
+                                     nn::Conv2dOptions{.stride = stride, .padding = k / 2, .bias = false, .seed = seed}));
+  bns.push_back(s.add(std::make_unique<nn::BatchNorm2d>(bn, out)));
+  if (relu) s.add(std::make_unique<nn::ReLU>());
+}
+
+// A unit that is a plain sequence, with its output shape given by a function of the input's.
+class SequenceUnit : public CNNUnit {
+ public:
+  Tensor forward(nn::Context& ctx, const Tensor& x) override { return seq.forward(ctx, x); }
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override { return seq.backward(ctx, dy); }
+  void collect_params(std::vector<nn::Param*>& out) override { seq.collect_params(out); }
+  void collect_buffers(std::vector<nn::Param*>& out) override { seq.collect_buffers(out); }
+  void collect_batch_norms(std::vector<nn::BatchNorm2d*>& out) override { out.insert(out.end(), bns.begin(), bns.end()); }
+  Shape out_chw(const Shape&) const override { return out_shape; }
+  Sequence seq;
+  std::vector<nn::BatchNorm2d*> bns;
+  Shape out_shape;
+};
+
+// A basic residual block: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), the shortcut
+// the identity or a 1x1 convolution with batch norm when the shape changes.
+class ResidualUnit : public CNNUnit {
+ public:
+  ResidualUnit(const std::string& name, int64_t in, int64_t out, int64_t stride, uint64_t seed, const Shape& in_chw)
+      : out_shape_{out, (in_chw[1] - 1) / stride + 1, (in_chw[2] - 1) / stride + 1} {
+    conv_bn(main_, name + ".conv1", name + ".bn1", in, out, 3, stride, seed, bns_);
+    conv_bn(main_, name + ".conv2", name + ".bn2", out, out, 3, 1, seed, bns_, /*relu=*/false);
+    if (stride != 1 || in != out) {
+      shortcut_ = std::make_unique<Sequence>();
+      shortcut_->add(std::make_unique<nn::Conv2d>(name + ".downsample.0", in, out, 1,
+                                                  nn::Conv2dOptions{.stride = stride, .padding = 0, .bias = false, .seed = seed}));
+      bns_.push_back(shortcut_->add(std::make_unique<nn::BatchNorm2d>(name + ".downsample.1", out)));
+    }
+  }
+  Tensor forward(nn::Context& ctx, const Tensor& x) override {
+    Tensor y = main_.forward(ctx, x);
+    Tensor s = shortcut_ ? shortcut_->forward(ctx, x) : x;
+    return relu_.forward(ctx, sum_of(y, s, ctx.threads));
+  }
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override {
+    Tensor dz = relu_.backward(ctx, dy);
+    Tensor dx = main_.backward(ctx, dz);
+    Tensor ds = shortcut_ ? shortcut_->backward(ctx, dz) : dz;
+    return sum_of(dx, ds, ctx.threads);
+  }
+  void collect_params(std::vector<nn::Param*>& out) override {
+    main_.collect_params(out);
+    if (shortcut_) shortcut_->collect_params(out);
+  }
+  void collect_buffers(std::vector<nn::Param*>& out) override {
+    main_.collect_buffers(out);
+    if (shortcut_) shortcut_->collect_buffers(out);
+  }
+  void collect_batch_norms(std::vector<nn::BatchNorm2d*>& out) override { out.insert(out.end(), bns_.begin(), bns_.end()); }
+  Shape out_chw(const Shape&) const override { return out_shape_; }
+
+ private:
+  Sequence main_;
+  std::unique_ptr<Sequence> shortcut_;
+  nn::ReLU relu_;
+  std::vector<nn::BatchNorm2d*> bns_;
+  Shape out_shape_;
+};
+
+// An Inception block: four branches on the same input, joined along channels.
+class InceptionUnit : public CNNUnit {
+ public:
+  // c1: branch 1's channels; r2, c2: branch 2's reduction and 3x3; r3, c3: branch 3's reduction
+  // and its two 3x3; c4: branch 4's 1x1 after the pool.
+  InceptionUnit(const std::string& name, int64_t in, int64_t c1, int64_t r2, int64_t c2, int64_t r3, int64_t c3,
+                int64_t c4, uint64_t seed, const Shape& in_chw)
+      : out_shape_{c1 + c2 + c3 + c4, in_chw[1], in_chw[2]} {
+    for (int b = 0; b < 4; ++b) branches_.push_back(std::make_unique<Sequence>());
+    const std::string n = name + ".branch";
+    conv_bn(*branches_[0], n + "1.conv", n + "1.bn", in, c1, 1, 1, seed, bns_);
+    conv_bn(*branches_[1], n + "2.0.conv", n + "2.0.bn", in, r2, 1, 1, seed, bns_);
+    conv_bn(*branches_[1], n + "2.1.conv", n + "2.1.bn", r2, c2, 3, 1, seed, bns_);
+    conv_bn(*branches_[2], n + "3.0.conv", n + "3.0.bn", in, r3, 1, 1, seed, bns_);
+    conv_bn(*branches_[2], n + "3.1.conv", n + "3.1.bn", r3, c3, 3, 1, seed, bns_);
+    conv_bn(*branches_[2], n + "3.2.conv", n + "3.2.bn", c3, c3, 3, 1, seed, bns_);
+    branches_[3]->add(std::make_unique<nn::MaxPool2d>(3, nn::Pool2dOptions{.stride = 1, .padding = 1}));
+    conv_bn(*branches_[3], n + "4.1.conv", n + "4.1.bn", in, c4, 1, 1, seed, bns_);
+  }
+  Tensor forward(nn::Context& ctx, const Tensor& x) override {
+    std::vector<Tensor> outs;
+    for (auto& b : branches_) outs.push_back(b->forward(ctx, x));
+    return concat_.forward(ctx, outs);
+  }
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override {
+    std::vector<Tensor> d = concat_.backward(ctx, dy);
+    Tensor dx = branches_[0]->backward(ctx, d[0]);
+    for (size_t b = 1; b < branches_.size(); ++b) dx = sum_of(dx, branches_[b]->backward(ctx, d[b]), ctx.threads);
+    return dx;
+  }
+  void collect_params(std::vector<nn::Param*>& out) override {
+    for (auto& b : branches_) b->collect_params(out);
+  }
+  void collect_buffers(std::vector<nn::Param*>& out) override {
+    for (auto& b : branches_) b->collect_buffers(out);
+  }
+  void collect_batch_norms(std::vector<nn::BatchNorm2d*>& out) override { out.insert(out.end(), bns_.begin(), bns_.end()); }
+  Shape out_chw(const Shape&) const override { return out_shape_; }
+
+ private:
+  std::vector<std::unique_ptr<Sequence>> branches_;
+  nn::ConcatChannels concat_;
+  std::vector<nn::BatchNorm2d*> bns_;
+  Shape out_shape_;
+};
+
+std::unique_ptr<SequenceUnit> classifier(int64_t in_features, int64_t hidden, int64_t classes, bool global_pool,
+                                         uint64_t seed) {
+  auto u = std::make_unique<SequenceUnit>();
+  if (global_pool) u->seq.add(std::make_unique<nn::GlobalAvgPool>());
+  u->seq.add(std::make_unique<nn::Flatten>());
+  auto fc = [&](const std::string& name, int64_t in, int64_t out) {
+    // PyTorch's default bound for a linear layer, as a normal of the same variance.
+    const float std = 1.0f / std::sqrt(3.0f * static_cast<float>(in));
+    u->seq.add(std::make_unique<nn::Linear>(name, in, out, nn::LinearOptions{.bias = true, .init_std = std, .seed = seed}));
+  };
+  if (hidden > 0) {
+    fc("fc1", in_features, hidden);
+    u->seq.add(std::make_unique<nn::ReLU>());
+    fc("fc2", hidden, classes);
+  } else {
+    fc("fc", in_features, classes);
+  }
+  u->out_shape = {classes};
+  return u;
+}
+
+}  // namespace
+
+// ---- the named architectures ----
+
+std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint64_t seed) {
+  std::vector<std::unique_ptr<CNNUnit>> units;
+  Shape chw{cfg.channels, cfg.height, cfg.width};
+  auto push = [&](std::unique_ptr<CNNUnit> u) {
+    chw = u->out_chw(chw);
+    units.push_back(std::move(u));
+  };
+  auto pooled = [](const Shape& s, int64_t c) { return Shape{c, s[1] / 2, s[2] / 2}; };
+  if (cfg.name == "cnn-small") {
+    int64_t in = cfg.channels;
+    for (int i = 1; i <= 2; ++i) {
+      const int64_t out = i == 1 ? 32 : 64;
+      auto u = std::make_unique<SequenceUnit>();
+      conv_bn(u->seq, "conv" + std::to_string(i), "bn" + std::to_string(i), in, out, 3, 1, seed, u->bns);
+      u->seq.add(std::make_unique<nn::MaxPool2d>(2));
+      u->out_shape = pooled(chw, out);
+      push(std::move(u));
+      in = out;
+    }
+    push(classifier(chw[0] * chw[1] * chw[2], 128, cfg.classes, false, seed));
+  } else if (cfg.name == "resnet-small") {
+    auto stem = std::make_unique<SequenceUnit>();
+    conv_bn(stem->seq, "conv1", "bn1", cfg.channels, 32, 3, 1, seed, stem->bns);
+    stem->out_shape = {32, chw[1], chw[2]};
+    push(std::move(stem));
+    const int64_t widths[] = {32, 64, 128};
+    for (int l = 0; l < 3; ++l) {
+      const int64_t in = chw[0], stride = l == 0 ? 1 : 2;
+      push(std::make_unique<ResidualUnit>("layer" + std::to_string(l + 1) + ".0", in, widths[l], stride, seed, chw));
+    }
+    push(classifier(chw[0], 0, cfg.classes, true, seed));
+  } else if (cfg.name == "inception-small") {
+    auto stem = std::make_unique<SequenceUnit>();
+    conv_bn(stem->seq, "conv1", "bn1", cfg.channels, 32, 3, 1, seed, stem->bns);
+    stem->seq.add(std::make_unique<nn::MaxPool2d>(2));
+    stem->out_shape = pooled(chw, 32);
+    push(std::move(stem));
+    push(std::make_unique<InceptionUnit>("inception1", chw[0], 16, 16, 24, 8, 12, 12, seed, chw));
+    push(std::make_unique<InceptionUnit>("inception2", chw[0], 32, 32, 48, 16, 24, 24, seed, chw));
+    push(classifier(chw[0], 0, cfg.classes, true, seed));
+  } else {
+    cnn_config(cfg.name);  // throws, naming the known ones
+  }
+  return units;
+}
+
+int64_t cnn_num_units(const CNNConfig& cfg) { return static_cast<int64_t>(cnn_unit_shapes(cfg).size()) - 1; }
+
+std::vector<Shape> cnn_unit_shapes(const CNNConfig& cfg) {
+  std::vector<Shape> shapes{{cfg.channels, cfg.height, cfg.width}};
+  for (auto& u : build_cnn_units(cfg, 0)) shapes.push_back(u->out_chw(shapes.back()));
+  return shapes;
+}
+
+namespace {
+std::vector<std::pair<std::string, Shape>> shapes_of(const CNNConfig& cfg, bool buffers) {
+  std::vector<std::pair<std::string, Shape>> out;
+  for (auto& u : build_cnn_units(cfg, 0)) {
+    std::vector<nn::Param*> ps;
+    if (buffers) u->collect_buffers(ps);
+    else u->collect_params(ps);
+    for (nn::Param* p : ps) out.emplace_back(p->name, p->global_shape);
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<std::pair<std::string, Shape>> cnn_param_shapes(const CNNConfig& cfg) { return shapes_of(cfg, false); }
+std::vector<std::pair<std::string, Shape>> cnn_buffer_shapes(const CNNConfig& cfg) { return shapes_of(cfg, true); }
+
+double cnn_flops_per_image(const CNNConfig& cfg) {
+  // Multiply-adds of the convolutions and linears at their output sizes: a convolution's
+  // weight (OC, IC, K, K) is applied at every output position; the output sizes follow the
+  // unit shapes. Forward + backward = 3 x forward, 2 FLOPs per multiply-add.
+  double macs = 0;
+  const auto shapes = cnn_unit_shapes(cfg);
+  auto units = build_cnn_units(cfg, 0);
+  for (size_t i = 0; i < units.size(); ++i) {
+    std::vector<nn::Param*> ps;
+    units[i]->collect_params(ps);
+    const Shape& out = shapes[i + 1];
+    const double positions = out.size() == 3 ? static_cast<double>(out[1] * out[2]) : 1.0;
+    for (nn::Param* p : ps)
+      if (p->global_shape.size() >= 2) macs += static_cast<double>(p->value.numel()) * positions;
+  }
+  return 6.0 * macs;
+}
+
+// ---- the stage ----
+
+CNNStage::CNNStage(const CNNConfig& cfg, uint64_t seed, int64_t first_unit, int64_t end_unit, bool first, bool last)
+    : cfg_(cfg), first_unit_(first_unit), end_unit_(end_unit), first_(first), last_(last) {
+  auto all = build_cnn_units(cfg, seed);
+  shapes_.push_back({cfg.channels, cfg.height, cfg.width});
+  for (auto& u : all) shapes_.push_back(u->out_chw(shapes_.back()));
+  const int64_t n = static_cast<int64_t>(all.size());
+  if (end_unit_ < 0) end_unit_ = n;
+  if (first_unit_ < 0 || first_unit_ >= end_unit_ || end_unit_ > n)
+    throw std::invalid_argument("CNNStage: units " + std::to_string(first_unit_) + ".." + std::to_string(end_unit_) +
+                                " outside the model's " + std::to_string(n) + " units");
+  for (int64_t i = first_unit_; i < end_unit_; ++i) units_.push_back(std::move(all[i]));
+}
+
+Shape CNNStage::input_shape(int64_t rows, int64_t) const {
+  Shape s{rows};
+  for (int64_t d : shapes_[first_unit_]) s.push_back(d);
+  return s;
+}
+
+Shape CNNStage::output_shape(int64_t rows, int64_t) const {
+  Shape s{rows};
+  for (int64_t d : shapes_[end_unit_]) s.push_back(d);
+  return s;
+}
+
+Tensor CNNStage::forward(nn::Context& ctx, const Tensor& x_in, const MicroBatch& mb, StageResult* result,
+                         nn::Portal*) {
+  Tensor x = x_in;
+  if (first_) {
+    if (!mb.images) throw std::invalid_argument("CNNStage: the first stage was given no images");
+    x = Tensor::empty(input_shape(mb.rows, 1));
+    std::copy(mb.images, mb.images + x.numel(), x.data());
+  }
+  for (auto& u : units_) {
+    ctx.pre_forward(u.get());
+    x = u->forward(ctx, x);
+    ctx.post_forward(u.get());
+  }
+  if (!last_) return x;
+  // The head: cross-entropy over the classes (a target of -1 is not counted: padding rows).
+  const int64_t N = x.dim(0), V = x.numel() / N;
+  Tensor losses = Tensor::empty({N}), lse = Tensor::empty({N});
+  kernels::crossentropy_forward(losses.data(), lse.data(), x.data(), mb.targets, N, V, ctx.threads);
+  double sum = 0;
+  int64_t valid = 0, correct = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    if (mb.targets[i] < 0) continue;
+    sum += losses[i], ++valid;
+    const float* row = x.data() + i * V;
+    int64_t best = 0;
+    for (int64_t c = 1; c < V; ++c)
+      if (row[c] > row[best]) best = c;
+    correct += best == mb.targets[i];
+  }
+  if (result) *result = StageResult{valid ? static_cast<float>(sum / static_cast<double>(valid)) : 0.f, correct, valid};
+  if (ctx.training) {
+    ctx.save(&head_, {x, lse});
+    auto& t = ctx.ints(&head_);
+    t.assign(mb.targets, mb.targets + N);
+    t.push_back(static_cast<int32_t>(valid));
+  }
+  return Tensor();
+}
+
+Tensor CNNStage::backward(nn::Context& ctx, const Tensor& dy_in, float grad_scale, nn::Portal*) {
+  Tensor dy = dy_in;
+  if (last_) {
+    auto& s = ctx.saved(&head_);
+    Tensor logits = s[0], lse = s[1];
+    std::vector<int32_t> targets = std::move(ctx.ints(&head_));
+    const int64_t valid = targets.back();
+    targets.pop_back();
+    ctx.release(&head_);
+    const int64_t N = logits.dim(0), V = logits.numel() / N;
+    Tensor dloss = Tensor::empty({N});
+    dloss.fill(valid ? grad_scale / static_cast<float>(valid) : 0.f);
+    kernels::crossentropy_backward_inplace(logits.data(), lse.data(), targets.data(), dloss.data(), N, V,
+                                           ctx.threads);
+    dy = logits;  // now the gradient of the logits
+  }
+  for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
+    ctx.pre_backward(it->get());
+    dy = (*it)->backward(ctx, dy);
+    ctx.post_backward(it->get());
+  }
+  return first_ ? Tensor() : dy;
+}
+
+std::vector<StageUnit> CNNStage::units() {
+  std::vector<StageUnit> out;
+  for (auto& u : units_) out.push_back({u.get(), u->params()});
+  return out;
+}
+
+void CNNStage::collect_params(std::vector<nn::Param*>& out) {
+  for (auto& u : units_) u->collect_params(out);
+}
+
+void CNNStage::collect_buffers(std::vector<nn::Param*>& out) {
+  for (auto& u : units_) u->collect_buffers(out);
+}
+
+void CNNStage::set_batch_stats_reduce(const std::function<void(std::span<double>)>& reduce) {
+  for (auto& u : units_) {
+    std::vector<nn::BatchNorm2d*> bns;
+    u->collect_batch_norms(bns);
+    for (nn::BatchNorm2d* bn : bns) bn->reduce_stats = reduce;
+  }
+}
+
+}  // namespace meshtrain::model

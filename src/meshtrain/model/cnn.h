@@ -1,0 +1,108 @@
+// Convolutional networks as a model family (model/model.h): image classifiers built by
+// composition from nn/'s layers, cut into pipeline stages between their units.
+//
+// A CNN is a sequence of units, each a small graph of layers (a conv-BN-ReLU-pool block, a
+// residual block, an Inception block, the classifier); a stage holds units [first, end), the
+// first stage reads the images (N, C, H, W) and the last gives the cross-entropy over the
+// classes and the number of correct predictions. Units' activations cross stage boundaries
+// (their shapes shrink from unit to unit, which unit_shapes() gives without running anything).
+//
+// Named models (Fashion-MNIST's 1 x 28 x 28 images, 10 classes):
+//   cnn-small        block1: conv1 3x3 32, bn1, relu, maxpool 2   -> 32 x 14 x 14
+//                    block2: conv2 3x3 64, bn2, relu, maxpool 2   -> 64 x 7 x 7
+//                    classifier: flatten, fc1 3136 -> 128, relu, fc2 128 -> 10
+//   resnet-small     stem: conv1 3x3 32, bn1, relu                 -> 32 x 28 x 28
+//                    layer1.0: basic residual block 32, identity shortcut
+//                    layer2.0: basic residual block 64, stride 2, projection shortcut (1x1 conv, bn)
+//                    layer3.0: basic residual block 128, stride 2, projection shortcut
+//                    classifier: global average pool, fc 128 -> 10
+//   inception-small  stem: conv1 3x3 32, bn1, relu, maxpool 2      -> 32 x 14 x 14
+//                    inception1, inception2: four branches joined along channels —
+//                      1x1; 1x1 then 3x3; 1x1 then two 3x3 (the 5x5's receptive field);
+//                      3x3 max pool (stride 1) then 1x1 — each conv followed by BN and ReLU
+//                    classifier: global average pool, fc -> 10
+// Parameter and buffer names are PyTorch state-dict names (conv1.weight (OC, IC, KH, KW),
+// bn1.running_mean, layer2.0.downsample.0.weight, ...); fully connected weights are stored
+// (in, out) as nn::Linear keeps them (model::torch_layout says which to transpose for PyTorch).
+//
+// Batch normalisation: each stage's BatchNorm2d layers take a statistics reduction
+// (set_batch_stats_reduce) that the trainer points at the data-parallel group, so dp N computes
+// the statistics of the whole batch as one rank does (synchronised batch norm).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/model/model.h"
+#include "meshtrain/nn/batchnorm.h"
+
+namespace meshtrain::model {
+
+struct CNNConfig {
+  std::string name = "cnn-small";  // the architecture: cnn-small, resnet-small, inception-small
+  int64_t channels = 1, height = 28, width = 28;  // input images
+  int64_t classes = 10;
+  int64_t batch = 64;  // recommended global batch
+  nlohmann::json to_json() const;
+};
+
+// The named CNNs; throws std::invalid_argument listing the names otherwise.
+CNNConfig cnn_config(const std::string& name);
+std::vector<std::string> cnn_config_names();
+
+// A unit of a CNN: a layer graph with its own output shape (C, H, W) for an input (C, H, W).
+class CNNUnit : public nn::Layer {
+ public:
+  virtual Shape out_chw(const Shape& in_chw) const = 0;
+  // Every batch-norm layer of the unit (for the statistics reduction).
+  virtual void collect_batch_norms(std::vector<nn::BatchNorm2d*>& out) = 0;
+};
+
+// The units of a named CNN, built for `seed` (layout-invariant initialisation by name).
+std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint64_t seed);
+// Number of units, and the (C, H, W) after each unit (entry 0: the input image).
+int64_t cnn_num_units(const CNNConfig& cfg);
+std::vector<Shape> cnn_unit_shapes(const CNNConfig& cfg);
+// Names and shapes of every parameter and every buffer of the whole model, in stage order.
+std::vector<std::pair<std::string, Shape>> cnn_param_shapes(const CNNConfig& cfg);
+std::vector<std::pair<std::string, Shape>> cnn_buffer_shapes(const CNNConfig& cfg);
+// Forward + backward FLOPs of one image (3 x the forward's multiply-adds x 2).
+double cnn_flops_per_image(const CNNConfig& cfg);
+
+class CNNStage : public Stage {
+ public:
+  // Units [first_unit, end_unit) (-1: all); `first` reads the images, `last` gives the loss.
+  CNNStage(const CNNConfig& cfg, uint64_t seed, int64_t first_unit, int64_t end_unit, bool first, bool last);
+
+  bool first() const override { return first_; }
+  bool last() const override { return last_; }
+  Tensor forward(nn::Context& ctx, const Tensor& x, const MicroBatch& mb, StageResult* result,
+                 nn::Portal* portal) override;
+  Tensor backward(nn::Context& ctx, const Tensor& dy, float grad_scale, nn::Portal* portal) override;
+  Shape input_shape(int64_t rows, int64_t T) const override;
+  Shape output_shape(int64_t rows, int64_t T) const override;
+  std::vector<StageUnit> units() override;
+  void collect_params(std::vector<nn::Param*>& out) override;
+  void collect_buffers(std::vector<nn::Param*>& out) override;
+  // Every batch norm of the stage reduces its statistics with `reduce` (null: local).
+  void set_batch_stats_reduce(const std::function<void(std::span<double>)>& reduce);
+
+  const CNNConfig& config() const { return cfg_; }
+
+ private:
+  CNNConfig cfg_;
+  int64_t first_unit_, end_unit_;
+  bool first_, last_;
+  std::vector<std::unique_ptr<CNNUnit>> units_;
+  std::vector<Shape> shapes_;  // (C, H, W) after each unit of the whole model, [0]: the input
+  struct Head {};  // key of the loss's saved tensors
+  Head head_;
+};
+
+}  // namespace meshtrain::model
