@@ -278,10 +278,16 @@ std::vector<std::pair<std::string, Shape>> cnn_param_shapes(const CNNConfig& cfg
 std::vector<std::pair<std::string, Shape>> cnn_buffer_shapes(const CNNConfig& cfg) { return shapes_of(cfg, true); }
 
 double cnn_flops_per_image(const CNNConfig& cfg) {
+  double sum = 0;
+  for (double f : cnn_unit_flops(cfg)) sum += f;
+  return sum;
+}
+
+std::vector<double> cnn_unit_flops(const CNNConfig& cfg) {
   // Multiply-adds of the convolutions and linears at their output sizes: a convolution's
   // weight (OC, IC, K, K) is applied at every output position; the output sizes follow the
   // unit shapes. Forward + backward = 3 x forward, 2 FLOPs per multiply-add.
-  double macs = 0;
+  std::vector<double> flops;
   const auto shapes = cnn_unit_shapes(cfg);
   auto units = build_cnn_units(cfg, 0);
   for (size_t i = 0; i < units.size(); ++i) {
@@ -289,10 +295,12 @@ double cnn_flops_per_image(const CNNConfig& cfg) {
     units[i]->collect_params(ps);
     const Shape& out = shapes[i + 1];
     const double positions = out.size() == 3 ? static_cast<double>(out[1] * out[2]) : 1.0;
+    double macs = 0;
     for (nn::Param* p : ps)
       if (p->global_shape.size() >= 2) macs += static_cast<double>(p->value.numel()) * positions;
+    flops.push_back(6.0 * macs);
   }
-  return 6.0 * macs;
+  return flops;
 }
 
 // ---- the stage ----

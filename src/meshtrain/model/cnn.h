@@ -72,8 +72,9 @@ std::vector<Shape> cnn_unit_shapes(const CNNConfig& cfg);
 // Names and shapes of every parameter and every buffer of the whole model, in stage order.
 std::vector<std::pair<std::string, Shape>> cnn_param_shapes(const CNNConfig& cfg);
 std::vector<std::pair<std::string, Shape>> cnn_buffer_shapes(const CNNConfig& cfg);
-// Forward + backward FLOPs of one image (3 x the forward's multiply-adds x 2).
+// Forward + backward FLOPs of one image (3 x the forward's multiply-adds x 2), in all and per unit.
 double cnn_flops_per_image(const CNNConfig& cfg);
+std::vector<double> cnn_unit_flops(const CNNConfig& cfg);
 
 class CNNStage : public Stage {
  public:
@@ -91,7 +92,7 @@ class CNNStage : public Stage {
   void collect_params(std::vector<nn::Param*>& out) override;
   void collect_buffers(std::vector<nn::Param*>& out) override;
   // Every batch norm of the stage reduces its statistics with `reduce` (null: local).
-  void set_batch_stats_reduce(const std::function<void(std::span<double>)>& reduce);
+  void set_batch_stats_reduce(const std::function<void(std::span<double>)>& reduce) override;
 
   const CNNConfig& config() const { return cfg_; }
 

@@ -99,7 +99,7 @@ int64_t int_field(const nlohmann::json& j, const char* field, int64_t lo, const 
 
 GPTConfig GPTConfig::from_json(const nlohmann::json& j, const std::string& source) {
   static const char* required[] = {"n_layer", "n_embd", "n_head", "vocab_size", "block_size"};
-  static const char* optional[] = {"name", "batch", "seq", "skip_from", "skip_to"};
+  static const char* optional[] = {"name", "batch", "seq", "skip_from", "skip_to", "family"};
   const std::string fields =
       "n_layer, n_embd, n_head, vocab_size, block_size (required) and name, batch, seq, skip_from, skip_to";
   if (!j.is_object())
@@ -115,6 +115,8 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j, const std::string& sourc
   for (const char* k : required)
     if (!j.contains(k)) missing += std::string(missing.empty() ? "" : ", ") + k;
   if (!missing.empty()) throw std::invalid_argument(source + ": missing field(s) " + missing + "; the fields are " + fields);
+  if (j.contains("family") && j["family"] != "gpt")
+    throw std::invalid_argument(source + ": field \"family\" of a GPT config must be \"gpt\", not " + j["family"].dump());
   GPTConfig c;
   if (j.contains("name")) {
     if (!j["name"].is_string())

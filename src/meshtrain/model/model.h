@@ -16,6 +16,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,6 +91,9 @@ class Stage : public nn::Module {
   virtual nn::Param* tied_param() { return nullptr; }
   // This stage's tied parameter is the copy: the gradient norm and checkpoints skip it.
   virtual bool tied_copy() const { return false; }
+  // Layers that normalise over the batch (batch norm) reduce their statistics with `reduce`
+  // (it replaces the values with their sum over the ranks sharing the batch); null: local.
+  virtual void set_batch_stats_reduce(const std::function<void(std::span<double>)>& reduce) {}
 };
 
 }  // namespace meshtrain::model

@@ -95,4 +95,22 @@ std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model
   return pipeline::balance_layers(c.blocks, stages, c.embedding, c.head);
 }
 
+std::vector<pipeline::LayerSpan> stage_units(const TrainOptions& o, const model::CNNConfig& cfg) {
+  const int chunks = o.pp == 1 ? 1 : o.chunks;
+  const int stages = o.pp * chunks;
+  const int64_t units = model::cnn_num_units(cfg);
+  if (!o.pp_balance.empty() && o.pp_balance != "flops") return pipeline::layers_from_counts(o.pp_balance, stages, units);
+  if (units < stages)
+    throw std::invalid_argument(cfg.name + " has " + std::to_string(units) + " units to cut between pipeline stages, "
+                                "fewer than the " + std::to_string(stages) + " stages asked for; lower --pp" +
+                                std::string(chunks > 1 ? " or --chunks" : ""));
+  if (chunks > 1) {
+    if (units % stages != 0)
+      throw std::invalid_argument("--schedule interleaved needs " + cfg.name + "'s " + std::to_string(units) +
+                                  " units to divide into " + std::to_string(stages) + " equal stages; change --pp or --chunks");
+    return pipeline::equal_layers(units, stages);
+  }
+  return pipeline::balance_layers(model::cnn_unit_flops(cfg), stages, 0.0, 0.0);
+}
+
 }  // namespace meshtrain::train

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "meshtrain/model/cnn.h"
 #include "meshtrain/model/config.h"
 #include "meshtrain/pipeline/partition.h"
 #include "meshtrain/pipeline/schedule.h"
@@ -36,5 +37,8 @@ StageCosts profile_costs(const model::GPTConfig& cfg, int64_t rows, int64_t T, i
 // `measured` when given (--pp-balance profile) and else by flop_costs.
 std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model::GPTConfig& cfg,
                                               const StageCosts* measured = nullptr);
+// The same for a CNN (model/cnn.h): its units per stage, by --pp-balance counts, or balanced by
+// the units' FLOPs (equal spans for interleaved schedules).
+std::vector<pipeline::LayerSpan> stage_units(const TrainOptions& o, const model::CNNConfig& cfg);
 
 }  // namespace meshtrain::train

@@ -40,8 +40,8 @@ nlohmann::json data_identity(const std::string& path) {
 }
 }  // namespace
 
-nlohmann::json run_config(const model::GPTConfig& cfg, const TrainOptions& o) {
-  return {{"model", cfg.to_json()}, {"batch", o.batch},  {"seq", o.seq},
+nlohmann::json run_config(const model::ModelSpec& spec, const TrainOptions& o) {
+  return {{"model", spec.to_json()}, {"batch", o.batch},  {"seq", o.seq},
           {"seed", o.seed},         {"data_order", to_string(o.data_order)},
           {"steps", o.steps},       {"layout", {{"dp", o.dp}, {"tp", o.tp}, {"pp", o.pp}, {"zero", o.zero}}},
           {"data", data_identity(o.data)},
@@ -82,6 +82,12 @@ RankPieces RankTrainer::my_pieces() {
     for (const Optimizer::StateSlot& slot : state)
       out.optimizer.push_back(piece(slot.prefix + "." + p->name, slot.tensors[k]));
   }
+  // Buffers (batch norm's running statistics): the same on every dp rank (their statistics are
+  // synchronised), so dp rank 0 and tp rank 0 write each whole, with the model.
+  if (d == 0 && mesh_.coord().tp == 0)
+    for (auto& stage : stages_)
+      for (nn::Param* b : stage->buffers())
+        out.model.push_back(SavePiece{{b->name, b->global_shape, b->shard, 0, b->value.numel()}, b->value});
   return out;
 }
 
@@ -173,7 +179,7 @@ void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
     nlohmann::json state = {{"updates", optimizer_->updates()}, {"data_position", step}};
     if (metrics_line) state["metrics"] = *metrics_line;
     try {
-      commit_save(dir, step, run_config(sh_.cfg, o_), state, digests, o_.keep_checkpoints);
+      commit_save(dir, step, run_config(sh_.spec, o_), state, digests, o_.keep_checkpoints);
     } catch (const CheckpointWriteError& e) {
       // When only `latest` (or pruning) failed, the installed folder is complete and --resume takes it.
       std::error_code ec;
@@ -232,6 +238,8 @@ int64_t RankTrainer::restore() {
     const std::string& name = (ddp_ ? ddp_->origin(opt[k]) : opt[k])->name;
     for (Optimizer::StateSlot& slot : optimizer_->state()) read(slot.prefix + "." + name, opt[k], slot.tensors[k]);
   }
+  for (auto& stage : stages_)
+    for (nn::Param* b : stage->buffers()) rd.read(b->name, b->global_shape, b->shard, 0, b->value.numel(), b->value.data());
   optimizer_->set_updates(ck.state.value("updates", ck.step));
   saved_step_ = ck.step;
   restore_bytes_read_ = rd.bytes_read();
@@ -285,7 +293,7 @@ static void check_same_optimizer(const SavedOptimizer& saved, const OptimizerCon
 // --resume: chooses and loads the checkpoint (train/checkpoint.h: the newest valid step folder),
 // checks it belongs to this run, and trims the metrics file to its step. Without --resume, a
 // run that will save refuses a directory holding step folders. `lead` prints the notes.
-std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const model::GPTConfig& cfg, bool lead) {
+std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const model::ModelSpec& spec, bool lead) {
   const std::string& dir = o.checkpoint_dir;
   if (!o.resume) {
     if (dir.empty()) return std::nullopt;
@@ -317,7 +325,7 @@ std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const 
   std::optional<CheckpointIndex> ck;
   if (rp.folder) {
     ck = open_checkpoint(*rp.folder);
-    const nlohmann::json want = run_config(cfg, o);
+    const nlohmann::json want = run_config(spec, o);
     for (const char* key : {"model", "batch", "seq", "seed", "data_order"})
       if (ck->config.value(key, nlohmann::json()) != want[key])
         throw bad("cannot resume from " + *rp.folder + ": it was saved with " + key + " = " +
@@ -332,12 +340,14 @@ std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const 
            (saved_data.value("bytes", int64_t{-1}) == now.value("bytes", int64_t{-2}) ? " and other contents" : "") +
            "): training continues on it, so the loss curve will not be the uninterrupted run's");
     }
-    const auto shapes = model::gpt_param_shapes(cfg);
+    const auto shapes = spec.param_shapes();
+    auto model_shapes = shapes;  // and the buffers (batch norm's running statistics), saved with the model
+    for (const auto& b : spec.buffer_shapes()) model_shapes.push_back(b);
     const SavedOptimizer saved = saved_optimizer(*ck, *rp.folder);
     std::vector<std::pair<std::string, Shape>> state;
     for (const std::string& prefix : saved.state)
       for (const auto& [name, shape] : shapes) state.emplace_back(prefix + "." + name, shape);
-    check_tensor_set("checkpoint " + *rp.folder + " (model)", shapes, ck->shapes(ck->model));
+    check_tensor_set("checkpoint " + *rp.folder + " (model)", model_shapes, ck->shapes(ck->model));
     check_tensor_set("checkpoint " + *rp.folder + " (optimizer state)", state, ck->shapes(ck->optimizer));
     check_same_optimizer(saved, o.optim, *rp.folder);
   }

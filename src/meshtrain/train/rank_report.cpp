@@ -53,6 +53,13 @@ void RankTrainer::record(const pipeline::StepStats& st) {
 // ---- progress output ----
 
 void print_step(const StepRecord& r, int64_t steps) {
+  if (r.accuracy) {  // a classifier: its batch accuracy, and samples are images
+    std::printf("step %5lld/%lld | loss %.4f | acc %5.1f%% | lr %.2e | norm %.3f | %7.1f ms | %8.0f img/s | mfu %4.1f%%\n",
+                static_cast<long long>(r.step + 1), static_cast<long long>(steps), r.loss, 100.0 * *r.accuracy, r.lr,
+                r.grad_norm, r.step_ms, r.tokens_per_s, 100.0 * r.mfu);
+    std::fflush(stdout);
+    return;
+  }
   std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | mfu %4.1f%%\n",
               static_cast<long long>(r.step + 1), static_cast<long long>(steps), r.loss, r.lr,
               r.grad_norm, r.step_ms, r.tokens_per_s, 100.0 * r.mfu);
@@ -61,11 +68,21 @@ void print_step(const StepRecord& r, int64_t steps) {
 
 void RankTrainer::print_header() {
   const auto& cfg = sh_.cfg;
-  std::printf("model %s: %lld parameters | batch %lld x %lld | %s | %d thread(s) per rank | data %s (%lld train tokens)\n",
-              cfg.name.c_str(), static_cast<long long>(cfg.num_params()),
-              static_cast<long long>(o_.batch), static_cast<long long>(o_.seq),
-              parallel::MeshShape{o_.dp, o_.tp, o_.pp}.str().c_str(), o_.threads, o_.data.c_str(),
-              static_cast<long long>(sh_.data.num_tokens(Split::train)));
+  int64_t n_params = 0;
+  for (const auto& [name, shape] : sh_.spec.param_shapes()) n_params += shape_numel(shape);
+  if (sh_.images)
+    std::printf("model %s: %lld parameters | batch %lld images | %s | %d thread(s) per rank | data %s (%lld train, "
+                "%lld test images)\n",
+                sh_.spec.name().c_str(), static_cast<long long>(n_params), static_cast<long long>(o_.batch),
+                parallel::MeshShape{o_.dp, o_.tp, o_.pp}.str().c_str(), o_.threads, sh_.images->path().c_str(),
+                static_cast<long long>(sh_.images->num_images(Split::train)),
+                static_cast<long long>(sh_.images->num_images(Split::val)));
+  else
+    std::printf("model %s: %lld parameters | batch %lld x %lld | %s | %d thread(s) per rank | data %s (%lld train tokens)\n",
+                cfg.name.c_str(), static_cast<long long>(cfg.num_params()),
+                static_cast<long long>(o_.batch), static_cast<long long>(o_.seq),
+                parallel::MeshShape{o_.dp, o_.tp, o_.pp}.str().c_str(), o_.threads, o_.data.c_str(),
+                static_cast<long long>(sh_.tokens->num_tokens(Split::train)));
   std::printf("%s\n", describe(o_.optim).c_str());
   if (o_.precision == kernels::Precision::bf16) {
     const std::string isa = kernels::bf16_isa();
@@ -84,7 +101,12 @@ void RankTrainer::print_header() {
     // (all float32) and the activations one micro-batch saves (model/config.h).
     StateBytes s = sh_.res.state_bytes;
     const double MiB = 1024.0 * 1024.0;
-    const double act = cfg.activation_bytes(o_.batch / o_.dp / o_.microbatches, o_.seq);
+    double act = 0;
+    if (sh_.images)  // each unit's output, about four times over (the layers inside it)
+      for (const Shape& u : model::cnn_unit_shapes(*sh_.spec.cnn()))
+        act += 16.0 * static_cast<double>(shape_numel(u) * (o_.batch / o_.dp / o_.microbatches));
+    else
+      act = cfg.activation_bytes(o_.batch / o_.dp / o_.microbatches, o_.seq);
     // bf16: the weights' bf16 copies for the step (2 bytes a parameter held; at ZeRO-3 only
     // the gathered units have them, for as long as they are gathered, left out here), and the
     // thread-local operand buffers, 2 bytes an element: the GEMM's two, grown to the largest A

@@ -20,7 +20,9 @@
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/pipeline/executor.h"
 #include "meshtrain/trace/trace.h"
+#include "meshtrain/model/spec.h"
 #include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/images.h"
 #include "meshtrain/train/layout.h"
 #include "meshtrain/train/optimizer.h"
 #include "meshtrain/train/stage_runner.h"
@@ -34,8 +36,10 @@ inline std::invalid_argument bad(const std::string& msg) { return std::invalid_a
 
 struct Shared {
   const TrainOptions& o;
-  const model::GPTConfig& cfg;
-  const TokenDataset& data;
+  const model::GPTConfig& cfg;  // GPT's config (a default one for other families: use spec)
+  const model::ModelSpec& spec;
+  const TokenDataset* tokens;   // token models
+  const ImageDataset* images;   // image models
   TrainResult& res;
   trace::Recorder* recorder;  // null without --trace
   const CheckpointIndex* resume = nullptr;  // --resume: the verified checkpoint to continue from
@@ -80,6 +84,16 @@ class RankTrainer {
       for (const model::StageResult& r : runners_.back()->results()) sum += r.loss / static_cast<double>(n);
     return pp_sum(sum);
   }
+  // A classifier's correct predictions and counted samples of the last run, over dp and pp.
+  std::pair<double, double> pipeline_correct() {
+    std::array<double, 2> a{0, 0};
+    if (stages_.back()->last())
+      for (const model::StageResult& r : runners_.back()->results())
+        a[0] += static_cast<double>(r.correct), a[1] += static_cast<double>(r.counted);
+    if (o_.dp > 1) mesh_.dp_group().all_reduce(a);
+    if (o_.pp > 1) mesh_.pp_group().all_reduce(a);
+    return {a[0], a[1]};
+  }
   void record(const pipeline::StepStats& st);
   nn::Hooks* hooks() { return ddp_ ? ddp_->hooks() : nullptr; }
   double dp_mean(double v) {
@@ -88,7 +102,13 @@ class RankTrainer {
     mesh_.dp_group().all_reduce(a, {.op = comm::ReduceOp::avg});
     return a[0];
   }
-  float evaluate();
+  // The validation loss (and accuracy, for a classifier) over --eval-batches batches.
+  std::pair<float, std::optional<float>> evaluate();
+  // Fills this rank's rows of `step`'s batch (micro-batch by micro-batch) into the step arrays.
+  void fill_batch(int64_t step);
+  bool images() const { return sh_.images != nullptr; }
+  std::vector<int32_t> tok_, tgt_;  // the step's token ids and targets (or labels)
+  std::vector<float> img_;          // the step's images
   void save(int64_t step, const nlohmann::json* metrics_line = nullptr);
   RankPieces my_pieces();
   void report_save(int64_t step, double seconds, std::vector<RankSave> ranks);
@@ -121,11 +141,11 @@ class RankTrainer {
 
 // ---- rank_checkpoints.cpp ----
 // The run's settings a checkpoint records (and a resume must match).
-nlohmann::json run_config(const model::GPTConfig& cfg, const TrainOptions& o);
+nlohmann::json run_config(const model::ModelSpec& spec, const TrainOptions& o);
 // --resume: chooses and loads the checkpoint (the newest valid step folder), checks it belongs
 // to this run, and trims the metrics file to its step. Without --resume, a run that will save
 // refuses a directory holding step folders. `lead` prints the notes.
-std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const model::GPTConfig& cfg, bool lead);
+std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const model::ModelSpec& spec, bool lead);
 
 // ---- rank_report.cpp ----
 void print_step(const StepRecord& r, int64_t steps);

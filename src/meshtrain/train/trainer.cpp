@@ -42,10 +42,12 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
   // This rank's chunks of the model: stages built by composition, split by the layout's layer
   // factory (model/stage.h); pp == 1 is one stage holding the whole model.
   const parallel::TPOptions tpo{.sequence_parallel = o_.sequence_parallel, .pad_vocab = o_.pad_vocab};
-  if (o_.tp > 1) parallel::validate_tp(sh.cfg, o_.tp, tpo, 0);
-  auto layout = parallel::gpt_layout(o_.tp > 1 ? mesh_.tp_ptr() : nullptr, tpo);
+  const bool gpt = sh.spec.gpt() != nullptr;
+  if (gpt && o_.tp > 1) parallel::validate_tp(sh.cfg, o_.tp, tpo, 0);
+  model::StageFactories factories;
+  if (gpt) factories.transformer = parallel::gpt_layout(o_.tp > 1 ? mesh_.tp_ptr() : nullptr, tpo);
   const pipeline::Schedule schedule = make_pipeline_schedule(o_);
-  if (o_.pp > 1 && o_.pp_balance == "profile") {
+  if (gpt && o_.pp > 1 && o_.pp_balance == "profile") {
     // Measured on rank 0, one micro-batch of this run's shape; every rank balances the same.
     std::vector<double> v(sh.cfg.n_layer + 2, 0.0);
     if (world.rank() == 0) {
@@ -56,13 +58,17 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     world.broadcast(v, {.root = 0});
     profiled_ = StageCosts{{v.begin() + 2, v.end()}, v[0], v[1]};
   }
-  spans_ = stage_layers(o_, sh.cfg, profiled_ ? &*profiled_ : nullptr);
+  spans_ = gpt ? stage_layers(o_, sh.cfg, profiled_ ? &*profiled_ : nullptr) : stage_units(o_, *sh.spec.cnn());
   const auto& spans = spans_;
   const int stages = schedule.shape.stages(), pp_rank = mesh_.coord().pp;
   for (int c = 0; c < schedule.shape.chunks; ++c) {
     const int st = schedule.shape.stage_of(pp_rank, c);
     model::StageSpec spec{spans[st].first, spans[st].end, st == 0, st == stages - 1};
-    stages_.push_back(std::make_unique<model::GPTStage>(sh.cfg, o_.seed, spec, layout));
+    stages_.push_back(sh.spec.make_stage(spec, o_.seed, factories));
+    // Synchronised batch norm: statistics of the whole batch, summed over the dp group (the
+    // ranks of one micro-batch), so dp N computes what one rank does.
+    if (o_.dp > 1 && !o_.batch_norm_local)
+      stages_.back()->set_batch_stats_reduce([dp = mesh_.dp_ptr()](std::span<double> v) { dp->all_reduce(v); });
   }
   std::vector<nn::Param*> params = stage_params();
   if (o_.dp > 1 || o_.zero > 0) {
@@ -83,7 +89,7 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     if (ddp_) sync = [d = ddp_.get()](bool last) { d->set_sync(last); };
     runners_.push_back(std::make_unique<StageDriver>(*stage, hooks(), sync, o_.recompute));
     runners.push_back(runners_.back().get());
-    if (sh.cfg.has_skip()) {  // a skip connection whose ends sit on two stages: a portal
+    if (gpt && sh.cfg.has_skip()) {  // a skip connection whose ends sit on two stages: a portal
       auto stage_of_block = [&](int64_t b) {
         for (int st = 0; st < stages; ++st)
           if (b >= spans[st].first && b < spans[st].end) return st;
@@ -96,9 +102,10 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
   }
   exec_ = std::make_unique<pipeline::Executor>(schedule, pp_rank, o_.pp > 1 ? &mesh_.pp_group() : nullptr,
                                                runners, o_.threads, o_.precision);
-  if (o_.pp > 1) {
+  if (o_.pp > 1 && gpt) {
     // The tied token table: the first stage's copy and the last stage's sum their gradients
-    // over this group (one pair per (dp, tp) position).
+    // over this group (one pair per (dp, tp) position). Models without a tied parameter
+    // (the CNNs) need no such group.
     const bool holds_wte = pp_rank == 0 || pp_rank == o_.pp - 1;
     emb_ = world.split(holds_wte ? mesh_.coord().dp * o_.tp + mesh_.coord().tp : comm::kNoColor, pp_rank,
                        "embedding");
@@ -127,19 +134,72 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
 
 // ---- evaluation: every dp rank takes its rows of each validation batch ----
 
-float RankTrainer::evaluate() {
+std::pair<float, std::optional<float>> RankTrainer::evaluate() {
   const int64_t B = o_.batch, T = o_.seq, rows = B / o_.dp, r0 = mesh_.coord().dp * rows;
+  if (images()) {
+    // The test split in order, batches of B (the last padded with uncounted rows): the loss and
+    // accuracy over every counted image, summed over dp and pp.
+    const ImageDataset& d = *sh_.images;
+    const int64_t n = std::min(o_.eval_batches, d.num_eval_batches(Split::val, B));
+    const int64_t per = d.channels() * d.height() * d.width();
+    std::vector<float> img(n * rows * per);
+    std::vector<int32_t> lab(n * rows);
+    for (int64_t j = 0; j < n; ++j) d.eval_batch(Split::val, j, B, r0, r0 + rows, img.data() + j * rows * per, lab.data() + j * rows);
+    for (auto& r : runners_)
+      r->set_batches({.images = img.data(), .sample_floats = per, .targets = lab.data(), .rows = rows, .T = 1}, 1.f);
+    exec_->forward_only(static_cast<int>(n));
+    std::array<double, 3> a{0, 0, 0};  // loss sum, correct, counted
+    if (stages_.back()->last())
+      for (const model::StageResult& r : runners_.back()->results())
+        a[0] += static_cast<double>(r.loss) * static_cast<double>(r.counted), a[1] += static_cast<double>(r.correct),
+            a[2] += static_cast<double>(r.counted);
+    if (o_.dp > 1) mesh_.dp_group().all_reduce(a);
+    if (o_.pp > 1) mesh_.pp_group().all_reduce(a);
+    return {static_cast<float>(a[0] / std::max(1.0, a[2])), static_cast<float>(a[1] / std::max(1.0, a[2]))};
+  }
   const int64_t n = o_.eval_batches;
   std::vector<int32_t> tok(n * rows * T), tgt(n * rows * T);
   for (int64_t j = 0; j < n; ++j)
-    sh_.data.batch(Split::val, DataOrder::random, o_.seed, j, B, T, r0, r0 + rows, tok.data() + j * rows * T,
-                   tgt.data() + j * rows * T);
+    sh_.tokens->batch(Split::val, DataOrder::random, o_.seed, j, B, T, r0, r0 + rows, tok.data() + j * rows * T,
+                      tgt.data() + j * rows * T);
   for (auto& r : runners_) r->set_batches({.tokens = tok.data(), .targets = tgt.data(), .rows = rows, .T = T}, 1.f);
   exec_->forward_only(static_cast<int>(n));
   double sum = 0;  // batch losses in order, as one rank adds them
   if (stages_.back()->last())
     for (const model::StageResult& r : runners_.back()->results()) sum += r.loss;
-  return static_cast<float>(dp_mean(pp_sum(sum) / static_cast<double>(n)));
+  return {static_cast<float>(dp_mean(pp_sum(sum) / static_cast<double>(n))), std::nullopt};
+}
+
+// This rank's rows of the step's batch. Token models: the rank's B / dp rows, cut into its
+// micro-batches. Image models: micro-batch k is rows [k B / M, (k+1) B / M) of the global batch,
+// split over the dp ranks — so each micro-batch's batch-norm statistics, synchronised over dp,
+// are those of the single rank's micro-batch k, whatever the layout.
+void RankTrainer::fill_batch(int64_t step) {
+  const int64_t B = o_.batch, T = o_.seq, M = o_.microbatches, rows = B / o_.dp / M;
+  const int64_t d = mesh_.coord().dp;
+  if (images()) {
+    const ImageDataset& ds = *sh_.images;
+    const int64_t per = ds.channels() * ds.height() * ds.width();
+    img_.resize(M * rows * per), tgt_.resize(M * rows);
+    for (int64_t mb = 0; mb < M; ++mb) {
+      const int64_t r0 = mb * (B / M) + d * rows;
+      ds.batch(Split::train, o_.seed, step, B, r0, r0 + rows, img_.data() + mb * rows * per, tgt_.data() + mb * rows,
+               o_.augment);
+    }
+    for (auto& r : runners_)
+      r->set_batches({.images = img_.data(), .sample_floats = per, .targets = tgt_.data(), .rows = rows, .T = 1},
+                     1.0f / static_cast<float>(M));
+    return;
+  }
+  tok_.resize(M * rows * T), tgt_.resize(M * rows * T);
+  const int64_t rank_row0 = d * (B / o_.dp);
+  for (int64_t mb = 0; mb < M; ++mb) {
+    const int64_t r0 = rank_row0 + mb * rows;
+    sh_.tokens->batch(Split::train, o_.data_order, o_.seed, step, B, T, r0, r0 + rows, tok_.data() + mb * rows * T,
+                      tgt_.data() + mb * rows * T);
+  }
+  for (auto& r : runners_)
+    r->set_batches({.tokens = tok_.data(), .targets = tgt_.data(), .rows = rows, .T = T}, 1.0f / static_cast<float>(M));
 }
 
 void RankTrainer::diverged(int64_t step, const char* what, double value) const {
@@ -231,8 +291,6 @@ void RankTrainer::run() {
   const parallel::TPWireScope tp_wire(o_.comm_dtype == kernels::Precision::bf16);
   TrainResult& res = sh_.res;
   const int64_t B = o_.batch, T = o_.seq, M = o_.microbatches;
-  const int64_t rows = B / o_.dp / M;  // rows of one micro-batch on this rank
-  const int64_t rank_row0 = mesh_.coord().dp * (B / o_.dp);
   const bool talk = lead_ && !o_.quiet;
 
   int64_t start = 0;
@@ -272,13 +330,12 @@ void RankTrainer::run() {
     }
   }
 
-  const double flops_per_step = sh_.cfg.flops_per_token(T) * static_cast<double>(B * T);
+  const double flops_per_step = sh_.spec.flops_per_sample(T) * static_cast<double>(B);
   const double peak_gflops = measured_gemm_gflops(o_.threads, o_.precision) * mesh_.world().size();
   if (talk) print_header();
   std::unique_ptr<MetricsWriter> metrics;
   // --resume: train() kept the file's lines up to `start`; continue it.
   if (lead_) metrics = std::make_unique<MetricsWriter>(o_.metrics, /*append=*/o_.resume);
-  std::vector<int32_t> tok(M * rows * T), tgt(M * rows * T);  // the step's micro-batches
   auto t_start = Clock::now();
 
   for (int64_t step = start; step < o_.steps; ++step) {
@@ -287,17 +344,16 @@ void RankTrainer::run() {
     if (ddp_) ddp_->begin_step();
     else
       for (auto& stage : stages_) stage->zero_grad();
-    for (int64_t mb = 0; mb < M; ++mb) {
-      const int64_t r0 = rank_row0 + mb * rows;
-      sh_.data.batch(Split::train, o_.data_order, o_.seed, step, B, T, r0, r0 + rows, tok.data() + mb * rows * T,
-                     tgt.data() + mb * rows * T);
-    }
-    for (auto& r : runners_)
-      r->set_batches({.tokens = tok.data(), .targets = tgt.data(), .rows = rows, .T = T}, 1.0f / static_cast<float>(M));
+    fill_batch(step);
     exec_->set_weights_epoch(step);
     const pipeline::StepStats pst = exec_->run_step();
     record(pst);
     const double loss = pipeline_loss(M);
+    std::optional<float> accuracy;
+    if (images()) {
+      const auto [correct, counted] = pipeline_correct();
+      accuracy = static_cast<float>(correct / std::max(1.0, counted));
+    }
     std::vector<double> pp_bubble;
     std::vector<int64_t> pp_peak, pp_in_flight;  // per pp rank
     if (o_.pp > 1) {  // every pp rank's figures, for rank 0's metrics line
@@ -333,6 +389,7 @@ void RankTrainer::run() {
     const double mean_loss = dp_mean(loss);
     if (!std::isfinite(mean_loss)) diverged(step, "loss", mean_loss);
     r.loss = static_cast<float>(mean_loss);
+    r.accuracy = accuracy;
     {
       trace::Recorder::Span s(rec, rank, trace::Track::compute, "optimizer", "optimizer");
       r.grad_norm = optimizer_->step_with_grad_sq(step, global_grad_sq());  // applies nothing on a non-finite norm
@@ -352,7 +409,8 @@ void RankTrainer::run() {
     const uint64_t tp_bytes = tp1.bytes_sent - tp0.bytes_sent;
     r.tp_bytes_sent = tp_bytes;
     const bool last = step + 1 == o_.steps;
-    if (o_.eval_every > 0 && ((step + 1) % o_.eval_every == 0 || last)) r.val_loss = evaluate();
+    if (o_.eval_every > 0 && ((step + 1) % o_.eval_every == 0 || last))
+      std::tie(r.val_loss, r.val_accuracy) = evaluate();
 
     // Rank 0's metrics line of the step. A checkpoint of the step records it (without the save's
     // timings) before `latest` names it, so no kill leaves a committed step without its line:
@@ -374,6 +432,9 @@ void RankTrainer::run() {
         line["peak_saved_activation_bytes"] = std::vector<int64_t>{pst.peak_saved_bytes};
       }
       if (r.val_loss) line["val_loss"] = *r.val_loss;
+      if (images()) line["images_per_s"] = r.tokens_per_s;  // T is 1: samples per second
+      if (r.accuracy) line["accuracy"] = *r.accuracy;
+      if (r.val_accuracy) line["val_accuracy"] = *r.val_accuracy;
     }
     // A checkpoint directory always gets the end of the run; --checkpoint-every adds a cadence.
     if (!o_.checkpoint_dir.empty() && ((o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0) || last))
@@ -398,13 +459,19 @@ void RankTrainer::run() {
     }
     if (talk && o_.log_every > 0 && ((step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps);
     if (talk && r.val_loss)
-      std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step + 1), *r.val_loss);
+      std::printf("step %5lld | validation loss %.4f%s\n", static_cast<long long>(step + 1), *r.val_loss,
+                  r.val_accuracy ? (" | test accuracy " + std::to_string(100.0 * *r.val_accuracy).substr(0, 5) + "%").c_str()
+                                 : "");
     res.steps.push_back(r);
   }
   float final_val = (!res.steps.empty() && res.steps.back().val_loss) ? *res.steps.back().val_loss : 0.f;
+  std::optional<float> final_acc = !res.steps.empty() ? res.steps.back().val_accuracy : std::nullopt;
   bool have_val = lead_ ? (!res.steps.empty() && res.steps.back().val_loss) : false;
   // Every rank must agree whether to evaluate (a collective under dp).
-  if (o_.eval_every <= 0 || start >= o_.steps) final_val = evaluate(), have_val = true;
+  if (o_.eval_every <= 0 || start >= o_.steps) {
+    auto [v, acc] = evaluate();
+    final_val = v, final_acc = acc, have_val = true;
+  }
   if (!lead_) return;
   try {
     metrics->close();
@@ -412,7 +479,7 @@ void RankTrainer::run() {
     throw io::WriteError(std::string(e.what()) + " (closing it at the end of the run)" + kept_checkpoint());
   }
   res.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
-  if (have_val) res.final_val_loss = final_val;
+  if (have_val) res.final_val_loss = final_val, res.final_val_accuracy = final_acc;
   if (talk) {
     const double rss = peak_rss_mb();
     std::printf("done: %lld steps in %.1f s | final validation loss %.4f | peak RSS %.0f MiB "
@@ -474,12 +541,60 @@ model::GPTConfig resolve_options(TrainOptions& o) {
   return cfg;
 }
 
+namespace {
+// An image model's options: its batch, a "sequence" of one image, and validate_image_options.
+void resolve_image_options(TrainOptions& o, const model::ModelSpec& spec) {
+  if (o.seq != -1 && o.seq != 1)
+    throw bad("--seq is the sequence length of token models; " + spec.name() + " reads whole images: drop --seq");
+  if (o.batch == -1) o.batch = spec.default_batch();
+  o.seq = 1;
+  if (comm::launched_by_mpirun()) o.backend = "mpi";
+  const Machine machine = Machine::probe();
+  validate_image_options(o, spec, machine);
+  if (o.threads == 0) {
+    const int64_t local_ranks = o.backend == "mpi" ? 1 : int64_t{o.dp} * o.tp * o.pp;
+    o.threads = static_cast<int>(std::max<int64_t>(1, machine.cores / local_ranks));
+  }
+  if (o.optim.decay_steps == 0) o.optim.decay_steps = o.steps;
+  if (!o.optim.weight_decay) o.optim.weight_decay = default_weight_decay(o.optim.kind);
+}
+
+// The images of --data: the name fashion-mnist or a directory of IDX files, never a text file.
+ImageDataset open_images(const TrainOptions& o, const model::ModelSpec& spec) {
+  std::error_code ec;
+  if (o.data != ImageDataset::kFashionMnist && std::filesystem::is_regular_file(o.data, ec))
+    throw bad(spec.name() + " is an image model: --data " + o.data + " is a file; give --data " +
+              ImageDataset::kFashionMnist + " (the Debian package dataset-fashion-mnist) or a directory "
+              "holding the four IDX files");
+  ImageDataset d = ImageDataset::open(o.data);
+  const Shape want = spec.sample_shape();
+  if (Shape{d.channels(), d.height(), d.width()} != want || d.classes() != spec.classes())
+    throw bad("the images of " + o.data + " are " + shape_str({d.channels(), d.height(), d.width()}) + " in " +
+              std::to_string(d.classes()) + " classes, but " + spec.name() + " takes " + shape_str(want) + " in " +
+              std::to_string(spec.classes()) + "; use a data set of that shape");
+  return d;
+}
+}  // namespace
+
 TrainResult train(TrainOptions o) {
   TrainResult res;
-  res.config = resolve_options(o);
-  TokenDataset data = TokenDataset::open(o.data, o.val_fraction, o.seq);
-  validate_dataset(o, res.config, data);  // vocabulary and split lengths (train/validate.h)
-  if (o.ps_servers > 0) return train_parameter_server(o, res.config, data);  // train/ps_trainer.h
+  const std::shared_ptr<const model::ModelSpec> spec =
+      o.config_file.empty() ? model::model_spec(o.model) : model::model_spec_from_file(o.config_file);
+  res.model = spec->name();
+  std::optional<TokenDataset> tokens;
+  std::optional<ImageDataset> images;
+  if (spec->gpt()) {
+    res.config = resolve_options(o);
+    if (o.data == ImageDataset::kFashionMnist || std::filesystem::is_directory(o.data))
+      throw bad(res.config.name + " is a token model: --data " + o.data +
+                " names images; give a text file or a uint16 .bin token file");
+    tokens.emplace(TokenDataset::open(o.data, o.val_fraction, o.seq));
+    validate_dataset(o, res.config, *tokens);  // vocabulary and split lengths (train/validate.h)
+    if (o.ps_servers > 0) return train_parameter_server(o, res.config, *tokens);  // train/ps_trainer.h
+  } else {
+    resolve_image_options(o, *spec);
+    images.emplace(open_images(o, *spec));
+  }
   if (o.backend == "mpi" && comm::mpi_world()->size() != o.dp * o.tp * o.pp)
     throw bad("mpirun started " + std::to_string(comm::mpi_world()->size()) +
               " processes but the layout " + parallel::MeshShape{o.dp, o.tp, o.pp}.str() +
@@ -487,10 +602,11 @@ TrainResult train(TrainOptions o) {
   const bool lead = o.backend != "mpi" || comm::mpi_world()->rank() == 0;
   // Checkpoints are settled before any rank starts: what to resume from (verified, and
   // matching this run), or that a new run will not overwrite another run's step folders.
-  std::optional<CheckpointIndex> resume = prepare_checkpoints(o, res.config, lead);
+  std::optional<CheckpointIndex> resume = prepare_checkpoints(o, *spec, lead);
   std::unique_ptr<trace::Recorder> recorder;
   if (!o.trace.empty()) recorder = std::make_unique<trace::Recorder>();
-  Shared sh{o, res.config, data, res, recorder.get(), resume ? &*resume : nullptr};
+  Shared sh{o,   res.config, *spec, tokens ? &*tokens : nullptr, images ? &*images : nullptr,
+            res, recorder.get(), resume ? &*resume : nullptr};
   const int world = o.dp * o.tp * o.pp;
   comm::Backend backend = o.backend == "mpi" ? comm::Backend::mpi : comm::Backend::threads;
   comm::run_world(backend, backend == comm::Backend::mpi ? 0 : world, [&](comm::Communicator& w) {

@@ -70,6 +70,9 @@ struct TrainOptions {
   bool resume = false;
   bool save_initial = false;
   bool overwrite = false;  // outputs may replace files meshtrain did not write (train/outputs.h)
+  // image models
+  bool augment = false;           // random crop and flip of the training images (train/images.h)
+  bool batch_norm_local = false;  // batch-norm statistics per rank (default: over the dp group)
   int64_t log_every = 1;  // progress line every N steps (0: none)
   bool quiet = false;     // no progress output at all
 };
@@ -89,6 +92,8 @@ struct StepRecord {
   uint64_t comm_bytes_received = 0;
   double comm_wait_ms = 0;  // time blocked on communication not hidden behind compute
   std::optional<float> val_loss;
+  // classifiers: the share of the step's batch (and of the validation batches) predicted right
+  std::optional<float> accuracy, val_accuracy;
 };
 
 // The metrics line of a step: the fields every training mode writes (DESIGN decision 8).
@@ -121,6 +126,8 @@ struct TrainResult {
   model::GPTConfig config;
   std::vector<StepRecord> steps;  // the steps run by this call (after a resume: from there)
   std::optional<float> final_val_loss;
+  std::optional<float> final_val_accuracy;  // classifiers
+  std::string model;                        // the model's name (any family)
   int64_t start_step = 0;
   double wall_s = 0;
   StateBytes state_bytes;

@@ -406,6 +406,48 @@ void check_paths(const TrainOptions& o) {
   plan.check();
 }
 
+void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec, const Machine& m) {
+  const std::string name = spec.name();
+  model::GPTConfig shape;  // the ranges of check_ranges with a "sequence" of one image
+  shape.block_size = 1;
+  check_ranges(o, shape);
+  check_layout(o);
+  auto refuse = [&](bool when, const std::string& what) {
+    if (when) bad(name + " is an image model: " + what);
+  };
+  refuse(o.tp > 1, "--tp splits a transformer's layers; splitting convolutions by filters, channels or image "
+                   "regions is not built yet, so use --dp and --pp (drop --tp)");
+  refuse(o.ps_servers > 0, "the parameter server trains GPT models only for now; use --dp (drop --ps-servers)");
+  refuse(o.recompute, "--recompute would run its batch norms twice per micro-batch; drop --recompute");
+  refuse(o.precision == kernels::Precision::bf16, "its convolutions run in float32 only; drop --precision bf16");
+  refuse(o.comm_dtype == kernels::Precision::bf16, "drop --comm-dtype bf16 (float32 gradients only for now)");
+  refuse(o.data_order == DataOrder::sequential, "--data-order sequential reads token windows; drop it");
+  refuse(o.pp_balance == "profile", "--pp-balance profile measures transformer blocks; give counts or flops");
+  if (o.pp > 1) {
+    make_pipeline_schedule(o);
+    stage_units(o, *spec.cnn());
+  }
+  check_threads("--threads", o.threads, m, /*zero_means_auto=*/true);
+  check_ranks("--dp, --tp and --pp", local_ranks(o), o.threads, m);
+  if (m.memory_bytes > 0) {
+    // Parameters, gradients and the optimizer's state (two moments at most), per ZeRO stage,
+    // plus each unit's output a few times over per sample (its layers' saved activations) and
+    // the data set (Fashion-MNIST: 55 MB of pixels).
+    double n = 0, acts = 0;
+    for (const auto& [nm, s] : spec.param_shapes()) n += static_cast<double>(shape_numel(s));
+    for (const Shape& s : model::cnn_unit_shapes(*spec.cnn())) acts += 4.0 * 4.0 * static_cast<double>(shape_numel(s));
+    const double dp = o.dp, ranks = static_cast<double>(local_ranks(o));
+    const double state = 4 * n / (o.zero >= 3 ? dp : 1) + 4 * n / (o.zero >= 2 ? dp : 1) + 8 * n / (o.zero >= 1 ? dp : 1);
+    const double need = ranks * (state + acts * static_cast<double>(o.batch) / dp / o.microbatches) +
+                        8.0 * static_cast<double>(o.eval_batches) * static_cast<double>(o.batch) * acts / 16.0 + 60e6;
+    if (need > static_cast<double>(m.memory_bytes))
+      bad("this run needs at least " + format_bytes(need) + " of memory in this process but the machine has " +
+          format_bytes(static_cast<double>(m.memory_bytes)) + " available (" + m.memory_source +
+          "); lower --batch or --eval-batches, add --microbatches, or --zero to shard the state");
+  }
+  check_paths(o);
+}
+
 void validate_dataset(const TrainOptions& o, const model::GPTConfig& cfg, const TokenDataset& data) {
   if (data.vocab_size() > cfg.vocab_size)
     bad("the data file " + o.data + " has token ids up to " + std::to_string(data.vocab_size() - 1) +

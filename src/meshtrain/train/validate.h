@@ -23,6 +23,7 @@
 #include <string>
 
 #include "meshtrain/model/config.h"
+#include "meshtrain/model/spec.h"
 #include "meshtrain/train/data.h"
 #include "meshtrain/train/trainer.h"
 
@@ -56,6 +57,11 @@ void validate_options(const TrainOptions& o, const model::GPTConfig& cfg, const 
 // The output policy of train/outputs.h over the run's paths: --data and --config read;
 // --metrics, --trace and its .svg written; --checkpoint-dir managed. Part of validate_options.
 void check_paths(const TrainOptions& o);
+
+// Image models (a ModelSpec whose input is images): the checks of validate_options that apply
+// to them (ranges, layout rules, threads, memory, paths), and a sentence for what they cannot
+// take yet (--tp, --ps-servers, --recompute, bf16, --seq, sequential data order).
+void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec, const Machine& m);
 
 // Checks that need the loaded token file: token ids inside the model's vocabulary, and both
 // splits long enough for one batch (the validation split for one --seq window).

@@ -1,0 +1,204 @@
+// The CNNs through the trainer (model/cnn.h, train/images.h): every layout reproduces the
+// single-rank loss curve (synchronised batch norm, micro-batches cut alike at every layout),
+// checkpoints carry the batch-norm running statistics and resume at another layout on the
+// uninterrupted curve, and an image model refuses what it cannot take with a sentence.
+// The images are a small synthetic IDX data set written here (so the test does not need the
+// Fashion-MNIST package): each class draws a bar at its own row over noise, so a CNN learns it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "idx_files.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/idx.h"
+#include "meshtrain/train/images.h"
+#include "meshtrain/train/trainer.h"
+#include "temp_dir.h"
+
+using namespace meshtrain;
+namespace fs = std::filesystem;
+
+namespace {
+
+const meshtrain::testing::TempDir& data_dir() {
+  static meshtrain::testing::TempDir dir("cnn_data");
+  static bool written = false;
+  if (!written) {
+    auto images = [](int64_t n, uint32_t salt, std::vector<uint8_t>& labels) {
+      std::vector<uint8_t> px(n * 28 * 28);
+      uint32_t s = salt;
+      for (int64_t i = 0; i < n; ++i) {
+        const int c = static_cast<int>((i * 7 + salt) % 10);
+        labels.push_back(static_cast<uint8_t>(c));
+        for (int y = 0; y < 28; ++y)
+          for (int x = 0; x < 28; ++x) {
+            s = s * 1103515245u + 12345u;
+            const int noise = static_cast<int>((s >> 16) % 96);
+            px[(i * 28 + y) * 28 + x] = static_cast<uint8_t>(noise + (y / 2 == c + 2 ? 150 : 0));
+          }
+      }
+      return px;
+    };
+    std::vector<uint8_t> train_labels, test_labels;
+    const auto train_px = images(512, 1, train_labels), test_px = images(96, 5, test_labels);
+    using meshtrain::testing::idx_bytes, meshtrain::testing::write_gzip;
+    write_gzip(dir.file("train-images-idx3-ubyte.gz"), idx_bytes(train::kIdxImagesMagic, {512, 28, 28}, train_px));
+    write_gzip(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes(train::kIdxLabelsMagic, {512}, train_labels));
+    write_gzip(dir.file("t10k-images-idx3-ubyte.gz"), idx_bytes(train::kIdxImagesMagic, {96, 28, 28}, test_px));
+    write_gzip(dir.file("t10k-labels-idx1-ubyte.gz"), idx_bytes(train::kIdxLabelsMagic, {96}, test_labels));
+    written = true;
+  }
+  return dir;
+}
+
+train::TrainOptions options(const std::string& model, int dp, int pp, int zero, const std::string& schedule = "1f1b") {
+  train::TrainOptions o;
+  o.model = model;
+  o.data = data_dir().path().string();
+  o.batch = 16;
+  o.microbatches = 2;
+  o.steps = 6;
+  o.dp = dp, o.pp = pp, o.zero = zero, o.schedule = schedule;
+  o.optim.warmup_steps = 2;
+  o.optim.lr = 2e-3f;
+  o.eval_every = 0;
+  o.eval_batches = 3;
+  o.quiet = true;
+  o.threads = 1;
+  return o;
+}
+
+std::vector<float> losses(const train::TrainResult& r) {
+  std::vector<float> out;
+  for (const auto& s : r.steps) out.push_back(s.loss);
+  return out;
+}
+
+void expect_same_curve(const std::vector<float>& want, const std::vector<float>& got, const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_LT(std::fabs(got[i] - want[i]) / std::fabs(want[i]), 1e-5) << what << " step " << i + 1 << ": " << got[i]
+                                                                      << " against " << want[i];
+}
+
+}  // namespace
+
+using Layout = std::tuple<int, int, int, std::string>;  // dp, pp, zero, schedule
+
+class CnnLayouts : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CnnLayouts, EveryLayoutReproducesTheSingleRankCurve) {
+  const std::string model = GetParam();
+  const train::TrainResult one = train::train(options(model, 1, 1, 0));
+  const std::vector<float> want = losses(one);
+  ASSERT_EQ(want.size(), 6u);
+  EXPECT_LT(want.back(), want.front()) << "the curve should go down";
+  ASSERT_TRUE(one.steps.back().accuracy.has_value());
+  ASSERT_TRUE(one.final_val_accuracy.has_value());
+  const std::vector<Layout> layouts = {{2, 1, 0, "1f1b"}, {4, 1, 3, "1f1b"}, {1, 2, 0, "gpipe"},
+                                       {1, 2, 0, "1f1b"}, {2, 2, 1, "1f1b"}};
+  for (const auto& [dp, pp, zero, schedule] : layouts) {
+    const std::string what = model + " dp " + std::to_string(dp) + " pp " + std::to_string(pp) + " zero " +
+                             std::to_string(zero) + " " + schedule;
+    const train::TrainResult r = train::train(options(model, dp, pp, zero, schedule));
+    expect_same_curve(want, losses(r), what);
+    EXPECT_EQ(*r.steps.back().accuracy, *one.steps.back().accuracy) << what;
+    ASSERT_TRUE(r.final_val_loss && one.final_val_loss);
+    EXPECT_LT(std::fabs(*r.final_val_loss - *one.final_val_loss) / *one.final_val_loss, 1e-5) << what;
+    EXPECT_EQ(*r.final_val_accuracy, *one.final_val_accuracy) << what;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Named, CnnLayouts, ::testing::Values("cnn-small", "resnet-small", "inception-small"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) c = c == '-' ? '_' : c;
+                           return n;
+                         });
+
+// Saved at pp 2 x dp 2, resumed at dp 1 and at pp 2: on the uninterrupted curve, with the
+// batch-norm running statistics in the checkpoint (the evaluation after the resume uses them).
+TEST(CnnCheckpoints, SavedAtPipelineAndDataParallelResumesAtOtherLayouts) {
+  meshtrain::testing::TempDir tmp("cnn_ckpt");
+  const train::TrainResult whole = train::train(options("resnet-small", 1, 1, 0));
+  const std::string dir = tmp.file("ck");
+  train::TrainOptions first = options("resnet-small", 2, 2, 0);
+  first.steps = 3;
+  first.optim.decay_steps = 6;
+  first.checkpoint_dir = dir;
+  first.checkpoint_every = 3;
+  train::train(first);
+  const train::CheckpointIndex ck = train::open_checkpoint(dir);
+  ASSERT_NE(ck.find("bn1.running_mean"), nullptr);
+  ASSERT_NE(ck.find("layer2.0.downsample.1.running_var"), nullptr);
+  for (auto [dp, pp] : {std::pair{1, 1}, std::pair{1, 2}}) {
+    const std::string copy = tmp.file("ck_" + std::to_string(dp) + "_" + std::to_string(pp));
+    fs::copy(dir, copy, fs::copy_options::recursive);
+    train::TrainOptions second = options("resnet-small", dp, pp, 0);
+    second.checkpoint_dir = copy;
+    second.resume = true;
+    const train::TrainResult r = train::train(second);
+    ASSERT_EQ(r.start_step, 3);
+    const std::vector<float> all = losses(whole);
+    const std::vector<float> tail(all.begin() + 3, all.end());
+    expect_same_curve(tail, losses(r), "resumed at dp " + std::to_string(dp) + " pp " + std::to_string(pp));
+    ASSERT_TRUE(r.final_val_loss);
+    EXPECT_LT(std::fabs(*r.final_val_loss - *whole.final_val_loss) / *whole.final_val_loss, 1e-5);
+  }
+}
+
+// Resumed at the layout that saved: bit for bit.
+TEST(CnnCheckpoints, ResumeAtTheSameLayoutIsBitExact) {
+  meshtrain::testing::TempDir tmp("cnn_resume");
+  const train::TrainResult whole = train::train(options("cnn-small", 2, 1, 0));
+  train::TrainOptions first = options("cnn-small", 2, 1, 0);
+  first.steps = 4;
+  first.optim.decay_steps = 6;
+  first.checkpoint_dir = tmp.file("ck");
+  first.checkpoint_every = 2;
+  train::train(first);
+  train::TrainOptions second = options("cnn-small", 2, 1, 0);
+  second.checkpoint_dir = tmp.file("ck");
+  second.resume = true;
+  const train::TrainResult r = train::train(second);
+  ASSERT_EQ(r.start_step, 4);
+  for (size_t i = 0; i < r.steps.size(); ++i) EXPECT_EQ(r.steps[i].loss, whole.steps[4 + i].loss) << i;
+  EXPECT_EQ(*r.final_val_loss, *whole.final_val_loss);
+}
+
+TEST(CnnOptions, WhatAnImageModelCannotTakeIsRefusedWithASentence) {
+  auto refusal = [](train::TrainOptions o) -> std::string {
+    try {
+      train::train(o);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto o = options("cnn-small", 1, 1, 0);
+  o.tp = 2;
+  EXPECT_NE(refusal(o).find("cnn-small is an image model: --tp"), std::string::npos) << refusal(o);
+  o = options("cnn-small", 1, 1, 0);
+  o.seq = 8;
+  EXPECT_NE(refusal(o).find("--seq is the sequence length of token models"), std::string::npos);
+  o = options("cnn-small", 1, 4, 0);  // cnn-small has 3 units
+  o.microbatches = 4;
+  EXPECT_NE(refusal(o).find("has 3 units to cut between pipeline stages, fewer than the 4"), std::string::npos)
+      << refusal(o);
+  meshtrain::testing::TempDir tmp("cnn_text");
+  const std::string text = tmp.file("corpus.txt");
+  meshtrain::testing::write_plain(text, std::string(5000, 'a'));
+  o = options("cnn-small", 1, 1, 0);
+  o.data = text;
+  EXPECT_NE(refusal(o).find("cnn-small is an image model: --data " + text + " is a file"), std::string::npos)
+      << refusal(o);
+  auto g = options("gpt-tiny", 1, 1, 0);
+  g.seq = 16;
+  EXPECT_NE(refusal(g).find("gpt-tiny is a token model: --data " + g.data + " names images"), std::string::npos)
+      << refusal(g);
+}
