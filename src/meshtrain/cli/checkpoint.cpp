@@ -13,6 +13,7 @@
 #include <string>
 
 #include "meshtrain/cli/commands.h"
+#include "meshtrain/model/spec.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/outputs.h"
 #include "meshtrain/train/safetensors.h"
@@ -54,6 +55,59 @@ struct ReadRefused {
   std::string what;
 };
 
+// A CNN's checkpoint as one PyTorch state dict: its parameters and buffers under their
+// state-dict names; a linear layer's weight, kept (in, out) by nn::Linear, written (out, in) as
+// torch.nn.Linear holds it, so load_state_dict takes the file as it is.
+void convert_cnn(const ConvertOptions& o, const std::string& folder, const train::CheckpointIndex& index,
+                 const nlohmann::json& model_json) {
+  std::shared_ptr<const model::ModelSpec> spec;
+  try {
+    spec = model::cnn_spec(model::cnn_config(model_json.value("name", std::string())));
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("checkpoint " + folder + ": its index names no CNN this meshtrain knows (" + e.what() + ")");
+  }
+  auto expected = spec->param_shapes();
+  for (const auto& b : spec->buffer_shapes()) expected.push_back(b);
+  train::check_tensor_set("checkpoint " + folder + " (model)", expected, index.shapes(index.model));
+  auto linear = [](const std::string& name, const Shape& s) {
+    return s.size() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
+  };
+  std::vector<std::pair<std::string, Shape>> tensors;
+  int64_t params = 0;
+  for (const auto& [name, shape] : expected) {
+    tensors.emplace_back(name, linear(name, shape) ? Shape{shape[1], shape[0]} : shape);
+    params += shape_numel(shape);
+  }
+  train::PieceReader rd(index);
+  try {
+    train::write_safetensors(
+        o.out, tensors,
+        [&](const std::string& name) {
+          Tensor t;
+          try {
+            t = rd.full(name);
+          } catch (const train::CheckpointError& e) {
+            throw ReadRefused{e.what()};
+          }
+          if (!linear(name, t.shape())) return t;
+          const int64_t in = t.dim(0), out = t.dim(1);
+          Tensor tr = Tensor::empty({out, in});
+          for (int64_t i = 0; i < in; ++i)
+            for (int64_t j = 0; j < out; ++j) tr.data()[j * in + i] = t.data()[i * out + j];
+          return tr;
+        },
+        {{"format", "pt"}, {train::kSafetensorsWriterKey, train::kSafetensorsWriter}});
+  } catch (const ReadRefused& e) {
+    throw UsageError(e.what);
+  } catch (const train::CheckpointError& e) {
+    throw std::runtime_error("cannot write the converted checkpoint " + o.out + ": " + e.what());
+  }
+  std::printf("wrote %s: %zu tensors (parameters and batch-norm statistics), %lld values (float32; PyTorch "
+              "state-dict names and layouts), model %s at step %lld of %s\n",
+              o.out.c_str(), tensors.size(), static_cast<long long>(params), spec->name().c_str(),
+              static_cast<long long>(index.step), folder.c_str());
+}
+
 void convert(const ConvertOptions& o) {
   namespace fs = std::filesystem;
   if (!o.to_single)
@@ -63,6 +117,11 @@ void convert(const ConvertOptions& o) {
   check_paths(o, "");  // before anything is read
   const std::string folder = tool_step_folder(o.from, "nothing to convert");
   check_paths(o, folder);
+  {
+    const train::CheckpointIndex index = train::open_checkpoint(folder, /*model_only=*/true);
+    const nlohmann::json m = index.config.value("model", nlohmann::json::object());
+    if (m.is_object() && m.value("family", "gpt") == "cnn") return convert_cnn(o, folder, index, m);
+  }
   CheckedCheckpoint c = checked_model_checkpoint(folder);
   const auto tensors = c.index.shapes(c.index.model);
   int64_t params = 0;

@@ -29,6 +29,10 @@ CheckedCheckpoint checked_model_checkpoint(const std::string& path) {
   if (!ck.config.contains("model") || !ck.config["model"].is_object())
     throw train::CheckpointError("checkpoint " + path + " has no model config in its index; it was not written by "
                                  "meshtrain train");
+  if (ck.config["model"].value("family", "gpt") != "gpt")
+    throw train::CheckpointError("checkpoint " + path + " holds " + ck.config["model"].value("name", "a model") +
+                                 ", an image classifier (family " + ck.config["model"].value("family", "") +
+                                 "); generate samples text from GPT checkpoints only");
   model::GPTConfig cfg;
   try {
     cfg = model::GPTConfig::from_json(ck.config["model"], "the index of checkpoint " + path);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "meshtrain/cli/commands.h"
+#include "meshtrain/model/spec.h"
 #include "meshtrain/cli/options.h"
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/train/checkpoint.h"
@@ -56,10 +57,21 @@ void add_train_command(CLI::App& app) {
   auto optimizer = std::make_shared<std::string>("adamw");
   auto lr_schedule = std::make_shared<std::string>("cosine");
   auto weight_decay = std::make_shared<float>(0.f);
-  CLI::App* c = app.add_subcommand("train", "Train a GPT on a text or token file");
-  c->add_option("--model", opt->model, "Named model: gpt-tiny, gpt-small, gpt2-124m")->capture_default_str();
+  CLI::App* c = app.add_subcommand("train", "Train a model (a GPT on text or tokens, a CNN on images)");
+  c->add_option("--model", opt->model,
+                "Named model: gpt-tiny, gpt-small, gpt2-124m (token models); cnn-small, resnet-small, "
+                "inception-small (image classifiers)")
+      ->capture_default_str();
   c->add_option("--config", opt->config_file, "Model config JSON file (instead of --model)");
-  c->add_option("--data", opt->data, "Text file (byte tokens) or uint16 token file (.bin)");
+  c->add_option("--data", opt->data,
+                 "Token models: a text file (byte tokens) or uint16 token file (.bin); image models: fashion-mnist "
+                 "(the Debian package) or a directory of the four IDX files");
+  c->add_flag("--augment", opt->augment, "Image models: random 2-pixel crops and horizontal flips of the training images");
+  auto batch_norm = std::make_shared<std::string>("sync");
+  c->add_option("--batch-norm", *batch_norm,
+                "Image models: sync (batch-norm statistics over the data-parallel group: every layout gives the "
+                "single-rank curve) or local (per rank: faster, different numbers)")
+      ->capture_default_str();
   c->add_option("--data-order", *order, "random (windows drawn from seed and step) or sequential (llm.c order)")->capture_default_str();
   c->add_option("--val-fraction", opt->val_fraction, "Share of the tokens held out for validation (the end of the file)")->capture_default_str();
   c->add_option("--dp", opt->dp, "Data-parallel ranks")->check(integer<int>(1))->capture_default_str();
@@ -116,7 +128,7 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--overwrite", opt->overwrite, "Let --metrics and --trace replace existing files that meshtrain did not write");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([c, opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
+  c->callback([c, batch_norm, opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
                optimizer, lr_schedule, weight_decay] {
     train::TrainOptions o = *opt;
     auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
@@ -163,6 +175,16 @@ void add_train_command(CLI::App& app) {
       // --checkpoint-dir alone saves at the default cadence and at the end (README).
       if (!o.checkpoint_dir.empty() && !given("--checkpoint-every")) o.checkpoint_every = kDefaultCheckpointEvery;
       check_comm_timeout_env();
+      if (*batch_norm != "sync" && *batch_norm != "local")
+        throw std::invalid_argument("--batch-norm must be sync or local, not '" + *batch_norm + "'");
+      o.batch_norm_local = *batch_norm == "local";
+      if (model::is_cnn_name(o.model) || !o.config_file.empty()) {
+        // checked by the trainer once the model is known
+      } else if (given("--augment") || given("--batch-norm")) {
+        throw std::invalid_argument(std::string(given("--augment") ? "--augment" : "--batch-norm") +
+                                    " applies to image models (cnn-small, resnet-small, inception-small); " + o.model +
+                                    " reads tokens: drop it");
+      }
       if (comm_timeout_opt->count() > 0) {
         const double s = *comm_timeout;
         if (!(s > 0 && s <= 604'800))  // also refuses nan

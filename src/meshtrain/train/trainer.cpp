@@ -459,9 +459,11 @@ void RankTrainer::run() {
     }
     if (talk && o_.log_every > 0 && ((step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps);
     if (talk && r.val_loss)
-      std::printf("step %5lld | validation loss %.4f%s\n", static_cast<long long>(step + 1), *r.val_loss,
-                  r.val_accuracy ? (" | test accuracy " + std::to_string(100.0 * *r.val_accuracy).substr(0, 5) + "%").c_str()
-                                 : "");
+      if (r.val_accuracy)
+        std::printf("step %5lld | validation loss %.4f | test accuracy %.2f%%\n", static_cast<long long>(step + 1),
+                    *r.val_loss, 100.0 * *r.val_accuracy);
+      else
+        std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step + 1), *r.val_loss);
     res.steps.push_back(r);
   }
   float final_val = (!res.steps.empty() && res.steps.back().val_loss) ? *res.steps.back().val_loss : 0.f;
@@ -482,9 +484,10 @@ void RankTrainer::run() {
   if (have_val) res.final_val_loss = final_val, res.final_val_accuracy = final_acc;
   if (talk) {
     const double rss = peak_rss_mb();
-    std::printf("done: %lld steps in %.1f s | final validation loss %.4f | peak RSS %.0f MiB "
+    std::printf("done: %lld steps in %.1f s | final validation loss %.4f%s | peak RSS %.0f MiB "
                 "(%.2fx the analytic %.0f MiB%s)\n",
-                static_cast<long long>(res.steps.size()), res.wall_s, final_val, rss,
+                static_cast<long long>(res.steps.size()), res.wall_s, final_val,
+                final_acc ? (" | test accuracy " + std::to_string(100.0 * *final_acc).substr(0, 5) + "%").c_str() : "", rss,
                 rss / analytic_mb_, analytic_mb_, mesh_.world().size() > 1 ? " per rank; RSS counts the whole process" : "");
     const char* wire = o_.comm_dtype == kernels::Precision::bf16 ? "bf16" : "fp32";
     auto per_step = [&](uint64_t StepRecord::*field) {
@@ -584,6 +587,9 @@ TrainResult train(TrainOptions o) {
   std::optional<TokenDataset> tokens;
   std::optional<ImageDataset> images;
   if (spec->gpt()) {
+    if (o.augment || o.batch_norm_local)
+      throw bad(std::string(o.augment ? "--augment" : "--batch-norm local") + " applies to image models; " +
+                spec->name() + " reads tokens: drop it");
     res.config = resolve_options(o);
     if (o.data == ImageDataset::kFashionMnist || std::filesystem::is_directory(o.data))
       throw bad(res.config.name + " is a token model: --data " + o.data +
