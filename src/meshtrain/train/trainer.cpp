@@ -458,12 +458,13 @@ void RankTrainer::run() {
       throw io::WriteError(std::string(e.what()) + " (at step " + std::to_string(step + 1) + ")" + kept_checkpoint());
     }
     if (talk && o_.log_every > 0 && ((step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps);
-    if (talk && r.val_loss)
+    if (talk && r.val_loss) {
       if (r.val_accuracy)
         std::printf("step %5lld | validation loss %.4f | test accuracy %.2f%%\n", static_cast<long long>(step + 1),
                     *r.val_loss, 100.0 * *r.val_accuracy);
       else
         std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step + 1), *r.val_loss);
+    }
     res.steps.push_back(r);
   }
   float final_val = (!res.steps.empty() && res.steps.back().val_loss) ? *res.steps.back().val_loss : 0.f;
