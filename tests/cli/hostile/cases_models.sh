@@ -1,0 +1,29 @@
+# Image models beside token models: each refuses the other's data and what it cannot take.
+# Sourced by tests/cli/hostile.sh ($MT: the program, $WORK: the scratch folder with corpus.txt).
+expect 2 "cnn-small is an image model: --data corpus.txt is a file" -- \
+  "$MT" train --model cnn-small --data corpus.txt --steps 1 --quiet
+mkdir -p "$WORK/images"
+expect 2 "gpt-tiny is a token model: --data images names images" -- \
+  "$MT" train --model gpt-tiny --data images --steps 1 --quiet
+expect 2 "gpt-tiny is a token model: --data fashion-mnist names images" -- \
+  "$MT" train --model gpt-tiny --data fashion-mnist --steps 1 --quiet
+expect 2 "lacks train-images-idx3-ubyte|images" -- "$MT" train --model cnn-small --data images --steps 1 --quiet
+rmdir "$WORK/images"
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+  expect 2 "cnn-small has 3 units to cut between pipeline stages, fewer than the 4" -- \
+    "$MT" train --model cnn-small --data fashion-mnist --pp 4 --microbatches 4 --steps 1 --quiet
+  expect 2 "cnn-small is an image model: --tp" -- "$MT" train --model cnn-small --data fashion-mnist --tp 2 --steps 1 --quiet
+  expect 2 "--seq is the sequence length of token models" -- \
+    "$MT" train --model resnet-small --data fashion-mnist --seq 16 --steps 1 --quiet
+  expect 2 "--pp-balance 3,0: '0' is not a positive number of blocks" -- \
+    "$MT" train --model cnn-small --data fashion-mnist --pp 2 --pp-balance 3,0 --steps 1 --quiet
+fi
+expect 2 "--augment applies to image models" -- "$MT" train --model gpt-tiny --data corpus.txt --augment --steps 1 --quiet
+expect 2 "--batch-norm must be sync or local" -- \
+  "$MT" train --model cnn-small --data fashion-mnist --batch-norm global --steps 1 --quiet
+printf '{"family": "rnn", "name": "lstm"}' > "$WORK/rnn.json"
+expect 2 "\"family\" must be \"gpt\" or \"cnn\"" -- "$MT" train --config rnn.json --data corpus.txt --steps 1 --quiet
+printf '{"family": "cnn", "name": "alexnet"}' > "$WORK/alex.json"
+expect 2 "unknown CNN 'alexnet'" -- "$MT" train --config alex.json --data fashion-mnist --steps 1 --quiet
+rm -f "$WORK/rnn.json" "$WORK/alex.json"
+expect 2 "unknown model 'vgg-16'; the named models are gpt-tiny" -- "$MT" train --model vgg-16 --data corpus.txt --steps 1 --quiet
