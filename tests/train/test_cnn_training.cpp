@@ -199,6 +199,6 @@ TEST(CnnOptions, WhatAnImageModelCannotTakeIsRefusedWithASentence) {
       << refusal(o);
   auto g = options("gpt-tiny", 1, 1, 0);
   g.seq = 16;
-  EXPECT_NE(refusal(g).find("gpt-tiny is a token model: --data " + g.data + " names images"), std::string::npos)
+  EXPECT_NE(refusal(g).find("gpt-tiny is a token model: --data " + g.data + " is a directory"), std::string::npos)
       << refusal(g);
 }

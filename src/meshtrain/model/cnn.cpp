@@ -350,13 +350,15 @@ Tensor CNNStage::forward(nn::Context& ctx, const Tensor& x_in, const MicroBatch&
   kernels::crossentropy_forward(losses.data(), lse.data(), x.data(), mb.targets, N, V, ctx.threads);
   double sum = 0;
   int64_t valid = 0, correct = 0;
+  predicted_.assign(N, 0);
   for (int64_t i = 0; i < N; ++i) {
-    if (mb.targets[i] < 0) continue;
-    sum += losses[i], ++valid;
     const float* row = x.data() + i * V;
     int64_t best = 0;
     for (int64_t c = 1; c < V; ++c)
       if (row[c] > row[best]) best = c;
+    predicted_[i] = static_cast<int32_t>(best);
+    if (mb.targets[i] < 0) continue;
+    sum += losses[i], ++valid;
     correct += best == mb.targets[i];
   }
   if (result) *result = StageResult{valid ? static_cast<float>(sum / static_cast<double>(valid)) : 0.f, correct, valid};

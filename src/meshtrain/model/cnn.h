@@ -95,6 +95,7 @@ class CNNStage : public Stage {
   void set_batch_stats_reduce(const std::function<void(std::span<double>)>& reduce) override;
 
   const CNNConfig& config() const { return cfg_; }
+  std::vector<int32_t> predictions() const override { return predicted_; }
 
  private:
   CNNConfig cfg_;
@@ -102,6 +103,7 @@ class CNNStage : public Stage {
   bool first_, last_;
   std::vector<std::unique_ptr<CNNUnit>> units_;
   std::vector<Shape> shapes_;  // (C, H, W) after each unit of the whole model, [0]: the input
+  std::vector<int32_t> predicted_;  // the last forward's argmax per sample (last stage)
   struct Head {};  // key of the loss's saved tensors
   Head head_;
 };

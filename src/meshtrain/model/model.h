@@ -94,6 +94,8 @@ class Stage : public nn::Module {
   // Layers that normalise over the batch (batch norm) reduce their statistics with `reduce`
   // (it replaces the values with their sum over the ranks sharing the batch); null: local.
   virtual void set_batch_stats_reduce(const std::function<void(std::span<double>)>& reduce) {}
+  // A classifier's last stage: the predicted class of each sample of its last forward.
+  virtual std::vector<int32_t> predictions() const { return {}; }
 };
 
 }  // namespace meshtrain::model

@@ -1,5 +1,6 @@
 #include "meshtrain/model/spec.h"
 
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
@@ -78,6 +79,9 @@ std::shared_ptr<const ModelSpec> model_spec(const std::string& name) {
 }
 
 std::shared_ptr<const ModelSpec> model_spec_from_file(const std::string& path) {
+  std::error_code ec;
+  // Anything but a readable regular file: gpt_config_from_file says what is wrong with it.
+  if (!std::filesystem::is_regular_file(path, ec)) return gpt_spec(gpt_config_from_file(path));
   std::ifstream f(path);
   nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
   if (j.is_object() && j.contains("family") && j["family"] != "gpt") {

@@ -592,7 +592,11 @@ TrainResult train(TrainOptions o) {
       throw bad(std::string(o.augment ? "--augment" : "--batch-norm local") + " applies to image models; " +
                 spec->name() + " reads tokens: drop it");
     res.config = resolve_options(o);
-    if (o.data == ImageDataset::kFashionMnist || std::filesystem::is_directory(o.data))
+    if (std::filesystem::is_directory(o.data))
+      throw bad(res.config.name + " is a token model: --data " + o.data +
+                " is a directory (image models read a directory of IDX files); give a text file or a uint16 .bin "
+                "token file");
+    if (o.data == ImageDataset::kFashionMnist)
       throw bad(res.config.name + " is a token model: --data " + o.data +
                 " names images; give a text file or a uint16 .bin token file");
     tokens.emplace(TokenDataset::open(o.data, o.val_fraction, o.seq));

@@ -3,7 +3,7 @@
 expect 2 "cnn-small is an image model: --data corpus.txt is a file" -- \
   "$MT" train --model cnn-small --data corpus.txt --steps 1 --quiet
 mkdir -p "$WORK/images"
-expect 2 "gpt-tiny is a token model: --data images names images" -- \
+expect 2 "gpt-tiny is a token model: --data images is a directory" -- \
   "$MT" train --model gpt-tiny --data images --steps 1 --quiet
 expect 2 "gpt-tiny is a token model: --data fashion-mnist names images" -- \
   "$MT" train --model gpt-tiny --data fashion-mnist --steps 1 --quiet

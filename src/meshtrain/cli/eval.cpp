@@ -1,0 +1,116 @@
+// `meshtrain eval --checkpoint DIR`: a classifier's test accuracy and confusion matrix. The
+// checkpoint's model (its index names the family and the model) is built as one stage, its
+// parameters and batch-norm running statistics read from the pieces the ranks saved (any
+// layout), and the test split of --data (default: the data set the model trains on) is run
+// through it in evaluation mode, in order, every image once.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/cli/commands.h"
+#include "meshtrain/cli/options.h"
+#include "meshtrain/model/spec.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/images.h"
+#include "meshtrain/train/validate.h"
+
+namespace meshtrain::cli {
+
+namespace {
+
+struct EvalOptions {
+  std::string checkpoint;
+  std::string data = train::ImageDataset::kFashionMnist;
+  int64_t batch = 256;
+  int threads = 2;
+};
+
+void evaluate(const EvalOptions& o) {
+  train::check_threads("--threads", o.threads, train::Machine::probe(), /*zero_means_auto=*/false);
+  if (o.batch < 1) throw UsageError("--batch must be at least 1");
+  const std::string folder = tool_step_folder(o.checkpoint, "nothing to evaluate");
+  const train::CheckpointIndex index = train::open_checkpoint(folder, /*model_only=*/true);
+  const nlohmann::json m = index.config.value("model", nlohmann::json::object());
+  if (!m.is_object() || m.value("family", "gpt") != "cnn")
+    throw UsageError("checkpoint " + folder + " holds " + (m.is_object() ? m.value("name", "a model") : "a model") +
+                     ", not a classifier; eval reports the accuracy of image models (a GPT's validation loss is "
+                     "in train's output and metrics)");
+  std::shared_ptr<const model::ModelSpec> spec;
+  try {
+    spec = model::cnn_spec(model::cnn_config(m.value("name", std::string())));
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("checkpoint " + folder + ": " + e.what());
+  }
+  auto expected = spec->param_shapes();
+  for (const auto& b : spec->buffer_shapes()) expected.push_back(b);
+  train::check_tensor_set("checkpoint " + folder + " (model)", expected, index.shapes(index.model));
+  train::ImageDataset data = [&] {
+    try {
+      return train::ImageDataset::open(o.data);
+    } catch (const train::DataError& e) {
+      throw UsageError(e.what());
+    }
+  }();
+  auto stage = spec->make_stage({0, -1, true, true}, 0, {});
+  train::PieceReader rd(index);
+  std::vector<nn::Param*> all = stage->params();
+  for (nn::Param* b : stage->buffers()) all.push_back(b);
+  for (nn::Param* p : all) rd.read(p->name, p->global_shape, {}, 0, p->value.numel(), p->value.data());
+
+  const int64_t classes = spec->classes(), per = data.channels() * data.height() * data.width();
+  std::vector<int64_t> confusion(classes * classes, 0);
+  std::vector<float> img(o.batch * per);
+  std::vector<int32_t> lab(o.batch);
+  double loss = 0;
+  int64_t counted = 0, correct = 0;
+  const int64_t batches = data.num_eval_batches(train::Split::val, o.batch);
+  for (int64_t j = 0; j < batches; ++j) {
+    const int64_t real = data.eval_batch(train::Split::val, j, o.batch, 0, o.batch, img.data(), lab.data());
+    nn::Context ctx(o.threads, /*training=*/false);
+    // The logits: the stage's units without its loss, to count each class.
+    model::StageResult r;
+    model::MicroBatch mb{.images = img.data(), .targets = lab.data(), .rows = o.batch};
+    stage->forward(ctx, Tensor(), mb, &r, nullptr);
+    loss += static_cast<double>(r.loss) * static_cast<double>(r.counted);
+    counted += r.counted, correct += r.correct;
+    const std::vector<int32_t> predicted = stage->predictions();
+    for (int64_t i = 0; i < real; ++i) ++confusion[lab[i] * classes + predicted[i]];
+  }
+  std::printf("%s at step %lld of %s on the %lld test images of %s: accuracy %.2f%% | loss %.4f\n",
+              spec->name().c_str(), static_cast<long long>(index.step), folder.c_str(), static_cast<long long>(counted),
+              data.path().c_str(), 100.0 * static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, counted)),
+              loss / static_cast<double>(std::max<int64_t>(1, counted)));
+  std::printf("confusion matrix (rows: true class, columns: predicted)\n      ");
+  for (int64_t c = 0; c < classes; ++c) std::printf("%6lld", static_cast<long long>(c));
+  std::printf("\n");
+  for (int64_t t = 0; t < classes; ++t) {
+    std::printf("%6lld", static_cast<long long>(t));
+    for (int64_t p = 0; p < classes; ++p) std::printf("%6lld", static_cast<long long>(confusion[t * classes + p]));
+    std::printf("\n");
+  }
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app) {
+  auto opt = std::make_shared<EvalOptions>();
+  CLI::App* c = app.add_subcommand("eval", "A classifier checkpoint's test accuracy and confusion matrix");
+  c->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (its newest valid step) or one step folder")
+      ->required();
+  c->add_option("--data", opt->data, "The data set: fashion-mnist or a directory of the four IDX files")
+      ->capture_default_str();
+  c->add_option("--batch", opt->batch, "Images per forward pass")->check(integer<int64_t>(1))->capture_default_str();
+  c->add_option("--threads", opt->threads, "Kernel threads")->check(integer<int>(1))->capture_default_str();
+  c->callback([opt] {
+    try {
+      evaluate(*opt);
+    } catch (const train::CheckpointError& e) {
+      throw UsageError(e.what());
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  });
+}
+
+}  // namespace meshtrain::cli
