@@ -1,7 +1,8 @@
 // The CNNs through the trainer (model/cnn.h, train/images.h): every layout reproduces the
 // single-rank loss curve (synchronised batch norm, micro-batches cut alike at every layout),
 // checkpoints carry the batch-norm running statistics and resume at another layout on the
-// uninterrupted curve, and an image model refuses what it cannot take with a sentence.
+// uninterrupted curve, --data-order sequential reads the file order at every layout, and an
+// image model refuses what it cannot take with a sentence.
 // The images are a small synthetic IDX data set written here (so the test does not need the
 // Fashion-MNIST package): each class draws a bar at its own row over noise, so a CNN learns it.
 #include <gtest/gtest.h>
@@ -148,6 +149,24 @@ INSTANTIATE_TEST_SUITE_P(Named, CnnLayouts, ::testing::Values("cnn-small", "resn
                            return n;
                          });
 
+// --data-order sequential: the file order (images 0..15 at step 0, 16..31 at step 1, ...), at
+// every layout the same curve, and a curve of its own (not the default order's).
+TEST(CnnDataOrder, SequentialReadsTheFileOrderAtEveryLayout) {
+  auto o = options("cnn-small", 1, 1, 0);
+  o.data_order = train::DataOrder::sequential;
+  o.steps = 40;  // 512 images at B=16: past the end of the file at step 32, so it wraps
+  const std::vector<float> want = losses(train::train(o));
+  auto r = options("cnn-small", 1, 1, 0);
+  r.steps = 40;
+  EXPECT_NE(losses(train::train(r)), want) << "the default order is not the file order";
+  for (auto [dp, pp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    auto l = options("cnn-small", dp, pp, 0);
+    l.data_order = train::DataOrder::sequential;
+    l.steps = 40;
+    expect_same_curve(want, losses(train::train(l)), "sequential dp " + std::to_string(dp) + " pp " + std::to_string(pp));
+  }
+}
+
 // Saved at pp 2 x dp 2, resumed at dp 1 and at pp 2: on the uninterrupted curve, with the
 // batch-norm running statistics in the checkpoint (the evaluation after the resume uses them).
 TEST(CnnCheckpoints, SavedAtPipelineAndDataParallelResumesAtOtherLayouts) {
@@ -224,6 +243,12 @@ TEST(CnnOptions, WhatAnImageModelCannotTakeIsRefusedWithASentence) {
   o = options("cnn-small", 1, 1, 0);
   o.data = text;
   EXPECT_NE(refusal(o).find("cnn-small is an image model: --data " + text + " is a file"), std::string::npos)
+      << refusal(o);
+  o = options("cnn-small", 1, 1, 0);
+  o.data_order = train::DataOrder::sequential;
+  o.augment = true;
+  EXPECT_NE(refusal(o).find("cnn-small is an image model: --augment crops and flips by meshtrain's own draws"),
+            std::string::npos)
       << refusal(o);
   auto g = options("gpt-tiny", 1, 1, 0);
   g.seq = 16;

@@ -1,5 +1,5 @@
 // Tests for train/images: opening a directory of four IDX files (plain and gzip), every refusal
-// of a directory, the epoch permutation, training batches as pure functions of (seed, step)
+// of a directory, the epoch permutation and the sequential (file) order, training batches as pure functions of (seed, step)
 // whatever the row slicing, augmentation (deterministic, a real crop and flip, checked against
 // an independent padded crop), evaluation batches with the padded last batch, and, when Debian's
 // dataset-fashion-mnist is installed, the real data set.
@@ -73,10 +73,11 @@ struct Batch {
 };
 
 Batch train_rows(const ImageDataset& ds, uint64_t seed, int64_t step, int64_t B, int64_t r0,
-                 int64_t r1, bool augment, Split split = Split::train) {
+                 int64_t r1, bool augment, Split split = Split::train,
+                 DataOrder order = DataOrder::random) {
   const int64_t pixels = ds.height() * ds.width();
   Batch b{std::vector<float>((r1 - r0) * pixels), std::vector<int32_t>(r1 - r0)};
-  ds.batch(split, seed, step, B, r0, r1, b.images.data(), b.labels.data(), augment);
+  ds.batch(split, order, seed, step, B, r0, r1, b.images.data(), b.labels.data(), augment);
   return b;
 }
 
@@ -233,7 +234,7 @@ TEST(ImageDataset, EveryImageOncePerEpoch) {
   for (int64_t step = 0; step * B < 3 * kTrain; ++step) {
     const Batch b = train_rows(ds, 5, step, B, 0, B, false);
     for (int64_t r = 0; r < B; ++r) {
-      const int64_t i = ds.image_index(Split::train, 5, step, B, r);
+      const int64_t i = ds.image_index(Split::train, DataOrder::random, 5, step, B, r);
       EXPECT_EQ(which_image(b.images.data() + r * kRows * kCols, b.labels[r]), i);
       order.push_back(i);
     }
@@ -249,8 +250,38 @@ TEST(ImageDataset, EveryImageOncePerEpoch) {
   EXPECT_NE(epochs[0], epochs[1]);
   EXPECT_NE(epochs[1], epochs[2]);
   std::vector<int64_t> other;
-  for (int64_t r = 0; r < B; ++r) other.push_back(ds.image_index(Split::train, 6, 0, B, r));
+  for (int64_t r = 0; r < B; ++r)
+    other.push_back(ds.image_index(Split::train, DataOrder::random, 6, 0, B, r));
   EXPECT_NE(other, std::vector<int64_t>(order.begin(), order.begin() + B)) << "seed changes the order";
+}
+
+TEST(ImageDataset, SequentialOrderIsFileOrderWrappingAtTheEnd) {
+  TempDir dir("images");
+  write_set(dir);
+  const ImageDataset ds = ImageDataset::open(dir.path().string());
+  const int64_t B = 7;  // does not divide 50: steps 7 and 14 straddle the end of the file
+  for (int64_t step = 0; step * B < 3 * kTrain; ++step) {
+    const Batch b = train_rows(ds, 5, step, B, 0, B, false, Split::train, DataOrder::sequential);
+    for (int64_t r = 0; r < B; ++r) {
+      const int64_t want = (step * B + r) % kTrain;
+      ASSERT_EQ(ds.image_index(Split::train, DataOrder::sequential, 5, step, B, r), want);
+      ASSERT_EQ(which_image(b.images.data() + r * kRows * kCols, b.labels[r]), want)
+          << "step " << step << " row " << r;
+      ASSERT_EQ(b.labels[r], ds.labels(Split::train)[want]);
+    }
+  }
+  // The seed plays no part, and a data-parallel slice holds the whole batch's rows.
+  const Batch a = train_rows(ds, 1, 3, B, 0, B, false, Split::train, DataOrder::sequential);
+  const Batch c = train_rows(ds, 2, 3, B, 0, B, false, Split::train, DataOrder::sequential);
+  EXPECT_EQ(a.images, c.images);
+  EXPECT_EQ(a.labels, c.labels);
+  const Batch part = train_rows(ds, 1, 3, B, 2, 5, false, Split::train, DataOrder::sequential);
+  EXPECT_TRUE(std::equal(part.labels.begin(), part.labels.end(), a.labels.begin() + 2));
+  EXPECT_TRUE(std::equal(part.images.begin(), part.images.end(), a.images.begin() + 2 * kRows * kCols));
+  // The default order is not file order.
+  const Batch random = train_rows(ds, 1, 0, B, 0, B, false);
+  const Batch sequential = train_rows(ds, 1, 0, B, 0, B, false, Split::train, DataOrder::sequential);
+  EXPECT_NE(random.images, sequential.images);
 }
 
 TEST(ImageDataset, BatchesArePureFunctionsOfSeedAndStepWhateverTheSlicing) {
@@ -283,7 +314,7 @@ TEST(ImageDataset, NormalisesWithFashionMnistStatistics) {
   const ImageDataset ds = ImageDataset::open(dir.path().string());
   const Batch b = train_rows(ds, 1, 0, 4, 0, 4, false);
   for (int64_t r = 0; r < 4; ++r) {
-    const int64_t i = ds.image_index(Split::train, 1, 0, 4, r);
+    const int64_t i = ds.image_index(Split::train, DataOrder::random, 1, 0, 4, r);
     EXPECT_EQ(b.labels[r], i % 10);
     for (int64_t y = 0; y < kRows; ++y)
       for (int64_t x = 0; x < kCols; ++x)
@@ -312,7 +343,7 @@ TEST(ImageDataset, AugmentationIsAPaddedCropAndFlipKeyedByRow) {
       ASSERT_TRUE(a.dy >= 0 && a.dy <= 4 && a.dx >= 0 && a.dx <= 4);
       offsets.insert({a.dy, a.dx});
       flips += a.flip;
-      const int64_t i = ds.image_index(Split::train, 9, step, B, r);
+      const int64_t i = ds.image_index(Split::train, DataOrder::random, 9, step, B, r);
       const std::vector<float> want = expected_image(i, a);
       EXPECT_TRUE(std::equal(want.begin(), want.end(), aug.images.begin() + r * pixels))
           << "step " << step << " row " << r << " dy " << a.dy << " dx " << a.dx << " flip " << a.flip;
@@ -373,12 +404,13 @@ TEST(ImageDataset, RefusesBadBatchArguments) {
   const ImageDataset ds = ImageDataset::open(dir.path().string());
   std::vector<float> img(64 * kRows * kCols);
   std::vector<int32_t> lab(64);
-  EXPECT_THROW(ds.batch(Split::train, 1, 0, 0, 0, 0, img.data(), lab.data(), false), std::invalid_argument);
-  EXPECT_THROW(ds.batch(Split::train, 1, -1, 4, 0, 4, img.data(), lab.data(), false), std::invalid_argument);
-  EXPECT_THROW(ds.batch(Split::train, 1, int64_t{1} << 39, 4, 0, 4, img.data(), lab.data(), false),
+  const DataOrder o = DataOrder::random;
+  EXPECT_THROW(ds.batch(Split::train, o, 1, 0, 0, 0, 0, img.data(), lab.data(), false), std::invalid_argument);
+  EXPECT_THROW(ds.batch(Split::train, o, 1, -1, 4, 0, 4, img.data(), lab.data(), false), std::invalid_argument);
+  EXPECT_THROW(ds.batch(Split::train, o, 1, int64_t{1} << 39, 4, 0, 4, img.data(), lab.data(), false),
                std::invalid_argument);
-  EXPECT_THROW(ds.batch(Split::train, 1, 0, 4, 2, 5, img.data(), lab.data(), false), std::invalid_argument);
-  EXPECT_THROW(ds.batch(Split::train, 1, 0, 4, 3, 2, img.data(), lab.data(), false), std::invalid_argument);
+  EXPECT_THROW(ds.batch(Split::train, o, 1, 0, 4, 2, 5, img.data(), lab.data(), false), std::invalid_argument);
+  EXPECT_THROW(ds.batch(Split::train, o, 1, 0, 4, 3, 2, img.data(), lab.data(), false), std::invalid_argument);
   EXPECT_THROW(ds.eval_batch(Split::val, 3, 10, 0, 10, img.data(), lab.data()), std::invalid_argument);
   EXPECT_THROW(ds.eval_batch(Split::val, -1, 10, 0, 10, img.data(), lab.data()), std::invalid_argument);
   EXPECT_THROW(ds.num_eval_batches(Split::val, 0), std::invalid_argument);
@@ -423,7 +455,7 @@ TEST(ImageDataset, OpensDebiansFashionMnist) {
   const int64_t B = 256;
   std::vector<float> img(B * 28 * 28);
   std::vector<int32_t> lab(B);
-  ds.batch(Split::train, 1, 0, B, 0, B, img.data(), lab.data(), false);
+  ds.batch(Split::train, DataOrder::random, 1, 0, B, 0, B, img.data(), lab.data(), false);
   double bs = 0, bs2 = 0;
   for (float v : img) {
     bs += v;

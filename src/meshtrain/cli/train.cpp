@@ -72,7 +72,7 @@ void add_train_command(CLI::App& app) {
                 "Image models: sync (batch-norm statistics over the data-parallel group: every layout gives the "
                 "single-rank curve) or local (per rank: faster, different numbers)")
       ->capture_default_str();
-  c->add_option("--data-order", *order, "random (windows drawn from seed and step) or sequential (llm.c order)")->capture_default_str();
+  c->add_option("--data-order", *order, "random (drawn from seed and step) or sequential (file order, for replay elsewhere)")->capture_default_str();
   c->add_option("--val-fraction", opt->val_fraction, "Share of the tokens held out for validation (the end of the file)")->capture_default_str();
   c->add_option("--dp", opt->dp, "Data-parallel ranks")->check(integer<int>(1))->capture_default_str();
   c->add_option("--tp", opt->tp, "Tensor-parallel ranks")->check(integer<int>(1))->capture_default_str();

@@ -146,10 +146,11 @@ const uint8_t* ImageDataset::labels(Split split) const { return part(split).labe
 
 // ---- order and augmentation ----
 
-int64_t ImageDataset::image_index(Split split, uint64_t seed, int64_t step, int64_t B,
-                                  int64_t row) const {
+int64_t ImageDataset::image_index(Split split, DataOrder order, uint64_t seed, int64_t step,
+                                  int64_t B, int64_t row) const {
   const int64_t n = num_images(split);
   const int64_t position = step * B + row;
+  if (order == DataOrder::sequential) return position % n;
   const uint64_t epoch_key =
       philox_u64(stream_key(seed, split_stream(split)), static_cast<uint64_t>(position / n));
   return epoch_position(epoch_key, n, position % n);
@@ -197,15 +198,16 @@ void check_rows(int64_t B, int64_t row_begin, int64_t row_end) {
 
 }  // namespace
 
-void ImageDataset::batch(Split split, uint64_t seed, int64_t step, int64_t B, int64_t row_begin,
-                         int64_t row_end, float* images, int32_t* labels, bool augment) const {
+void ImageDataset::batch(Split split, DataOrder order, uint64_t seed, int64_t step, int64_t B,
+                         int64_t row_begin, int64_t row_end, float* images, int32_t* labels,
+                         bool augment) const {
   check_rows(B, row_begin, row_end);
   if (step < 0 || step >= kMaxStep)
     throw std::invalid_argument("step must be in 0..2^39-1, got " + std::to_string(step));
   const Part& p = part(split);
   const int64_t pixels = height_ * width_;
   for (int64_t r = row_begin; r < row_end; ++r) {
-    const int64_t index = image_index(split, seed, step, B, r);
+    const int64_t index = image_index(split, order, seed, step, B, r);
     const Augmentation aug = augment ? augmentation(seed, step, r) : Augmentation{kPad, kPad, false};
     write_image(p, index, aug, images + (r - row_begin) * pixels);
     labels[r - row_begin] = p.labels[static_cast<size_t>(index)];

@@ -20,15 +20,21 @@
 // NCHW, normalised to (x/255 - kMean) / kStd with Fashion-MNIST's mean 0.2860 and std 0.3530;
 // labels as int32 (rows,) in 0..classes()-1.
 //
-// Training order, fixed by (seed, step, B) so every layout sees the same global batch:
-//   the images are visited epoch by epoch, each epoch a permutation of the split. Row i of step s
+// Training order, fixed by (order, seed, step, B) so every layout sees the same global batch.
+// DataOrder::random (the default) visits the images epoch by epoch, each epoch a permutation of
+// the split; DataOrder::sequential reads them in file order, so another framework can replay
+// the exact batches from the IDX files alone:
+//   sequential: row i of step s is image (s*B + i) mod n of the split (n = split size), every
+//   epoch in file order, a batch that straddles the end wrapping to image 0. The seed is unused.
+//   random: row i of step s
 //   is position p = s*B + i of that sequence: epoch e = p / n, image perm_{seed,e}(p mod n)
 //   (n = split size). perm is a keyed Feistel permutation with cycle walking (epoch_position),
 //   a pure function of (seed, split, e, position): any rank computes any row alone, in O(1),
 //   without building or sharing the permutation, and every image appears once per epoch.
 //   Epochs need not align with batches: a batch that straddles an epoch end takes its first
 //   rows from epoch e and the rest from epoch e+1.
-// Augmentation (optional, for training): row i of step s is cropped from the image padded by
+// Augmentation (optional, for training; the trainer refuses it with the sequential order, whose
+// point is batches another reader can rebuild without meshtrain's draws): row i of step s is cropped from the image padded by
 // kPad = 2 zero pixels on each side (zero: raw pixel 0, the background, before normalisation,
 // as torchvision's RandomCrop(28, padding=2) before Normalize) at offsets dy, dx in 0..4, then
 // mirrored left-right with probability 1/2. The draw is philox_u64(stream_key(seed,
@@ -99,7 +105,8 @@ class ImageDataset {
   const uint8_t* labels(Split split) const;
 
   // Index within the split of the image in row `row` of training batch `step` (header comment).
-  int64_t image_index(Split split, uint64_t seed, int64_t step, int64_t B, int64_t row) const;
+  int64_t image_index(Split split, DataOrder order, uint64_t seed, int64_t step, int64_t B,
+                      int64_t row) const;
   // The augmentation of row `row` of step `step` under `seed`.
   static Augmentation augmentation(uint64_t seed, int64_t step, int64_t row);
 
@@ -107,8 +114,9 @@ class ImageDataset {
   // images points at (row_end - row_begin, 1, height, width) floats, labels at
   // (row_end - row_begin) int32. Throws std::invalid_argument for B outside 1..2^24, a step
   // outside 0..2^39-1 or rows outside [0, B).
-  void batch(Split split, uint64_t seed, int64_t step, int64_t B, int64_t row_begin,
-             int64_t row_end, float* images, int32_t* labels, bool augment) const;
+  void batch(Split split, DataOrder order, uint64_t seed, int64_t step, int64_t B,
+             int64_t row_begin, int64_t row_end, float* images, int32_t* labels,
+             bool augment) const;
 
   // Evaluation batches in order: ceil(num_images / B) of them.
   int64_t num_eval_batches(Split split, int64_t B) const;

@@ -183,8 +183,8 @@ void RankTrainer::fill_batch(int64_t step) {
     img_.resize(M * rows * per), tgt_.resize(M * rows);
     for (int64_t mb = 0; mb < M; ++mb) {
       const int64_t r0 = mb * (B / M) + d * rows;
-      ds.batch(Split::train, o_.seed, step, B, r0, r0 + rows, img_.data() + mb * rows * per, tgt_.data() + mb * rows,
-               o_.augment);
+      ds.batch(Split::train, o_.data_order, o_.seed, step, B, r0, r0 + rows, img_.data() + mb * rows * per,
+               tgt_.data() + mb * rows, o_.augment);
     }
     for (auto& r : runners_)
       r->set_batches({.images = img_.data(), .sample_floats = per, .targets = tgt_.data(), .rows = rows, .T = 1},

@@ -421,7 +421,9 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
   refuse(o.recompute, "--recompute would run its batch norms twice per micro-batch; drop --recompute");
   refuse(o.precision == kernels::Precision::bf16, "its convolutions run in float32 only; drop --precision bf16");
   refuse(o.comm_dtype == kernels::Precision::bf16, "drop --comm-dtype bf16 (float32 gradients only for now)");
-  refuse(o.data_order == DataOrder::sequential, "--data-order sequential reads token windows; drop it");
+  refuse(o.data_order == DataOrder::sequential && o.augment,
+         "--augment crops and flips by meshtrain's own draws, which --data-order sequential exists to avoid "
+         "(its batches are the images in file order, for another framework to replay); drop one of them");
   refuse(o.pp_balance == "profile", "--pp-balance profile measures transformer blocks; give counts or flops");
   if (o.pp > 1) {
     make_pipeline_schedule(o);

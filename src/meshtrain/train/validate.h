@@ -60,7 +60,7 @@ void check_paths(const TrainOptions& o);
 
 // Image models (a ModelSpec whose input is images): the checks of validate_options that apply
 // to them (ranges, layout rules, threads, memory, paths), and a sentence for what they cannot
-// take yet (--tp, --ps-servers, --recompute, bf16, --seq, sequential data order).
+// take yet (--tp, --ps-servers, --recompute, bf16, --seq, --augment with the sequential order).
 void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec, const Machine& m);
 
 // Checks that need the loaded token file: token ids inside the model's vocabulary, and both

@@ -17,6 +17,8 @@ if [ -d /usr/share/datasets/fashion-mnist ]; then
     "$MT" train --model resnet-small --data fashion-mnist --seq 16 --steps 1 --quiet
   expect 2 "--pp-balance 3,0: '0' is not a positive number of blocks" -- \
     "$MT" train --model cnn-small --data fashion-mnist --pp 2 --pp-balance 3,0 --steps 1 --quiet
+  expect 2 "cnn-small is an image model: --augment crops and flips by meshtrain's own draws" -- \
+    "$MT" train --model cnn-small --data fashion-mnist --data-order sequential --augment --steps 1 --quiet
 fi
 expect 2 "--augment applies to image models" -- "$MT" train --model gpt-tiny --data corpus.txt --augment --steps 1 --quiet
 expect 2 "--batch-norm must be sync or local" -- \

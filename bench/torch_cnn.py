@@ -1,0 +1,426 @@
+#!/usr/bin/env python3
+"""PyTorch against meshtrain's CNNs: parity from the same weights, and speed, in one script run.
+
+--check (parity): meshtrain saves the step-0 weights of the model (--save-initial) and trains
+--parity-steps steps with --data-order sequential (row i of step k is training image
+(k*B + i) mod 60,000 in file order, no augmentation), SGD momentum 0.9, a constant learning rate
+(--warmup 0, --min-lr = --lr), no clipping, one micro-batch, writing --metrics. `meshtrain
+checkpoint convert --to-single` turns step 0 into a PyTorch state dict, which is read here with a
+small safetensors parser (8-byte little-endian header length, JSON header, raw float32 data) into
+the equivalent torch.nn model (same names: conv1.weight, bn1.running_mean, fc1.weight (out, in),
+layer2.0.downsample.0.weight, ...). The same batches are replayed from the gzip IDX files,
+normalised identically ((x/255 - 0.2860)/0.3530 in float32), with torch.optim.SGD(momentum=0.9),
+and the per-step training losses are compared with PyTorch run in float64 (the exact answer to
+round-off) and as is in float32. The check passes when meshtrain's largest relative difference
+from float64 is within --tolerance (1e-4), or, where the training amplifies round-off past that
+in 20 steps, no larger than PyTorch float32's own; otherwise it exits 1. Float32 PyTorch is not
+the gate: its CPU batch norm (1.13) is off by up to 0.5% in its gradients here
+(docs/benchmarks.md).
+
+--speed: images/s of meshtrain (the median of its own metrics' images_per_s over the steps after
+--warmup) against PyTorch (the same model, batch, optimizer and thread count, timed the same way:
+batch gather, forward, backward, optimizer step), per model, with the ratio meshtrain / PyTorch.
+The convolution share: meshtrain's --trace holds one span per forward, backward and optimizer
+phase and none per layer, so it cannot say how much of a step the convolutions take. The script
+measures it instead from oneDNN's own verbose log (ONEDNN_VERBOSE=1 prints every primitive
+execution with its time): the convolution primitives' milliseconds per step, over the step time
+of the same (verbose, hence a little slower) run, for meshtrain and for PyTorch, whose
+convolutions run on the same library (torch 1.13's MKL-DNN path).
+
+Threads: meshtrain runs one rank with --threads T; PyTorch gets torch.set_num_threads(T) and
+OPENBLAS_NUM_THREADS=T (its linear layers go to OpenBLAS). The OpenBLAS core-type fallback of
+bench/torch_gpt.py applies (--blas-core). Needs Debian's python3-torch (torch 1.13) and numpy;
+exit status 2 when they are missing or the options are bad. Runs are short: on a loaded machine
+compare the ratios, which come from runs made one after the other in this one script run.
+
+  /usr/bin/python3 bench/torch_cnn.py --threads 2 --json
+"""
+import argparse
+import gzip
+import json
+import os
+import re
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_gpt  # noqa: E402  (stdlib-only at import time; torch is imported later)
+
+MODELS = ("cnn-small", "resnet-small")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEAN, STD = 0.2860, 0.3530  # train/images.h
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--meshtrain", default=os.path.join(REPO, "build", "meshtrain"))
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist", help="directory of the four IDX files")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
+    p.add_argument("--check", action="store_true", help="parity only (default: parity and speed)")
+    p.add_argument("--speed", action="store_true", help="speed only (default: parity and speed)")
+    p.add_argument("--parity-steps", type=int, default=20)
+    p.add_argument("--parity-batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--tolerance", type=float, default=1e-4, help="largest relative loss difference allowed")
+    p.add_argument("--batch", type=int, default=128, help="speed: batch size")
+    p.add_argument("--steps", type=int, default=20, help="speed: timed steps")
+    p.add_argument("--warmup", type=int, default=3, help="speed: untimed steps before them")
+    p.add_argument("--threads", type=int, default=2, help="meshtrain --threads, torch.set_num_threads")
+    p.add_argument("--no-conv-share", action="store_true", help="skip the oneDNN-verbose runs")
+    p.add_argument("--blas-core", default="auto", help="as bench/torch_gpt.py")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--json", action="store_true", help="print one JSON line at the end")
+    a = p.parse_args(argv)
+    a.models = [m for m in a.models.split(",") if m]
+    bad = [m for m in a.models if m not in MODELS]
+    if bad or not a.models:
+        p.error(f"--models takes {', '.join(MODELS)}; got {a.models}")
+    if min(a.parity_steps, a.parity_batch, a.batch, a.steps, a.threads) < 1 or a.warmup < 0:
+        p.error("--parity-steps, --parity-batch, --batch, --steps and --threads must be >= 1, --warmup >= 0")
+    if not os.path.isdir(a.data):
+        p.error(f"--data {a.data}: no such directory (Debian's dataset-fashion-mnist installs it)")
+    if not os.access(a.meshtrain, os.X_OK):
+        p.error(f"--meshtrain {a.meshtrain}: not an executable (build the project first)")
+    a.do_check = a.check or not a.speed
+    a.do_speed = a.speed or not a.check
+    a.blas_threads = a.threads  # what torch_gpt.reexec_if_needed reads
+    return a
+
+
+# ---- the data, read as meshtrain reads it ----
+
+def read_idx(data_dir, name):
+    import numpy as np
+    for path in (os.path.join(data_dir, name), os.path.join(data_dir, name + ".gz")):
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                raw = f.read()
+            if raw[:2] == b"\x1f\x8b":
+                raw = gzip.decompress(raw)
+            ndim = raw[3]
+            dims = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
+            return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    raise SystemExit(f"torch_cnn.py: {data_dir} has neither {name} nor {name}.gz")
+
+
+def training_set(data_dir):
+    """(images (n, 1, 28, 28) float32 normalised as train/images.h, labels (n,) int64)."""
+    import numpy as np
+    px = read_idx(data_dir, "train-images-idx3-ubyte")
+    labels = read_idx(data_dir, "train-labels-idx1-ubyte").astype(np.int64)
+    table = (np.arange(256, dtype=np.float32) / np.float32(255) - np.float32(MEAN)) / np.float32(STD)
+    return table[px][:, None, :, :], labels
+
+
+def sequential_rows(step, B, n):
+    return [(step * B + i) % n for i in range(B)]
+
+
+# ---- the models, as model/cnn.h builds them, under its parameter names ----
+
+def model_class(torch, nn, name):
+    def conv(i, o, k=3, s=1):
+        return nn.Conv2d(i, o, k, stride=s, padding=k // 2, bias=False)
+
+    class CnnSmall(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn1 = conv(1, 32), nn.BatchNorm2d(32)
+            self.conv2, self.bn2 = conv(32, 64), nn.BatchNorm2d(64)
+            self.fc1, self.fc2 = nn.Linear(64 * 7 * 7, 128), nn.Linear(128, 10)
+
+        def forward(self, x):
+            F = nn.functional
+            x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+            x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+            return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+    class Basic(nn.Module):
+        def __init__(self, i, o, s):
+            super().__init__()
+            self.conv1, self.bn1 = conv(i, o, 3, s), nn.BatchNorm2d(o)
+            self.conv2, self.bn2 = conv(o, o), nn.BatchNorm2d(o)
+            self.downsample = (nn.Sequential(nn.Conv2d(i, o, 1, stride=s, bias=False), nn.BatchNorm2d(o))
+                               if s != 1 or i != o else None)
+
+        def forward(self, x):
+            F = nn.functional
+            y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+            return F.relu(y + (self.downsample(x) if self.downsample is not None else x))
+
+    class ResnetSmall(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn1 = conv(1, 32), nn.BatchNorm2d(32)
+            self.layer1 = nn.Sequential(Basic(32, 32, 1))
+            self.layer2 = nn.Sequential(Basic(32, 64, 2))
+            self.layer3 = nn.Sequential(Basic(64, 128, 2))
+            self.fc = nn.Linear(128, 10)
+
+        def forward(self, x):
+            F = nn.functional
+            x = self.layer3(self.layer2(self.layer1(F.relu(self.bn1(self.conv1(x))))))
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+    return {"cnn-small": CnnSmall, "resnet-small": ResnetSmall}[name]
+
+
+def read_safetensors(torch, path):
+    import numpy as np
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        if t["dtype"] != "F32":
+            raise SystemExit(f"torch_cnn.py: {path}: tensor {name} is {t['dtype']}, expected F32")
+        b, e = t["data_offsets"]
+        arr = np.frombuffer(raw, dtype="<f4", count=(e - b) // 4, offset=8 + n + b).reshape(t["shape"])
+        out[name] = torch.from_numpy(arr.copy())
+    return out
+
+
+# ---- running meshtrain ----
+
+def meshtrain(a, args, **kw):
+    r = subprocess.run([a.meshtrain] + args, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise SystemExit(f"torch_cnn.py: meshtrain {' '.join(args)} exited {r.returncode}:\n{r.stderr[-2000:]}")
+    return r
+
+
+def metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def sgd_flags(a):
+    return ["--optimizer", "sgd", "--momentum", "0.9", "--lr", str(a.lr), "--min-lr", str(a.lr),
+            "--warmup", "0", "--grad-clip", "0", "--microbatches", "1"]
+
+
+# ---- parity ----
+
+def parity(a, model, torch, nn, data, tmp):
+    images, labels = data
+    ck, out = os.path.join(tmp, f"ck-{model}"), os.path.join(tmp, f"{model}-parity.jsonl")
+    meshtrain(a, ["train", "--model", model, "--data", a.data, "--data-order", "sequential",
+                  "--batch", str(a.parity_batch), "--steps", str(a.parity_steps), "--threads", str(a.threads),
+                  "--seed", str(a.seed), "--eval-every", "0", "--eval-batches", "1", "--quiet",
+                  "--metrics", out, "--checkpoint-dir", ck, "--save-initial",
+                  "--checkpoint-every", str(a.parity_steps)] + sgd_flags(a))
+    st = os.path.join(tmp, f"{model}-step0.safetensors")
+    meshtrain(a, ["checkpoint", "convert", "--to-single", os.path.join(ck, "step_00000000"), st])
+    state = read_safetensors(torch, st)
+    theirs = [m["loss"] for m in metrics(out)]
+    ref = {kind: replay(a, model, torch, nn, data, state, kind) for kind in ("float64", "float32")}
+
+    def worst(ours):
+        rel = [abs(m - t) / abs(t) for m, t in zip(theirs, ours)]
+        return max(rel), rel.index(max(rel)) + 1
+
+    d = {kind: worst(losses) for kind, losses in ref.items()}
+    return {"model": model, "steps": a.parity_steps, "batch": a.parity_batch, "lr": a.lr,
+            "meshtrain_loss": theirs, "torch_loss": ref,
+            "max_rel_diff": d["float64"][0], "worst_step": d["float64"][1],
+            "max_rel_diff_float32": d["float32"][0],
+            "torch_float32_vs_float64": worst_between(ref["float32"], ref["float64"]),
+            # Within the tolerance of the exact answer, or (where 20 steps amplify round-off past it)
+            # no farther from it than PyTorch's own float32 run is.
+            "ok": len(theirs) == a.parity_steps and (
+                d["float64"][0] <= a.tolerance or d["float64"][0] <= worst_between(ref["float32"], ref["float64"]))}
+
+
+def worst_between(u, v):
+    return max(abs(x - y) / abs(y) for x, y in zip(u, v))
+
+
+def replay(a, model, torch, nn, data, state, kind):
+    """The training losses of PyTorch's replay. kind: 'float64' (the whole model in double: the
+    exact answer to round-off, the reference the check gates on) or 'float32' (PyTorch as is,
+    whose CPU batch norm in 1.13 is off by up to 0.5% in its gradients at these sizes, where
+    meshtrain's kernels accumulate in double; docs/benchmarks.md)."""
+    images, labels = data
+    net = model_class(torch, nn, model)()
+    missing, unexpected = net.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.endswith("num_batches_tracked")]
+    if missing or unexpected:
+        raise SystemExit(f"torch_cnn.py: {model}: the checkpoint does not match the PyTorch model: "
+                         f"missing {missing}, unexpected {unexpected}")
+    dtype = torch.float64 if kind == "float64" else torch.float32
+    net = net.to(dtype)
+    net.train()
+    opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=0.9)
+    losses = []
+    for step in range(a.parity_steps):
+        rows = sequential_rows(step, a.parity_batch, len(labels))
+        x, y = torch.from_numpy(images[rows]).to(dtype), torch.from_numpy(labels[rows])
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+# ---- speed ----
+
+ONEDNN_LINE = re.compile(r"^(?:onednn|dnnl)_verbose,(?:\d+,)?exec,cpu,([a-z_]+),.*,([0-9.]+)\s*$")
+
+
+def conv_ms(log, steps):
+    """Convolution primitives' total time in a oneDNN verbose log, per step."""
+    total = 0.0
+    for line in log.splitlines():
+        m = ONEDNN_LINE.match(line)
+        if m and m.group(1) == "convolution":
+            total += float(m.group(2))
+    return total / steps
+
+
+def meshtrain_speed(a, model, tmp, verbose=False):
+    out = os.path.join(tmp, f"{model}-speed{'-verbose' if verbose else ''}.jsonl")
+    env = dict(os.environ, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1") if verbose else None
+    r = meshtrain(a, ["train", "--model", model, "--data", a.data, "--batch", str(a.batch),
+                      "--steps", str(a.warmup + a.steps), "--threads", str(a.threads), "--seed", str(a.seed),
+                      "--eval-every", "0", "--eval-batches", "1", "--quiet", "--overwrite", "--metrics", out]
+                  + sgd_flags(a), env=env)
+    m = metrics(out)[a.warmup:]
+    res = {"images_per_s": statistics.median(x["images_per_s"] for x in m),
+           "step_ms": statistics.median(x["step_ms"] for x in m)}
+    if verbose:
+        # Every step's convolutions, warm-up included, over every step's time.
+        res["conv_ms_per_step"] = conv_ms(r.stdout + r.stderr, a.warmup + a.steps)
+        res["verbose_step_ms"] = statistics.mean(x["step_ms"] for x in metrics(out))
+    return res
+
+
+def torch_speed(a, model, torch, nn, data, verbose_share=False):
+    images, labels = data
+    torch.manual_seed(a.seed)
+    net = model_class(torch, nn, model)()
+    net.train()
+    opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=0.9)
+    X, Y = torch.from_numpy(images), torch.from_numpy(labels)
+    g = torch.Generator().manual_seed(a.seed)
+    times = []
+    for step in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        idx = torch.randint(0, len(Y), (a.batch,), generator=g)
+        x, y = X[idx], Y[idx]
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    t = times[a.warmup:]
+    return {"images_per_s": statistics.median(a.batch / s for s in t), "step_ms": statistics.median(t) * 1e3,
+            "all_step_ms": [s * 1e3 for s in times]}
+
+
+def torch_conv_share(a, model, tmp):
+    """PyTorch's convolution time from oneDNN's verbose log: a child process (the variable is read
+    when the library loads), which reruns this script's timing loop for one model."""
+    env = dict(os.environ, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1", TORCH_CNN_CHILD=model)
+    r = subprocess.run([sys.executable, os.path.abspath(__file__)] + sys.argv[1:], env=env,
+                       capture_output=True, text=True)
+    res = None
+    for line in r.stdout.splitlines():
+        if line.startswith("TORCH_CNN_CHILD "):
+            res = json.loads(line.split(" ", 1)[1])
+    if res is None:
+        return None
+    steps = a.warmup + a.steps
+    return {"conv_ms_per_step": conv_ms(r.stdout, steps), "verbose_step_ms": statistics.mean(res["all_step_ms"])}
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    except OSError:
+        return "?"
+
+
+def main():
+    a = parse_args(sys.argv[1:])
+    torch_gpt.reexec_if_needed(a, __file__)
+    try:
+        import numpy  # noqa: F401
+        import torch
+        import torch.nn as nn
+    except ImportError as e:
+        sys.stderr.write(f"torch_cnn.py: {e}; Debian 12: apt-get install -y python3-torch python3-numpy\n")
+        sys.exit(2)
+    torch.set_num_threads(a.threads)
+    data = training_set(a.data)
+    child = os.environ.get("TORCH_CNN_CHILD")
+    if child:  # the oneDNN-verbose rerun of torch_speed (torch_conv_share)
+        print("TORCH_CNN_CHILD " + json.dumps(torch_speed(a, child, torch, nn, data)), flush=True)
+        return 0
+    report = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": a.threads, "torch": torch.__version__,
+              "openblas_core": torch_gpt.openblas_corename(), "blas": torch_gpt.loaded_blas(),
+              "onednn_conv": torch.backends.mkldnn.is_available()}
+    print(f"CPU {report['cpu']} ({report['cores']} cores); threads {a.threads}; torch {torch.__version__}; "
+          f"OpenBLAS core {report['openblas_core']}")
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="torch_cnn.") as tmp:
+        if a.do_check:
+            report["parity"] = []
+            for model in a.models:
+                r = parity(a, model, torch, nn, data, tmp)
+                report["parity"].append(r)
+                failed |= not r["ok"]
+                print(f"parity {model}: {r['steps']} steps of SGD momentum 0.9 at B={r['batch']}, lr {r['lr']}: "
+                      f"max relative loss difference {r['max_rel_diff']:.2e} against torch float64 "
+                      f"(step {r['worst_step']}; losses {r['meshtrain_loss'][0]:.6f} -> "
+                      f"{r['meshtrain_loss'][-1]:.6f}) {'ok' if r['ok'] else 'FAILED'}; "
+                      f"against torch float32 {r['max_rel_diff_float32']:.2e} "
+                      f"(torch float32 against float64: {r['torch_float32_vs_float64']:.2e})")
+        if a.do_speed:
+            report["speed"] = []
+            busy0, t0 = torch_gpt.cpu_busy_seconds(), time.time()
+            for model in a.models:
+                m = meshtrain_speed(a, model, tmp)
+                t = torch_speed(a, model, torch, nn, data)
+                t.pop("all_step_ms")
+                r = {"model": model, "batch": a.batch, "meshtrain": m, "torch": t,
+                     "ratio": m["images_per_s"] / t["images_per_s"]}
+                if not a.no_conv_share:
+                    mv = meshtrain_speed(a, model, tmp, verbose=True)
+                    tv = torch_conv_share(a, model, tmp)
+                    r["conv_share"] = {"meshtrain": mv["conv_ms_per_step"] / mv["verbose_step_ms"],
+                                       "meshtrain_conv_ms": mv["conv_ms_per_step"]}
+                    if tv:
+                        r["conv_share"]["torch"] = tv["conv_ms_per_step"] / tv["verbose_step_ms"]
+                        r["conv_share"]["torch_conv_ms"] = tv["conv_ms_per_step"]
+                report["speed"].append(r)
+                line = (f"speed {model} B={a.batch} threads {a.threads}: meshtrain {m['images_per_s']:.0f} img/s "
+                        f"({m['step_ms']:.1f} ms), torch {t['images_per_s']:.0f} img/s ({t['step_ms']:.1f} ms): "
+                        f"ratio {r['ratio']:.2f}x")
+                if "conv_share" in r:
+                    c = r["conv_share"]
+                    line += (f"; convolutions {c['meshtrain_conv_ms']:.1f} ms/step = {100 * c['meshtrain']:.0f}% "
+                             f"of meshtrain's step")
+                    if "torch" in c:
+                        line += f", {c['torch_conv_ms']:.1f} ms/step = {100 * c['torch']:.0f}% of torch's"
+                print(line, flush=True)
+            busy1 = torch_gpt.cpu_busy_seconds()
+            if busy0 is not None and busy1 is not None:
+                report["machine_busy_cores"] = (busy1 - busy0) / max(time.time() - t0, 1e-9)
+                print(f"machine load during the speed runs: {report['machine_busy_cores']:.2f} busy cores "
+                      f"of {report['cores']} (this script's runs use {a.threads})")
+    if a.json:
+        print(json.dumps(report))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
