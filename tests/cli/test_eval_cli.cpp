@@ -19,27 +19,7 @@ using meshtrain::testing::run_cli;
 
 TEST(EvalCli, AccuracyAndConfusionMatrixOfATrainedClassifier) {
   meshtrain::testing::TempDir d("eval_cli");
-  auto images = [](int64_t n, uint32_t salt, std::vector<uint8_t>& labels) {
-    std::vector<uint8_t> px(n * 28 * 28);
-    uint32_t s = salt;
-    for (int64_t i = 0; i < n; ++i) {
-      const int c = static_cast<int>((i * 7 + salt) % 10);
-      labels.push_back(static_cast<uint8_t>(c));
-      for (int y = 0; y < 28; ++y)
-        for (int x = 0; x < 28; ++x) {
-          s = s * 1103515245u + 12345u;
-          px[(i * 28 + y) * 28 + x] = static_cast<uint8_t>((s >> 16) % 96 + (y / 2 == c + 2 ? 150 : 0));
-        }
-    }
-    return px;
-  };
-  std::vector<uint8_t> train_labels, test_labels;
-  const auto train_px = images(256, 1, train_labels), test_px = images(90, 5, test_labels);
-  using meshtrain::testing::idx_bytes, meshtrain::testing::write_plain;
-  write_plain(d.file("train-images-idx3-ubyte"), idx_bytes(0x803, {256, 28, 28}, train_px));
-  write_plain(d.file("train-labels-idx1-ubyte"), idx_bytes(0x801, {256}, train_labels));
-  write_plain(d.file("t10k-images-idx3-ubyte"), idx_bytes(0x803, {90, 28, 28}, test_px));
-  write_plain(d.file("t10k-labels-idx1-ubyte"), idx_bytes(0x801, {90}, test_labels));
+  const std::vector<uint8_t> test_labels = meshtrain::testing::write_bar_image_set(d.path().string(), 256, 90, false);
   const std::string data = d.path().string(), ck = d.file("ck"), metrics = d.file("m.jsonl");
   auto t = run_cli("train --model cnn-small --data " + data + " --steps 12 --batch 16 --eval-every 12 --eval-batches 100 "
                    "--lr 0.003 --warmup 2 --threads 1 --quiet --checkpoint-dir " + ck + " --metrics " + metrics);

@@ -68,4 +68,37 @@ inline std::vector<uint8_t> test_labels(int64_t n, int64_t offset = 0) {
   return l;
 }
 
+// A learnable synthetic image set in Fashion-MNIST's shape (28 x 28, 10 classes): image i has
+// class (i * 7 + salt) % 10, drawn as a bright bar at rows 2c+4, 2c+5 over noise.
+inline std::vector<uint8_t> bar_images(int64_t n, uint32_t salt, std::vector<uint8_t>& labels) {
+  std::vector<uint8_t> px(static_cast<size_t>(n * 28 * 28));
+  uint32_t s = salt;
+  for (int64_t i = 0; i < n; ++i) {
+    const int c = static_cast<int>((i * 7 + salt) % 10);
+    labels.push_back(static_cast<uint8_t>(c));
+    for (int y = 0; y < 28; ++y)
+      for (int x = 0; x < 28; ++x) {
+        s = s * 1103515245u + 12345u;
+        px[(i * 28 + y) * 28 + x] = static_cast<uint8_t>((s >> 16) % 96 + (y / 2 == c + 2 ? 150 : 0));
+      }
+  }
+  return px;
+}
+
+// The four IDX files of a bar-image set in `dir` (gzip or plain); returns the test labels.
+inline std::vector<uint8_t> write_bar_image_set(const std::string& dir, int64_t train_n, int64_t test_n, bool gzip) {
+  std::vector<uint8_t> train_labels, test_labels;
+  const auto train_px = bar_images(train_n, 1, train_labels), test_px = bar_images(test_n, 5, test_labels);
+  const std::string z = gzip ? ".gz" : "";
+  auto put = [&](const std::string& name, const std::string& bytes) {
+    (gzip ? write_gzip : write_plain)(dir + "/" + name + z, bytes);
+  };
+  const auto n = static_cast<uint32_t>(train_n), m = static_cast<uint32_t>(test_n);
+  put("train-images-idx3-ubyte", idx_bytes(0x803, {n, 28, 28}, train_px));
+  put("train-labels-idx1-ubyte", idx_bytes(0x801, {n}, train_labels));
+  put("t10k-images-idx3-ubyte", idx_bytes(0x803, {m, 28, 28}, test_px));
+  put("t10k-labels-idx1-ubyte", idx_bytes(0x801, {m}, test_labels));
+  return test_labels;
+}
+
 }  // namespace meshtrain::testing

@@ -3,8 +3,8 @@
 // checkpoints carry the batch-norm running statistics and resume at another layout on the
 // uninterrupted curve, --data-order sequential reads the file order at every layout, and an
 // image model refuses what it cannot take with a sentence.
-// The images are a small synthetic IDX data set written here (so the test does not need the
-// Fashion-MNIST package): each class draws a bar at its own row over noise, so a CNN learns it.
+// The images are a small synthetic IDX data set (bar_images in tests/train/idx_files.h, so the
+// test does not need the Fashion-MNIST package): each class a bar at its own row over noise.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,28 +33,7 @@ const meshtrain::testing::TempDir& data_dir() {
   static meshtrain::testing::TempDir dir("cnn_data");
   static bool written = false;
   if (!written) {
-    auto images = [](int64_t n, uint32_t salt, std::vector<uint8_t>& labels) {
-      std::vector<uint8_t> px(n * 28 * 28);
-      uint32_t s = salt;
-      for (int64_t i = 0; i < n; ++i) {
-        const int c = static_cast<int>((i * 7 + salt) % 10);
-        labels.push_back(static_cast<uint8_t>(c));
-        for (int y = 0; y < 28; ++y)
-          for (int x = 0; x < 28; ++x) {
-            s = s * 1103515245u + 12345u;
-            const int noise = static_cast<int>((s >> 16) % 96);
-            px[(i * 28 + y) * 28 + x] = static_cast<uint8_t>(noise + (y / 2 == c + 2 ? 150 : 0));
-          }
-      }
-      return px;
-    };
-    std::vector<uint8_t> train_labels, test_labels;
-    const auto train_px = images(512, 1, train_labels), test_px = images(96, 5, test_labels);
-    using meshtrain::testing::idx_bytes, meshtrain::testing::write_gzip;
-    write_gzip(dir.file("train-images-idx3-ubyte.gz"), idx_bytes(train::kIdxImagesMagic, {512, 28, 28}, train_px));
-    write_gzip(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes(train::kIdxLabelsMagic, {512}, train_labels));
-    write_gzip(dir.file("t10k-images-idx3-ubyte.gz"), idx_bytes(train::kIdxImagesMagic, {96, 28, 28}, test_px));
-    write_gzip(dir.file("t10k-labels-idx1-ubyte.gz"), idx_bytes(train::kIdxLabelsMagic, {96}, test_labels));
+    meshtrain::testing::write_bar_image_set(dir.path().string(), 512, 96, /*gzip=*/true);
     written = true;
   }
   return dir;
