@@ -58,17 +58,10 @@ struct ReadRefused {
 // A CNN's checkpoint as one PyTorch state dict: its parameters and buffers under their
 // state-dict names; a linear layer's weight, kept (in, out) by nn::Linear, written (out, in) as
 // torch.nn.Linear holds it, so load_state_dict takes the file as it is.
-void convert_cnn(const ConvertOptions& o, const std::string& folder, const train::CheckpointIndex& index,
-                 const nlohmann::json& model_json) {
-  std::shared_ptr<const model::ModelSpec> spec;
-  try {
-    spec = model::cnn_spec(model::cnn_config(model_json.value("name", std::string())));
-  } catch (const std::invalid_argument& e) {
-    throw UsageError("checkpoint " + folder + ": its index names no CNN this meshtrain knows (" + e.what() + ")");
-  }
+void convert_cnn(const ConvertOptions& o, const std::string& folder, const train::CheckpointIndex& index) {
+  const auto spec = checked_cnn_checkpoint(folder, index);
   auto expected = spec->param_shapes();
   for (const auto& b : spec->buffer_shapes()) expected.push_back(b);
-  train::check_tensor_set("checkpoint " + folder + " (model)", expected, index.shapes(index.model));
   auto linear = [](const std::string& name, const Shape& s) {
     return s.size() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
   };
@@ -120,7 +113,7 @@ void convert(const ConvertOptions& o) {
   {
     const train::CheckpointIndex index = train::open_checkpoint(folder, /*model_only=*/true);
     const nlohmann::json m = index.config.value("model", nlohmann::json::object());
-    if (m.is_object() && m.value("family", "gpt") == "cnn") return convert_cnn(o, folder, index, m);
+    if (m.is_object() && m.value("family", "gpt") == "cnn") return convert_cnn(o, folder, index);
   }
   CheckedCheckpoint c = checked_model_checkpoint(folder);
   const auto tensors = c.index.shapes(c.index.model);
@@ -151,6 +144,21 @@ void convert(const ConvertOptions& o) {
 }
 
 }  // namespace
+
+std::shared_ptr<const model::ModelSpec> checked_cnn_checkpoint(const std::string& folder,
+                                                               const train::CheckpointIndex& index) {
+  std::shared_ptr<const model::ModelSpec> spec;
+  try {
+    const nlohmann::json m = index.config.value("model", nlohmann::json::object());
+    spec = model::cnn_spec(model::cnn_config(m.value("name", std::string())));
+  } catch (const std::exception& e) {
+    throw UsageError("checkpoint " + folder + ": its index names no CNN this meshtrain knows (" + e.what() + ")");
+  }
+  auto expected = spec->param_shapes();
+  for (const auto& b : spec->buffer_shapes()) expected.push_back(b);
+  train::check_tensor_set("checkpoint " + folder + " (model)", expected, index.shapes(index.model));
+  return spec;
+}
 
 void add_checkpoint_command(CLI::App& app) {
   CLI::App* ck = app.add_subcommand("checkpoint", "Work with checkpoints (train --checkpoint-dir)");

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "meshtrain/model/config.h"
+#include "meshtrain/model/spec.h"
 #include "meshtrain/train/checkpoint.h"
 
 namespace meshtrain::cli {
@@ -34,6 +35,12 @@ struct CheckedCheckpoint {
   train::CheckpointIndex index;  // step, config, state and the model's pieces (no optimizer state)
 };
 CheckedCheckpoint checked_model_checkpoint(const std::string& path);
+
+// The CNN a checkpoint's index names (its "model" object), with its tensor set — every
+// parameter and batch-norm buffer of that model — checked against the index
+// (cli/checkpoint.cpp). Throws UsageError or train::CheckpointError saying what disagrees.
+std::shared_ptr<const model::ModelSpec> checked_cnn_checkpoint(const std::string& folder,
+                                                               const train::CheckpointIndex& index);
 
 // The step folder a tool reads (generate, checkpoint convert; cli/generate.cpp): `path` itself
 // when it holds index.json, else the newest step folder of the checkpoint directory `path`

@@ -36,15 +36,7 @@ void evaluate(const EvalOptions& o) {
     throw UsageError("checkpoint " + folder + " holds " + (m.is_object() ? m.value("name", "a model") : "a model") +
                      ", not a classifier; eval reports the accuracy of image models (a GPT's validation loss is "
                      "in train's output and metrics)");
-  std::shared_ptr<const model::ModelSpec> spec;
-  try {
-    spec = model::cnn_spec(model::cnn_config(m.value("name", std::string())));
-  } catch (const std::invalid_argument& e) {
-    throw UsageError("checkpoint " + folder + ": " + e.what());
-  }
-  auto expected = spec->param_shapes();
-  for (const auto& b : spec->buffer_shapes()) expected.push_back(b);
-  train::check_tensor_set("checkpoint " + folder + " (model)", expected, index.shapes(index.model));
+  const std::shared_ptr<const model::ModelSpec> spec = checked_cnn_checkpoint(folder, index);
   train::ImageDataset data = [&] {
     try {
       return train::ImageDataset::open(o.data);
