@@ -207,8 +207,11 @@ TEST(CnnOptions, WhatAnImageModelCannotTakeIsRefusedWithASentence) {
     return "";
   };
   auto o = options("cnn-small", 1, 1, 0);
-  o.tp = 2;
-  EXPECT_NE(refusal(o).find("cnn-small is an image model: --tp"), std::string::npos) << refusal(o);
+  o.tp = 3;  // cnn-small splits 32 filters of conv1 and 32 input channels of conv2
+  EXPECT_NE(refusal(o).find("--tp 3 cannot split cnn-small's convolutions: conv1 (32 output channels) do not divide "
+                            "by 3; --tp 2, 4, 8, 16, 32 divide every split channel count"),
+            std::string::npos)
+      << refusal(o);
   o = options("cnn-small", 1, 1, 0);
   o.seq = 8;
   EXPECT_NE(refusal(o).find("--seq is the sequence length of token models"), std::string::npos);

@@ -77,6 +77,14 @@ void add_train_command(CLI::App& app) {
   c->add_option("--dp", opt->dp, "Data-parallel ranks")->check(integer<int>(1))->capture_default_str();
   c->add_option("--tp", opt->tp, "Tensor-parallel ranks")->check(integer<int>(1))->capture_default_str();
   c->add_option("--pp", opt->pp, "Pipeline stages")->check(integer<int>(1))->capture_default_str();
+  auto spatial = std::make_shared<int>(1), branch = std::make_shared<int>(1);
+  c->add_option("--spatial", *spatial, "Image models: ranks that split every feature map into bands of rows (halos exchanged)")
+      ->check(integer<int>(1));
+  c->add_option("--branch-parallel", *branch, "inception-small: ranks over which each Inception block's branches are placed")
+      ->check(integer<int>(1));
+  c->add_option("--branch-balance", opt->branch_balance,
+                "With --branch-parallel: the rank of each of an Inception block's four branches, e.g. 0,1,1,0 "
+                "(default: balanced by their cost, printed at start)");
   c->add_flag("--sequence-parallel", opt->sequence_parallel, "With --tp: split layernorm and residual regions along the sequence");
   c->add_flag("--pad-vocab", opt->pad_vocab, "With --tp: split a vocabulary tp does not divide by padding it (left out of the loss)");
   c->add_option("--microbatches", opt->microbatches, "Micro-batches per step (gradient accumulation)")->check(integer<int>(1))->capture_default_str();
@@ -128,7 +136,7 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--overwrite", opt->overwrite, "Let --metrics and --trace replace existing files that meshtrain did not write");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([c, batch_norm, opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
+  c->callback([c, spatial, branch, batch_norm, opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
                optimizer, lr_schedule, weight_decay] {
     train::TrainOptions o = *opt;
     auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
@@ -152,6 +160,19 @@ void add_train_command(CLI::App& app) {
       if (o.recompute && o.pp == 1)
         throw std::invalid_argument("--recompute keeps each pipeline stage's input and recomputes its forward; it "
                                     "needs --pp 2 or more (drop --recompute, or add --pp)");
+      // The intra-layer axis carries one split: filters and channels (--tp), row bands (--spatial)
+      // or branches (--branch-parallel); its size is the mesh's tp.
+      {
+        const int splits = (o.tp > 1) + (*spatial > 1) + (*branch > 1);
+        if (splits > 1)
+          throw std::invalid_argument("--tp, --spatial and --branch-parallel each split the layers over the same "
+                                      "intra-layer ranks; give one of them (and --dp or --pp for more ranks)");
+        if (*spatial > 1) o.tp = *spatial, o.intra = train::IntraSplit::spatial;
+        if (*branch > 1) o.tp = *branch, o.intra = train::IntraSplit::branch;
+        if (given("--branch-balance") && *branch == 1)
+          throw std::invalid_argument("--branch-balance places Inception branches on ranks; it needs "
+                                      "--branch-parallel 2 or more (drop it, or add --branch-parallel)");
+      }
       if (o.pad_vocab && o.tp == 1)
         throw std::invalid_argument("--pad-vocab pads the vocabulary that tensor parallelism splits; it needs --tp 2 "
                                     "or more (drop it, or add --tp)");

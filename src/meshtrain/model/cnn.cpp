@@ -40,40 +40,18 @@ Tensor sum_of(const Tensor& a, const Tensor& b, int threads) {
   return s;
 }
 
-// Layers run one after the other.
-class Sequence : public nn::Layer {
- public:
-  template <class L>
-  L* add(std::unique_ptr<L> layer) {
-    L* raw = layer.get();
-    layers_.push_back(std::move(layer));
-    return raw;
-  }
-  Tensor forward(nn::Context& ctx, const Tensor& x) override {
-    Tensor y = x;
-    for (auto& l : layers_) y = l->forward(ctx, y);
-    return y;
-  }
-  Tensor backward(nn::Context& ctx, const Tensor& dy) override {
-    Tensor d = dy;
-    for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) d = (*it)->backward(ctx, d);
-    return d;
-  }
-  void collect_params(std::vector<nn::Param*>& out) override {
-    for (auto& l : layers_) l->collect_params(out);
-  }
-  void collect_buffers(std::vector<nn::Param*>& out) override {
-    for (auto& l : layers_) l->collect_buffers(out);
-  }
-  std::vector<std::unique_ptr<nn::Layer>> layers_;
-};
-
-// conv (no bias: the batch norm's shift takes its place) -> batch norm (-> ReLU)
-void conv_bn(Sequence& s, const std::string& conv, const std::string& bn, int64_t in, int64_t out, int64_t k,
-             int64_t stride, uint64_t seed, std::vector<nn::BatchNorm2d*>& bns, bool relu = true) {
-  s.add(std::make_unique<nn::Conv2d>(conv, in, out, k,
-                                     nn::Conv2dOptions{.stride = stride, .padding = k / 2, .bias = false, .seed = seed}));
-  bns.push_back(s.add(std::make_unique<nn::BatchNorm2d>(bn, out)));
+// conv (no bias: the batch norm's shift takes its place) -> batch norm (-> ReLU), the conv's
+// input and output channels laid out as `in_c` and `out_c` (cnn_layout.h: pairing).
+// `hw`: the input's (C, H, W) or (H, W) (the last two are used).
+void conv_bn(LayerSequence& s, const CNNLayout& L, const std::string& conv, const std::string& bn, int64_t in,
+             int64_t out, int64_t k, int64_t stride, const Shape& hw, uint64_t seed,
+             std::vector<nn::BatchNorm2d*>& bns, bool relu = true, Channels in_c = Channels::full,
+             Channels out_c = Channels::full, bool input_grad = true) {
+  const size_t d = hw.size();
+  s.add(L.conv(ConvDef{.name = conv, .in = in, .out = out, .kernel = k, .stride = stride, .padding = k / 2,
+                       .height = hw[d - 2], .width = hw[d - 1], .bias = false, .seed = seed, .input = in_c,
+                       .output = out_c, .input_grad = input_grad}));
+  bns.push_back(s.add(L.batch_norm(bn, out, out_c)));
   if (relu) s.add(std::make_unique<nn::ReLU>());
 }
 
@@ -86,24 +64,29 @@ class SequenceUnit : public CNNUnit {
   void collect_buffers(std::vector<nn::Param*>& out) override { seq.collect_buffers(out); }
   void collect_batch_norms(std::vector<nn::BatchNorm2d*>& out) override { out.insert(out.end(), bns.begin(), bns.end()); }
   Shape out_chw(const Shape&) const override { return out_shape; }
-  Sequence seq;
+  LayerSequence seq;
   std::vector<nn::BatchNorm2d*> bns;
   Shape out_shape;
 };
 
 // A basic residual block: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), the shortcut
-// the identity or a 1x1 convolution with batch norm when the shape changes.
+// the identity or a 1x1 convolution with batch norm when the shape changes. conv1's output
+// channels stay split where the layout splits them, conv2 takes them split (the pairing).
 class ResidualUnit : public CNNUnit {
  public:
-  ResidualUnit(const std::string& name, int64_t in, int64_t out, int64_t stride, uint64_t seed, const Shape& in_chw)
+  ResidualUnit(const CNNLayout& L, const std::string& name, int64_t in, int64_t out, int64_t stride, uint64_t seed,
+               const Shape& in_chw)
       : out_shape_{out, (in_chw[1] - 1) / stride + 1, (in_chw[2] - 1) / stride + 1} {
-    conv_bn(main_, name + ".conv1", name + ".bn1", in, out, 3, stride, seed, bns_);
-    conv_bn(main_, name + ".conv2", name + ".bn2", out, out, 3, 1, seed, bns_, /*relu=*/false);
+    conv_bn(main_, L, name + ".conv1", name + ".bn1", in, out, 3, stride, in_chw, seed, bns_, true,
+            Channels::full, Channels::split);
+    conv_bn(main_, L, name + ".conv2", name + ".bn2", out, out, 3, 1, out_shape_, seed, bns_, /*relu=*/false,
+            Channels::split, Channels::full);
     if (stride != 1 || in != out) {
-      shortcut_ = std::make_unique<Sequence>();
-      shortcut_->add(std::make_unique<nn::Conv2d>(name + ".downsample.0", in, out, 1,
-                                                  nn::Conv2dOptions{.stride = stride, .padding = 0, .bias = false, .seed = seed}));
-      bns_.push_back(shortcut_->add(std::make_unique<nn::BatchNorm2d>(name + ".downsample.1", out)));
+      shortcut_ = std::make_unique<LayerSequence>();
+      shortcut_->add(L.conv(ConvDef{.name = name + ".downsample.0", .in = in, .out = out, .kernel = 1,
+                                    .stride = stride, .padding = 0, .height = in_chw[1], .width = in_chw[2],
+                                    .bias = false, .seed = seed}));
+      bns_.push_back(shortcut_->add(L.batch_norm(name + ".downsample.1", out, Channels::full)));
     }
   }
   Tensor forward(nn::Context& ctx, const Tensor& x) override {
@@ -129,42 +112,69 @@ class ResidualUnit : public CNNUnit {
   Shape out_chw(const Shape&) const override { return out_shape_; }
 
  private:
-  Sequence main_;
-  std::unique_ptr<Sequence> shortcut_;
+  LayerSequence main_;
+  std::unique_ptr<LayerSequence> shortcut_;
   nn::ReLU relu_;
   std::vector<nn::BatchNorm2d*> bns_;
   Shape out_shape_;
 };
 
-// An Inception block: four branches on the same input, joined along channels.
+// An Inception block: four branches on the same input, joined along channels. The layout says
+// which branches this rank computes (branch parallelism) and joins their outputs; inside a
+// branch, a 1x1 reduction's output channels stay split where the layout splits them and the
+// 3x3 after it takes them split.
 class InceptionUnit : public CNNUnit {
  public:
   // c1: branch 1's channels; r2, c2: branch 2's reduction and 3x3; r3, c3: branch 3's reduction
   // and its two 3x3; c4: branch 4's 1x1 after the pool.
-  InceptionUnit(const std::string& name, int64_t in, int64_t c1, int64_t r2, int64_t c2, int64_t r3, int64_t c3,
-                int64_t c4, uint64_t seed, const Shape& in_chw)
-      : out_shape_{c1 + c2 + c3 + c4, in_chw[1], in_chw[2]} {
-    for (int b = 0; b < 4; ++b) branches_.push_back(std::make_unique<Sequence>());
+  InceptionUnit(const CNNLayout& L, const std::string& name, int64_t in, int64_t c1, int64_t r2, int64_t c2,
+                int64_t r3, int64_t c3, int64_t c4, uint64_t seed, const Shape& in_chw)
+      : out_shape_{c1 + c2 + c3 + c4, in_chw[1], in_chw[2]}, in_channels_(in) {
+    const double hw = static_cast<double>(in_chw[1] * in_chw[2]);
+    // Forward + backward FLOPs per sample of each branch (6 per multiply-add of its convolutions).
+    const std::vector<double> costs = {6 * hw * in * c1, 6 * hw * (in * r2 + 9.0 * r2 * c2),
+                                       6 * hw * (in * r3 + 9.0 * r3 * c3 + 9.0 * c3 * c3), 6 * hw * in * c4};
+    here_ = L.branches_here(name, costs);
     const std::string n = name + ".branch";
-    conv_bn(*branches_[0], n + "1.conv", n + "1.bn", in, c1, 1, 1, seed, bns_);
-    conv_bn(*branches_[1], n + "2.0.conv", n + "2.0.bn", in, r2, 1, 1, seed, bns_);
-    conv_bn(*branches_[1], n + "2.1.conv", n + "2.1.bn", r2, c2, 3, 1, seed, bns_);
-    conv_bn(*branches_[2], n + "3.0.conv", n + "3.0.bn", in, r3, 1, 1, seed, bns_);
-    conv_bn(*branches_[2], n + "3.1.conv", n + "3.1.bn", r3, c3, 3, 1, seed, bns_);
-    conv_bn(*branches_[2], n + "3.2.conv", n + "3.2.bn", c3, c3, 3, 1, seed, bns_);
-    branches_[3]->add(std::make_unique<nn::MaxPool2d>(3, nn::Pool2dOptions{.stride = 1, .padding = 1}));
-    conv_bn(*branches_[3], n + "4.1.conv", n + "4.1.bn", in, c4, 1, 1, seed, bns_);
+    const Channels F = Channels::full, S = Channels::split;
+    for (int b = 0; b < 4; ++b) {
+      if (!here_[b]) continue;
+      auto seq = std::make_unique<LayerSequence>();
+      if (b == 0) conv_bn(*seq, L, n + "1.conv", n + "1.bn", in, c1, 1, 1, in_chw, seed, bns_);
+      if (b == 1) {
+        conv_bn(*seq, L, n + "2.0.conv", n + "2.0.bn", in, r2, 1, 1, in_chw, seed, bns_, true, F, S);
+        conv_bn(*seq, L, n + "2.1.conv", n + "2.1.bn", r2, c2, 3, 1, in_chw, seed, bns_, true, S, F);
+      }
+      if (b == 2) {
+        conv_bn(*seq, L, n + "3.0.conv", n + "3.0.bn", in, r3, 1, 1, in_chw, seed, bns_, true, F, S);
+        conv_bn(*seq, L, n + "3.1.conv", n + "3.1.bn", r3, c3, 3, 1, in_chw, seed, bns_, true, S, F);
+        conv_bn(*seq, L, n + "3.2.conv", n + "3.2.bn", c3, c3, 3, 1, in_chw, seed, bns_);
+      }
+      if (b == 3) {
+        seq->add(L.max_pool(3, nn::Pool2dOptions{.stride = 1, .padding = 1}));
+        conv_bn(*seq, L, n + "4.1.conv", n + "4.1.bn", in, c4, 1, 1, in_chw, seed, bns_);
+      }
+      branches_.push_back(std::move(seq));
+    }
+    join_ = L.branch_join({c1, c2, c3, c4}, here_);
   }
   Tensor forward(nn::Context& ctx, const Tensor& x) override {
     std::vector<Tensor> outs;
     for (auto& b : branches_) outs.push_back(b->forward(ctx, x));
-    return concat_.forward(ctx, outs);
+    return join_->forward(ctx, outs);
   }
   Tensor backward(nn::Context& ctx, const Tensor& dy) override {
-    std::vector<Tensor> d = concat_.backward(ctx, dy);
-    Tensor dx = branches_[0]->backward(ctx, d[0]);
-    for (size_t b = 1; b < branches_.size(); ++b) dx = sum_of(dx, branches_[b]->backward(ctx, d[b]), ctx.threads);
-    return dx;
+    std::vector<Tensor> d = join_->backward(ctx, dy);
+    Tensor dx;
+    for (size_t b = 0; b < branches_.size(); ++b) {
+      Tensor db = branches_[b]->backward(ctx, d[b]);
+      dx = b == 0 ? db : sum_of(dx, db, ctx.threads);
+    }
+    if (branches_.empty()) {  // no branch here: the input gradient is the others' alone
+      dx = Tensor::empty(dy.ndim() == 4 ? Shape{dy.dim(0), in_channels_, dy.dim(2), dy.dim(3)} : dy.shape());
+      dx.zero();
+    }
+    return join_->input_grad(ctx, dx);
   }
   void collect_params(std::vector<nn::Param*>& out) override {
     for (auto& b : branches_) b->collect_params(out);
@@ -176,16 +186,19 @@ class InceptionUnit : public CNNUnit {
   Shape out_chw(const Shape&) const override { return out_shape_; }
 
  private:
-  std::vector<std::unique_ptr<Sequence>> branches_;
-  nn::ConcatChannels concat_;
+  std::vector<bool> here_;
+  std::vector<std::unique_ptr<LayerSequence>> branches_;  // those computed here, in branch order
+  std::unique_ptr<BranchJoin> join_;
   std::vector<nn::BatchNorm2d*> bns_;
   Shape out_shape_;
+  int64_t in_channels_ = 0;
 };
 
-std::unique_ptr<SequenceUnit> classifier(int64_t in_features, int64_t hidden, int64_t classes, bool global_pool,
-                                         uint64_t seed) {
+std::unique_ptr<SequenceUnit> classifier(const CNNLayout& L, int64_t in_features, int64_t hidden, int64_t classes,
+                                         bool global_pool, uint64_t seed) {
   auto u = std::make_unique<SequenceUnit>();
-  if (global_pool) u->seq.add(std::make_unique<nn::GlobalAvgPool>());
+  if (global_pool) u->seq.add(L.global_pool());
+  else if (auto whole = L.whole_map()) u->seq.add(std::move(whole));
   u->seq.add(std::make_unique<nn::Flatten>());
   auto fc = [&](const std::string& name, int64_t in, int64_t out) {
     // PyTorch's default bound for a linear layer, as a normal of the same variance.
@@ -207,7 +220,7 @@ std::unique_ptr<SequenceUnit> classifier(int64_t in_features, int64_t hidden, in
 
 // ---- the named architectures ----
 
-std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint64_t seed) {
+std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint64_t seed, const CNNLayout& L) {
   std::vector<std::unique_ptr<CNNUnit>> units;
   Shape chw{cfg.channels, cfg.height, cfg.width};
   auto push = [&](std::unique_ptr<CNNUnit> u) {
@@ -220,33 +233,37 @@ std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint
     for (int i = 1; i <= 2; ++i) {
       const int64_t out = i == 1 ? 32 : 64;
       auto u = std::make_unique<SequenceUnit>();
-      conv_bn(u->seq, "conv" + std::to_string(i), "bn" + std::to_string(i), in, out, 3, 1, seed, u->bns);
-      u->seq.add(std::make_unique<nn::MaxPool2d>(2));
+      // conv1's output channels stay split where the layout splits them; conv2 takes them split.
+      conv_bn(u->seq, L, "conv" + std::to_string(i), "bn" + std::to_string(i), in, out, 3, 1, chw, seed, u->bns, true,
+              i == 1 ? Channels::full : Channels::split, i == 1 ? Channels::split : Channels::full, i != 1);
+      u->seq.add(L.max_pool(2));
       u->out_shape = pooled(chw, out);
       push(std::move(u));
       in = out;
     }
-    push(classifier(chw[0] * chw[1] * chw[2], 128, cfg.classes, false, seed));
+    push(classifier(L, chw[0] * chw[1] * chw[2], 128, cfg.classes, false, seed));
   } else if (cfg.name == "resnet-small") {
     auto stem = std::make_unique<SequenceUnit>();
-    conv_bn(stem->seq, "conv1", "bn1", cfg.channels, 32, 3, 1, seed, stem->bns);
+    conv_bn(stem->seq, L, "conv1", "bn1", cfg.channels, 32, 3, 1, chw, seed, stem->bns, true, Channels::full,
+            Channels::full, false);
     stem->out_shape = {32, chw[1], chw[2]};
     push(std::move(stem));
     const int64_t widths[] = {32, 64, 128};
     for (int l = 0; l < 3; ++l) {
       const int64_t in = chw[0], stride = l == 0 ? 1 : 2;
-      push(std::make_unique<ResidualUnit>("layer" + std::to_string(l + 1) + ".0", in, widths[l], stride, seed, chw));
+      push(std::make_unique<ResidualUnit>(L, "layer" + std::to_string(l + 1) + ".0", in, widths[l], stride, seed, chw));
     }
-    push(classifier(chw[0], 0, cfg.classes, true, seed));
+    push(classifier(L, chw[0], 0, cfg.classes, true, seed));
   } else if (cfg.name == "inception-small") {
     auto stem = std::make_unique<SequenceUnit>();
-    conv_bn(stem->seq, "conv1", "bn1", cfg.channels, 32, 3, 1, seed, stem->bns);
-    stem->seq.add(std::make_unique<nn::MaxPool2d>(2));
+    conv_bn(stem->seq, L, "conv1", "bn1", cfg.channels, 32, 3, 1, chw, seed, stem->bns, true, Channels::full,
+            Channels::full, false);
+    stem->seq.add(L.max_pool(2));
     stem->out_shape = pooled(chw, 32);
     push(std::move(stem));
-    push(std::make_unique<InceptionUnit>("inception1", chw[0], 16, 16, 24, 8, 12, 12, seed, chw));
-    push(std::make_unique<InceptionUnit>("inception2", chw[0], 32, 32, 48, 16, 24, 24, seed, chw));
-    push(classifier(chw[0], 0, cfg.classes, true, seed));
+    push(std::make_unique<InceptionUnit>(L, "inception1", chw[0], 16, 16, 24, 8, 12, 12, seed, chw));
+    push(std::make_unique<InceptionUnit>(L, "inception2", chw[0], 32, 32, 48, 16, 24, 24, seed, chw));
+    push(classifier(L, chw[0], 0, cfg.classes, true, seed));
   } else {
     cnn_config(cfg.name);  // throws, naming the known ones
   }
@@ -257,14 +274,14 @@ int64_t cnn_num_units(const CNNConfig& cfg) { return static_cast<int64_t>(cnn_un
 
 std::vector<Shape> cnn_unit_shapes(const CNNConfig& cfg) {
   std::vector<Shape> shapes{{cfg.channels, cfg.height, cfg.width}};
-  for (auto& u : build_cnn_units(cfg, 0)) shapes.push_back(u->out_chw(shapes.back()));
+  for (auto& u : build_cnn_units(cfg, 0, *single_rank_cnn_layout())) shapes.push_back(u->out_chw(shapes.back()));
   return shapes;
 }
 
 namespace {
 std::vector<std::pair<std::string, Shape>> shapes_of(const CNNConfig& cfg, bool buffers) {
   std::vector<std::pair<std::string, Shape>> out;
-  for (auto& u : build_cnn_units(cfg, 0)) {
+  for (auto& u : build_cnn_units(cfg, 0, *single_rank_cnn_layout())) {
     std::vector<nn::Param*> ps;
     if (buffers) u->collect_buffers(ps);
     else u->collect_params(ps);
@@ -289,7 +306,7 @@ std::vector<double> cnn_unit_flops(const CNNConfig& cfg) {
   // unit shapes. Forward + backward = 3 x forward, 2 FLOPs per multiply-add.
   std::vector<double> flops;
   const auto shapes = cnn_unit_shapes(cfg);
-  auto units = build_cnn_units(cfg, 0);
+  auto units = build_cnn_units(cfg, 0, *single_rank_cnn_layout());
   for (size_t i = 0; i < units.size(); ++i) {
     std::vector<nn::Param*> ps;
     units[i]->collect_params(ps);
@@ -305,9 +322,11 @@ std::vector<double> cnn_unit_flops(const CNNConfig& cfg) {
 
 // ---- the stage ----
 
-CNNStage::CNNStage(const CNNConfig& cfg, uint64_t seed, int64_t first_unit, int64_t end_unit, bool first, bool last)
-    : cfg_(cfg), first_unit_(first_unit), end_unit_(end_unit), first_(first), last_(last) {
-  auto all = build_cnn_units(cfg, seed);
+CNNStage::CNNStage(const CNNConfig& cfg, uint64_t seed, int64_t first_unit, int64_t end_unit, bool first, bool last,
+                   std::shared_ptr<const CNNLayout> layout)
+    : cfg_(cfg), layout_(layout ? std::move(layout) : single_rank_cnn_layout()), first_unit_(first_unit),
+      end_unit_(end_unit), first_(first), last_(last) {
+  auto all = build_cnn_units(cfg, seed, *layout_);
   shapes_.push_back({cfg.channels, cfg.height, cfg.width});
   for (auto& u : all) shapes_.push_back(u->out_chw(shapes_.back()));
   const int64_t n = static_cast<int64_t>(all.size());
@@ -316,17 +335,19 @@ CNNStage::CNNStage(const CNNConfig& cfg, uint64_t seed, int64_t first_unit, int6
     throw std::invalid_argument("CNNStage: units " + std::to_string(first_unit_) + ".." + std::to_string(end_unit_) +
                                 " outside the model's " + std::to_string(n) + " units");
   for (int64_t i = first_unit_; i < end_unit_; ++i) units_.push_back(std::move(all[i]));
+  set_batch_stats_reduce(nullptr);
 }
 
 Shape CNNStage::input_shape(int64_t rows, int64_t) const {
   Shape s{rows};
-  for (int64_t d : shapes_[first_unit_]) s.push_back(d);
+  for (int64_t d : layout_->local_chw(shapes_[first_unit_])) s.push_back(d);
   return s;
 }
 
 Shape CNNStage::output_shape(int64_t rows, int64_t) const {
   Shape s{rows};
-  for (int64_t d : shapes_[end_unit_]) s.push_back(d);
+  const Shape& out = shapes_[end_unit_];
+  for (int64_t d : out.size() == 3 ? layout_->local_chw(out) : out) s.push_back(d);
   return s;
 }
 
@@ -335,8 +356,11 @@ Tensor CNNStage::forward(nn::Context& ctx, const Tensor& x_in, const MicroBatch&
   Tensor x = x_in;
   if (first_) {
     if (!mb.images) throw std::invalid_argument("CNNStage: the first stage was given no images");
-    x = Tensor::empty(input_shape(mb.rows, 1));
-    std::copy(mb.images, mb.images + x.numel(), x.data());
+    Shape whole{mb.rows};
+    for (int64_t d : shapes_[0]) whole.push_back(d);
+    Tensor images = Tensor::empty(whole);
+    std::copy(mb.images, mb.images + images.numel(), images.data());
+    x = layout_->input(images);
   }
   for (auto& u : units_) {
     ctx.pre_forward(u.get());
@@ -389,7 +413,7 @@ Tensor CNNStage::backward(nn::Context& ctx, const Tensor& dy_in, float grad_scal
   }
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
     ctx.pre_backward(it->get());
-    dy = (*it)->backward(ctx, dy);
+    layout_->unit_backward(ctx, (*it)->params(), [&] { dy = (*it)->backward(ctx, dy); });
     ctx.post_backward(it->get());
   }
   return first_ ? Tensor() : dy;
@@ -413,7 +437,7 @@ void CNNStage::set_batch_stats_reduce(const std::function<void(std::span<double>
   for (auto& u : units_) {
     std::vector<nn::BatchNorm2d*> bns;
     u->collect_batch_norms(bns);
-    for (nn::BatchNorm2d* bn : bns) bn->reduce_stats = reduce;
+    for (nn::BatchNorm2d* bn : bns) bn->reduce_stats = layout_->stats_reduce(reduce);
   }
 }
 

@@ -27,7 +27,11 @@
 //
 // Batch normalisation: each stage's BatchNorm2d layers take a statistics reduction
 // (set_batch_stats_reduce) that the trainer points at the data-parallel group, so dp N computes
-// the statistics of the whole batch as one rank does (synchronised batch norm).
+// the statistics of the whole batch as one rank does (synchronised batch norm); the layout adds
+// its own group's where it splits a sample (image regions).
+//
+// Layouts (cnn_layout.h): the same definitions are built split over the intra-layer group —
+// convolutions by filters and channels, feature maps by row bands, Inception blocks by branch.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +43,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/model/cnn_layout.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/nn/batchnorm.h"
 
@@ -64,8 +69,9 @@ class CNNUnit : public nn::Layer {
   virtual void collect_batch_norms(std::vector<nn::BatchNorm2d*>& out) = 0;
 };
 
-// The units of a named CNN, built for `seed` (layout-invariant initialisation by name).
-std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint64_t seed);
+// The units of a named CNN, built for `seed` (layout-invariant initialisation by name) with the
+// layers `layout` makes (cnn_layout.h).
+std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint64_t seed, const CNNLayout& layout);
 // Number of units, and the (C, H, W) after each unit (entry 0: the input image).
 int64_t cnn_num_units(const CNNConfig& cfg);
 std::vector<Shape> cnn_unit_shapes(const CNNConfig& cfg);
@@ -78,8 +84,10 @@ std::vector<double> cnn_unit_flops(const CNNConfig& cfg);
 
 class CNNStage : public Stage {
  public:
-  // Units [first_unit, end_unit) (-1: all); `first` reads the images, `last` gives the loss.
-  CNNStage(const CNNConfig& cfg, uint64_t seed, int64_t first_unit, int64_t end_unit, bool first, bool last);
+  // Units [first_unit, end_unit) (-1: all); `first` reads the images, `last` gives the loss;
+  // the layers as `layout` lays them out (null: one rank).
+  CNNStage(const CNNConfig& cfg, uint64_t seed, int64_t first_unit, int64_t end_unit, bool first, bool last,
+           std::shared_ptr<const CNNLayout> layout = nullptr);
 
   bool first() const override { return first_; }
   bool last() const override { return last_; }
@@ -99,6 +107,7 @@ class CNNStage : public Stage {
 
  private:
   CNNConfig cfg_;
+  std::shared_ptr<const CNNLayout> layout_;
   int64_t first_unit_, end_unit_;
   bool first_, last_;
   std::vector<std::unique_ptr<CNNUnit>> units_;

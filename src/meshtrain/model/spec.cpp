@@ -37,8 +37,8 @@ class CNNSpec : public ModelSpec {
   InputKind input() const override { return InputKind::images; }
   nlohmann::json to_json() const override { return cfg_.to_json(); }
   int64_t num_units() const override { return units_; }
-  std::unique_ptr<Stage> make_stage(const StageSpec& spec, uint64_t seed, const StageFactories&) const override {
-    return std::make_unique<CNNStage>(cfg_, seed, spec.first_layer, spec.end_layer, spec.embedding, spec.head);
+  std::unique_ptr<Stage> make_stage(const StageSpec& spec, uint64_t seed, const StageFactories& f) const override {
+    return std::make_unique<CNNStage>(cfg_, seed, spec.first_layer, spec.end_layer, spec.embedding, spec.head, f.conv);
   }
   std::vector<std::pair<std::string, Shape>> param_shapes() const override { return cnn_param_shapes(cfg_); }
   std::vector<std::pair<std::string, Shape>> buffer_shapes() const override { return cnn_buffer_shapes(cfg_); }

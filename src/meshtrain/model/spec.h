@@ -4,8 +4,8 @@
 // by the model's name, or by a config file's "family" field.
 //
 // What only one family has yet stays visible as such: gpt() is the transformer's config, which
-// tensor parallelism, sequence parallelism and sampling use (the next work splits convolutions
-// too); code that needs it asks for it and refuses other families with a sentence.
+// tensor parallelism's transformer layers, sequence parallelism and sampling use; code that needs
+// it asks for it and refuses other families with a sentence.
 #pragma once
 
 #include <cstdint>
@@ -22,10 +22,12 @@
 
 namespace meshtrain::model {
 
-// The layer factories a stage is built with (DESIGN decision 8): how the transformer's layers
-// are split over the layout (null: single-rank layers).
+// The layer factories a stage is built with (DESIGN decision 8): how the transformer's layers,
+// and the convolutional networks' (cnn_layout.h), are split over the layout (null: single-rank
+// layers).
 struct StageFactories {
   std::shared_ptr<const GPTLayout> transformer;
+  std::shared_ptr<const CNNLayout> conv;
 };
 
 class ModelSpec {

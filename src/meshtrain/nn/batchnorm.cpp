@@ -33,11 +33,11 @@ double load_count(const std::vector<int32_t>& in) {
 
 BatchNorm2d::BatchNorm2d(std::string name, int64_t c, const BatchNormOptions& o)
     : name(name),
-      weight(name + ".weight", {c}, {}, /*decay=*/false),
-      bias(name + ".bias", {c}, {}, /*decay=*/false),
-      running_mean(Param::buffer(name + ".running_mean", {c})),
-      running_var(Param::buffer(name + ".running_var", {c})),
-      channels(c),
+      weight(name + ".weight", {c}, o.shard, /*decay=*/false),
+      bias(name + ".bias", {c}, o.shard, /*decay=*/false),
+      running_mean(Param::buffer(name + ".running_mean", {c}, o.shard)),
+      running_var(Param::buffer(name + ".running_var", {c}, o.shard)),
+      channels(o.shard.local_shape({c})[0]),
       opt(o) {
   if (c <= 0) throw std::invalid_argument(name + ": the channel count must be positive");
   init_constant(weight, 1.0f);

@@ -37,6 +37,9 @@ namespace meshtrain::nn {
 struct BatchNormOptions {
   float eps = 1e-5f;
   float momentum = 0.1f;
+  // Over channels split across ranks (a filter-split convolution's output): split along dim 0;
+  // the layer then normalises this rank's channels, `channels` their count.
+  ShardSpec shard = {};
 };
 
 class BatchNorm2d : public Layer {
@@ -53,7 +56,7 @@ class BatchNorm2d : public Layer {
   std::string name;
   Param weight, bias;                 // (C)
   Param running_mean, running_var;    // (C), buffers
-  int64_t channels;
+  int64_t channels;  // local (this rank's) channels
   BatchNormOptions opt;
 
  private:

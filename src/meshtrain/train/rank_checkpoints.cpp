@@ -83,11 +83,13 @@ RankPieces RankTrainer::my_pieces() {
       out.optimizer.push_back(piece(slot.prefix + "." + p->name, slot.tensors[k]));
   }
   // Buffers (batch norm's running statistics): the same on every dp rank (their statistics are
-  // synchronised), so dp rank 0 and tp rank 0 write each whole, with the model.
-  if (d == 0 && mesh_.coord().tp == 0)
+  // synchronised), so dp rank 0 writes each, with the model: tp rank 0 a replicated one, every
+  // tp rank its part of one split over channels.
+  if (d == 0)
     for (auto& stage : stages_)
       for (nn::Param* b : stage->buffers())
-        out.model.push_back(SavePiece{{b->name, b->global_shape, b->shard, 0, b->value.numel()}, b->value});
+        if (b->shard.is_split() || mesh_.coord().tp == 0)
+          out.model.push_back(SavePiece{{b->name, b->global_shape, b->shard, 0, b->value.numel()}, b->value});
   return out;
 }
 

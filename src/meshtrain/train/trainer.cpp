@@ -19,6 +19,9 @@
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/cnn_branch.h"
+#include "meshtrain/parallel/cnn_spatial.h"
+#include "meshtrain/parallel/cnn_tp.h"
 #include "meshtrain/parallel/tp_regions.h"
 #include "meshtrain/parallel/tp_layout.h"
 #include "meshtrain/pipeline/executor.h"
@@ -46,6 +49,15 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
   if (gpt && o_.tp > 1) parallel::validate_tp(sh.cfg, o_.tp, tpo, 0);
   model::StageFactories factories;
   if (gpt) factories.transformer = parallel::gpt_layout(o_.tp > 1 ? mesh_.tp_ptr() : nullptr, tpo);
+  if (!gpt && o_.tp > 1) {  // the intra-layer axis of an image model (model/cnn_layout.h)
+    switch (o_.intra) {
+      case IntraSplit::tensor: factories.conv = parallel::cnn_tp_layout(mesh_.tp_ptr()); break;
+      case IntraSplit::spatial: factories.conv = parallel::cnn_spatial_layout(mesh_.tp_ptr(), *sh.spec.cnn()); break;
+      case IntraSplit::branch:
+        factories.conv = parallel::cnn_branch_layout(mesh_.tp_ptr(), o_.branch_balance);
+        break;
+    }
+  }
   const pipeline::Schedule schedule = make_pipeline_schedule(o_);
   if (gpt && o_.pp > 1 && o_.pp_balance == "profile") {
     // Measured on rank 0, one micro-batch of this run's shape; every rank balances the same.
@@ -509,6 +521,14 @@ void RankTrainer::run() {
 }  // namespace detail
 
 using namespace detail;
+
+const char* intra_flag(IntraSplit s) {
+  switch (s) {
+    case IntraSplit::spatial: return "spatial";
+    case IntraSplit::branch: return "branch-parallel";
+    default: return "tp";
+  }
+}
 
 nlohmann::json step_json(const StepRecord& r) {
   return {{"step", r.step + 1},

@@ -27,6 +27,10 @@
 
 namespace meshtrain::train {
 
+enum class IntraSplit { tensor, spatial, branch };
+// "tp", "spatial", "branch-parallel": the flag that sets it.
+const char* intra_flag(IntraSplit s);
+
 struct TrainOptions {
   // model and data
   std::string model = "gpt-tiny";  // a named config, ignored when config_file is set
@@ -36,6 +40,11 @@ struct TrainOptions {
   double val_fraction = 0.1;
   // layout (DESIGN "Interfaces")
   int dp = 1, tp = 1, pp = 1;
+  // What the mesh's intra-layer axis (size tp) splits (model/cnn_layout.h): a transformer's or a
+  // CNN's layers by features, filters and channels (--tp), a CNN's feature maps by row bands
+  // (--spatial N: tp = N), an Inception block's branches (--branch-parallel N: tp = N).
+  IntraSplit intra = IntraSplit::tensor;
+  std::string branch_balance;  // --branch-parallel: the rank of each branch ("0,1,1,0"); empty: by cost
   int microbatches = 1;
   std::string schedule = "1f1b";  // with --pp > 1: naive, gpipe, 1f1b, interleaved, zb (zb-h1)
   int chunks = 1;                  // model chunks per pp rank (interleaved: 2 or more)

@@ -21,6 +21,7 @@
 
 #include "meshtrain/comm/world.h"
 #include "meshtrain/parallel/mesh.h"
+#include "meshtrain/parallel/cnn_tp.h"
 #include "meshtrain/parallel/tensor_parallel.h"
 
 namespace meshtrain::train {
@@ -377,6 +378,10 @@ void check_output_dir(const std::string& flag, const std::string& path) {
 void validate_options(const TrainOptions& o, const model::GPTConfig& cfg, const Machine& m) {
   check_ranges(o, cfg);
   check_layout(o);
+  if (o.intra != IntraSplit::tensor)
+    bad(std::string("--") + intra_flag(o.intra) + " splits a convolutional network (" +
+        (o.intra == IntraSplit::spatial ? "its feature maps by row bands" : "its Inception blocks by branch") +
+        "); a transformer splits its layers with --tp");
   if (o.pp > 1) {  // the schedule's shape and the stage partition, as every rank will build them
     make_pipeline_schedule(o);
     stage_layers(o, cfg);
@@ -415,8 +420,17 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
   auto refuse = [&](bool when, const std::string& what) {
     if (when) bad(name + " is an image model: " + what);
   };
-  refuse(o.tp > 1, "--tp splits a transformer's layers; splitting convolutions by filters, channels or image "
-                   "regions is not built yet, so use --dp and --pp (drop --tp)");
+  refuse(o.sequence_parallel, "--sequence-parallel splits a transformer's sequence; drop it");
+  refuse(o.pad_vocab, "--pad-vocab pads a transformer's vocabulary; drop it");
+  if (o.tp > 1 && o.intra == IntraSplit::tensor) {
+    try {
+      parallel::validate_cnn_tp(*spec.cnn(), o.tp);
+    } catch (const std::invalid_argument& e) {
+      bad(e.what());
+    }
+  }
+  refuse(o.tp > 1 && o.intra == IntraSplit::spatial, "--spatial is not built yet; use --tp, --dp and --pp");
+  refuse(o.tp > 1 && o.intra == IntraSplit::branch, "--branch-parallel is not built yet; use --tp, --dp and --pp");
   refuse(o.ps_servers > 0, "the parameter server trains GPT models only for now; use --dp (drop --ps-servers)");
   refuse(o.recompute, "--recompute would run its batch norms twice per micro-batch; drop --recompute");
   refuse(o.precision == kernels::Precision::bf16, "its convolutions run in float32 only; drop --precision bf16");

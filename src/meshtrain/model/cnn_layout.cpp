@@ -1,0 +1,70 @@
+#include "meshtrain/model/cnn_layout.h"
+
+#include "meshtrain/nn/conv.h"
+#include "meshtrain/nn/shape.h"
+
+namespace meshtrain::model {
+
+// ---- LayerSequence ----
+
+Tensor LayerSequence::forward(nn::Context& ctx, const Tensor& x) {
+  Tensor y = x;
+  for (auto& l : layers_) y = l->forward(ctx, y);
+  return y;
+}
+
+Tensor LayerSequence::backward(nn::Context& ctx, const Tensor& dy) {
+  Tensor d = dy;
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) d = (*it)->backward(ctx, d);
+  return d;
+}
+
+void LayerSequence::collect_params(std::vector<nn::Param*>& out) {
+  for (auto& l : layers_) l->collect_params(out);
+}
+
+void LayerSequence::collect_buffers(std::vector<nn::Param*>& out) {
+  for (auto& l : layers_) l->collect_buffers(out);
+}
+
+// ---- the single-rank layout ----
+
+std::unique_ptr<nn::Layer> CNNLayout::conv(const ConvDef& d) const {
+  return std::make_unique<nn::Conv2d>(
+      d.name, d.in, d.out, d.kernel,
+      nn::Conv2dOptions{.stride = d.stride, .padding = d.padding, .bias = d.bias, .seed = d.seed});
+}
+
+std::unique_ptr<nn::BatchNorm2d> CNNLayout::batch_norm(const std::string& name, int64_t channels, Channels) const {
+  return std::make_unique<nn::BatchNorm2d>(name, channels);
+}
+
+std::unique_ptr<nn::Layer> CNNLayout::max_pool(int64_t kernel, const nn::Pool2dOptions& opt) const {
+  return std::make_unique<nn::MaxPool2d>(kernel, opt);
+}
+
+std::unique_ptr<nn::Layer> CNNLayout::global_pool() const { return std::make_unique<nn::GlobalAvgPool>(); }
+
+namespace {
+// Every branch on this rank: the plain concatenation.
+class ConcatJoin : public BranchJoin {
+ public:
+  Tensor forward(nn::Context& ctx, std::span<const Tensor> outs) override { return concat_.forward(ctx, outs); }
+  std::vector<Tensor> backward(nn::Context& ctx, const Tensor& dy) override { return concat_.backward(ctx, dy); }
+  Tensor input_grad(nn::Context&, Tensor dx) override { return dx; }
+
+ private:
+  nn::ConcatChannels concat_;
+};
+}  // namespace
+
+std::unique_ptr<BranchJoin> CNNLayout::branch_join(const std::vector<int64_t>&, const std::vector<bool>&) const {
+  return std::make_unique<ConcatJoin>();
+}
+
+std::shared_ptr<const CNNLayout> single_rank_cnn_layout() {
+  static const auto layout = std::make_shared<const CNNLayout>();
+  return layout;
+}
+
+}  // namespace meshtrain::model

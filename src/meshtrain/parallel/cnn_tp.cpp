@@ -1,0 +1,197 @@
+#include "meshtrain/parallel/cnn_tp.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "meshtrain/kernels/elementwise.h"
+#include "meshtrain/nn/conv.h"
+#include "meshtrain/parallel/tp_regions.h"
+
+namespace meshtrain::parallel {
+
+namespace {
+
+using model::Channels;
+using model::ConvDef;
+
+// (N, C, H, W) activations whose channels lie rank-major over the group: the gathered buffer is
+// (p, N, C/p, H, W); the whole tensor (N, C, H, W). Copies between the two.
+void rank_major_to_channels(float* full, const float* gathered, int p, int64_t N, int64_t Cl, int64_t HW) {
+  const int64_t block = Cl * HW;
+  for (int r = 0; r < p; ++r)
+    for (int64_t n = 0; n < N; ++n)
+      std::memcpy(full + (n * p + r) * block, gathered + (r * N + n) * block, static_cast<size_t>(block) * sizeof(float));
+}
+
+// This rank's channels [r Cl, (r+1) Cl) of a whole (N, C, H, W) tensor.
+Tensor own_channels(const Tensor& full, int r, int p) {
+  const int64_t N = full.dim(0), C = full.dim(1), HW = full.dim(2) * full.dim(3), Cl = C / p;
+  Tensor out = Tensor::empty({N, Cl, full.dim(2), full.dim(3)});
+  for (int64_t n = 0; n < N; ++n)
+    std::memcpy(out.data() + n * Cl * HW, full.data() + (n * C + r * Cl) * HW, static_cast<size_t>(Cl * HW) * sizeof(float));
+  return out;
+}
+
+nn::Conv2dOptions conv_options(const ConvDef& d, nn::ShardSpec weight, nn::ShardSpec bias) {
+  return {.stride = d.stride, .padding = d.padding, .bias = d.bias, .seed = d.seed, .weight_shard = weight,
+          .bias_shard = bias};
+}
+
+// Filter split: this rank's output channels from the whole input. `gather`: the output leaves
+// whole (all-gathered along channels); otherwise split, for a channel-split layer after it.
+class FilterConv : public nn::Conv2d {
+ public:
+  FilterConv(const ConvDef& d, std::shared_ptr<comm::Communicator> tp, bool gather)
+      : nn::Conv2d(d.name, d.in, d.out, d.kernel,
+                   conv_options(d, nn::ShardSpec::split(0, tp->rank(), tp->size()),
+                                nn::ShardSpec::split(0, tp->rank(), tp->size()))),
+        tp_(std::move(tp)), gather_(gather), input_grad_(d.input_grad) {}
+
+  Tensor forward(nn::Context& ctx, const Tensor& x) override {
+    Tensor y = nn::Conv2d::forward(ctx, x);
+    if (!gather_) return y;
+    const int p = tp_->size();
+    Tensor gathered = Tensor::empty({p * y.numel()});
+    tp_->all_gather(std::span<const float>(y.data(), static_cast<size_t>(y.numel())),
+                    std::span<float>(gathered.data(), static_cast<size_t>(gathered.numel())),
+                    {.algorithm = kTPAlgorithm});
+    Tensor full = Tensor::empty({y.dim(0), y.dim(1) * p, y.dim(2), y.dim(3)});
+    rank_major_to_channels(full.data(), gathered.data(), p, y.dim(0), y.dim(1), y.dim(2) * y.dim(3));
+    return full;
+  }
+
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override {
+    Tensor d = gather_ ? own_channels(dy, tp_->rank(), tp_->size()) : dy;
+    Tensor dx = nn::Conv2d::backward(ctx, d);
+    // Each rank's dx is its filters' share of the input's gradient: summed over the group.
+    if (input_grad_) CopyToTP::backward(*tp_, dx);
+    return dx;
+  }
+
+ private:
+  std::shared_ptr<comm::Communicator> tp_;
+  bool gather_, input_grad_;
+};
+
+// Channel split: this rank's input channels, a partial sum of every output channel, summed over
+// the group. A bias (replicated) is added once, after the sum.
+class ChannelConv : public nn::Conv2d {
+ public:
+  ChannelConv(const ConvDef& d, std::shared_ptr<comm::Communicator> tp)
+      : nn::Conv2d(d.name, d.in, d.out, d.kernel,
+                   conv_options(d, nn::ShardSpec::split(1, tp->rank(), tp->size()), {})),
+        tp_(std::move(tp)) {
+    add_bias_in_forward = false;
+  }
+
+  Tensor forward(nn::Context& ctx, const Tensor& x) override {
+    Tensor y = ReduceFromTP::forward(*tp_, nn::Conv2d::forward(ctx, x));
+    if (has_bias) {
+      const int64_t N = y.dim(0), C = y.dim(1), HW = y.dim(2) * y.dim(3);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c) {
+          float* row = y.data() + (n * C + c) * HW;
+          const float b = bias.value[c];
+          for (int64_t i = 0; i < HW; ++i) row[i] += b;
+        }
+    }
+    return y;
+  }
+  // Backward: the whole dy (equal on every rank) gives this rank's input channels' gradient, its
+  // weight shard's and the whole bias's; no communication (ReduceFromTP's backward is identity).
+
+ private:
+  std::shared_ptr<comm::Communicator> tp_;
+};
+
+class TPLayout : public model::CNNLayout {
+ public:
+  explicit TPLayout(std::shared_ptr<comm::Communicator> tp) : tp_(std::move(tp)) {}
+
+  std::unique_ptr<nn::Layer> conv(const ConvDef& d) const override {
+    if (d.input == Channels::split && d.output == Channels::split)
+      throw std::invalid_argument(d.name + ": a convolution cannot take split channels and leave them split");
+    if (d.input == Channels::split) return std::make_unique<ChannelConv>(d, tp_);
+    return std::make_unique<FilterConv>(d, tp_, /*gather=*/d.output == Channels::full);
+  }
+
+  std::unique_ptr<nn::BatchNorm2d> batch_norm(const std::string& name, int64_t channels, Channels c) const override {
+    nn::BatchNormOptions o;
+    if (c == Channels::split) o.shard = nn::ShardSpec::split(0, tp_->rank(), tp_->size());
+    return std::make_unique<nn::BatchNorm2d>(name, channels, o);
+  }
+
+  std::string describe() const override {
+    return "convolutions split by filters and channels over tp " + std::to_string(tp_->size());
+  }
+
+ private:
+  std::shared_ptr<comm::Communicator> tp_;
+};
+
+// The convolutions of `cfg` as its builders define them, in order.
+class RecordingLayout : public model::CNNLayout {
+ public:
+  std::unique_ptr<nn::Layer> conv(const ConvDef& d) const override {
+    defs.push_back(d);
+    return model::CNNLayout::conv(d);
+  }
+  mutable std::vector<ConvDef> defs;
+};
+
+std::vector<ConvDef> conv_defs(const model::CNNConfig& cfg) {
+  RecordingLayout rec;
+  model::build_cnn_units(cfg, 0, rec);
+  return rec.defs;
+}
+
+}  // namespace
+
+void validate_cnn_tp(const model::CNNConfig& cfg, int tp) {
+  if (tp < 1) throw std::invalid_argument("--tp must be at least 1");
+  if (tp == 1) return;
+  // Every channel count a split cuts: a filter split's outputs, a channel split's inputs.
+  int64_t g = 0;
+  std::string first_bad;
+  for (const ConvDef& d : conv_defs(cfg)) {
+    const int64_t n = d.input == Channels::split ? d.in : d.out;
+    g = std::gcd(g, n);
+    if (first_bad.empty() && n % tp != 0)
+      first_bad = d.name + " (" + std::to_string(n) + (d.input == Channels::split ? " input" : " output") + " channels)";
+  }
+  if (first_bad.empty()) return;
+  std::string ok;
+  for (int64_t t = 2; t <= g; ++t)
+    if (g % t == 0) ok += (ok.empty() ? "" : ", ") + std::to_string(t);
+  throw std::invalid_argument("--tp " + std::to_string(tp) + " cannot split " + cfg.name + "'s convolutions: " +
+                              first_bad + " do not divide by " + std::to_string(tp) + "; --tp " + ok +
+                              " divide every split channel count");
+}
+
+std::shared_ptr<const model::CNNLayout> cnn_tp_layout(std::shared_ptr<comm::Communicator> tp) {
+  return std::make_shared<TPLayout>(std::move(tp));
+}
+
+uint64_t cnn_tp_bytes_per_microbatch(const model::CNNConfig& cfg, int tp, int64_t rows) {
+  if (tp < 2) return 0;
+  const double p = tp, share = (p - 1) / p;
+  double floats = 0;
+  for (const ConvDef& d : conv_defs(cfg)) {
+    const double oh = static_cast<double>((d.height + 2 * d.padding - d.kernel) / d.stride + 1);
+    const double ow = static_cast<double>((d.width + 2 * d.padding - d.kernel) / d.stride + 1);
+    const double x = static_cast<double>(rows * d.in * d.height * d.width), y = rows * d.out * oh * ow;
+    if (d.input == Channels::split) {
+      floats += 2 * share * y;  // forward: the partial outputs' all-reduce
+      continue;
+    }
+    if (d.output == Channels::full) floats += share * y;  // forward: all-gather along channels
+    if (d.input_grad) floats += 2 * share * x;             // backward: dx's all-reduce
+  }
+  return static_cast<uint64_t>(floats * sizeof(float) + 0.5);
+}
+
+}  // namespace meshtrain::parallel
