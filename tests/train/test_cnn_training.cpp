@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cnn_runs.h"
 #include "idx_files.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/idx.h"
@@ -27,62 +28,14 @@
 using namespace meshtrain;
 namespace fs = std::filesystem;
 
+using meshtrain::testing::expect_same_curve;
+using meshtrain::testing::losses;
+using meshtrain::testing::max_rel;
+
 namespace {
 
-const meshtrain::testing::TempDir& data_dir() {
-  static meshtrain::testing::TempDir dir("cnn_data");
-  static bool written = false;
-  if (!written) {
-    meshtrain::testing::write_bar_image_set(dir.path().string(), 512, 96, /*gzip=*/true);
-    written = true;
-  }
-  return dir;
-}
-
 train::TrainOptions options(const std::string& model, int dp, int pp, int zero, const std::string& schedule = "1f1b") {
-  train::TrainOptions o;
-  o.model = model;
-  o.data = data_dir().path().string();
-  o.batch = 16;
-  o.microbatches = 2;
-  o.steps = 30;
-  o.dp = dp, o.pp = pp, o.zero = zero, o.schedule = schedule;
-  o.optim.warmup_steps = 2;
-  o.optim.kind = train::OptimizerKind::sgd;
-  o.optim.momentum = 0.9f;
-  o.optim.lr = 0.01f;
-  o.eval_every = 0;
-  o.eval_batches = 3;
-  o.quiet = true;
-  o.threads = 1;
-  return o;
-}
-
-std::vector<float> losses(const train::TrainResult& r) {
-  std::vector<float> out;
-  for (const auto& s : r.steps) out.push_back(s.loss);
-  return out;
-}
-
-double max_rel(const std::vector<float>& want, const std::vector<float>& got) {
-  double m = 0;
-  for (size_t i = 0; i < want.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(got[i]) - want[i]) / std::fabs(want[i]));
-  return m;
-}
-
-// The first `strict` steps within 1e-5 relative, the later ones within `later`. Float32
-// round-off grows through batch norm and the optimizer wherever a sum is split differently:
-// one rank with another thread count drifts too (measured: resnet-small with AdamW, 30 steps,
-// 1 against 2 threads, 5e-4 at step 25; with SGD at this test's lr, 4e-7 to 2e-6), so a
-// layout that splits the batch over ranks cannot stay within 1e-5 for 30 steps in general.
-void expect_same_curve(const std::vector<float>& want, const std::vector<float>& got, const std::string& what,
-                       size_t strict = 1u << 30, double later = 1e-5) {
-  ASSERT_EQ(want.size(), got.size()) << what;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double rel = std::fabs(got[i] - want[i]) / std::fabs(want[i]);
-    const double limit = i < strict ? 1e-5 : later;
-    EXPECT_LT(rel, limit) << what << " step " << i + 1 << ": " << got[i] << " against " << want[i];
-  }
+  return meshtrain::testing::cnn_options(model, dp, pp, zero, schedule);
 }
 
 }  // namespace

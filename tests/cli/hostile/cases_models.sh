@@ -12,7 +12,12 @@ rmdir "$WORK/images"
 if [ -d /usr/share/datasets/fashion-mnist ]; then
   expect 2 "cnn-small has 3 units to cut between pipeline stages, fewer than the 4" -- \
     "$MT" train --model cnn-small --data fashion-mnist --pp 4 --microbatches 4 --steps 1 --quiet
-  expect 2 "cnn-small is an image model: --tp" -- "$MT" train --model cnn-small --data fashion-mnist --tp 2 --steps 1 --quiet
+  expect 2 "--tp 3 cannot split cnn-small's convolutions: conv1 \\(32 output channels\\) do not divide by 3; --tp 2, 4, 8, 16, 32" -- \
+    "$MT" train --model cnn-small --data fashion-mnist --tp 3 --steps 1 --quiet
+  expect 2 "--tp, --spatial and --branch-parallel each split the layers over the same intra-layer ranks" -- \
+    "$MT" train --model cnn-small --data fashion-mnist --tp 2 --spatial 2 --steps 1 --quiet
+  expect 2 "--sequence-parallel splits a transformer's sequence" -- \
+    "$MT" train --model cnn-small --data fashion-mnist --tp 2 --sequence-parallel --steps 1 --quiet
   expect 2 "--seq is the sequence length of token models" -- \
     "$MT" train --model resnet-small --data fashion-mnist --seq 16 --steps 1 --quiet
   expect 2 "--pp-balance 3,0: '0' is not a positive number of blocks" -- \
