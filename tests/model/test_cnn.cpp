@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <condition_variable>
 #include <map>
@@ -13,8 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "meshtrain/model/spec.h"
 #include "meshtrain/model/cnn.h"
 #include "meshtrain/tensor/rng.h"
+#include "temp_dir.h"
 
 using namespace meshtrain;
 
@@ -200,5 +203,40 @@ TEST(Cnn, GradientStepsLowerTheLoss) {
       }
     }
     EXPECT_LT(last, first - 0.15f);  // measured: cnn-small 2.35 -> 0.19, resnet 2.45 -> 1.34, inception 2.40 -> 2.21
+  }
+}
+
+// A CNN config's "scale": the named architecture on images k times larger each way (its unit
+// shapes and classifier follow); a scale outside 1..16 is refused naming the field.
+TEST(CnnConfigFile, ScaleTakesLargerImages) {
+  meshtrain::testing::TempDir dir("cnn_config");
+  const std::string path = dir.file("r.json");
+  auto write = [&](const std::string& text) {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  };
+  write(R"({"family": "cnn", "name": "cnn-small", "scale": 4})");
+  const auto spec = model::model_spec_from_file(path);
+  EXPECT_EQ(spec->sample_shape(), (Shape{1, 112, 112}));
+  const auto shapes = model::cnn_unit_shapes(*spec->cnn());
+  EXPECT_EQ(shapes[2], (Shape{64, 28, 28}));
+  bool fc1 = false;
+  for (const auto& [name, shape] : spec->param_shapes()) {
+    if (name != "fc1.weight") continue;
+    fc1 = true;
+    EXPECT_EQ(shape, (Shape{64 * 28 * 28, 128}));
+  }
+  EXPECT_TRUE(fc1);
+  for (const char* bad : {R"({"family": "cnn", "name": "cnn-small", "scale": 0})",
+                          R"({"family": "cnn", "name": "cnn-small", "scale": 2.5})"}) {
+    write(bad);
+    try {
+      model::model_spec_from_file(path);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("\"scale\" must be an integer 1..16"), std::string::npos) << e.what();
+    }
   }
 }

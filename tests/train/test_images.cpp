@@ -323,6 +323,30 @@ TEST(ImageDataset, NormalisesWithFashionMnistStatistics) {
   }
 }
 
+// A scale of 3 (a model taking images 3 times larger): every pixel of the file's image, as scale 1
+// gives it (augmented or not), becomes a 3 x 3 square.
+TEST(ImageDataset, ScaledBatchesRepeatEachPixelAsASquare) {
+  TempDir dir("images");
+  write_set(dir);
+  const ImageDataset plain = ImageDataset::open(dir.path().string());
+  ImageDataset big = ImageDataset::open(dir.path().string());
+  big.set_scale(3);
+  ASSERT_EQ(big.height(), 3 * kRows);
+  ASSERT_EQ(big.width(), 3 * kCols);
+  for (bool augment : {false, true}) {
+    const Batch small = train_rows(plain, 5, 2, 4, 0, 4, augment);
+    const Batch large = train_rows(big, 5, 2, 4, 0, 4, augment);
+    EXPECT_EQ(small.labels, large.labels);
+    for (int64_t r = 0; r < 4; ++r)
+      for (int64_t y = 0; y < 3 * kRows; ++y)
+        for (int64_t x = 0; x < 3 * kCols; ++x)
+          ASSERT_EQ(large.images[(r * 3 * kRows + y) * 3 * kCols + x], small.images[(r * kRows + y / 3) * kCols + x / 3])
+              << "row " << r << " (" << y << ", " << x << ")";
+  }
+  EXPECT_THROW(big.set_scale(0), std::invalid_argument);
+  EXPECT_THROW(big.set_scale(17), std::invalid_argument);
+}
+
 // ---- augmentation ----
 
 TEST(ImageDataset, AugmentationIsAPaddedCropAndFlipKeyedByRow) {

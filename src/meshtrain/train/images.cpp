@@ -172,15 +172,24 @@ void ImageDataset::write_image(const Part& p, int64_t index, const Augmentation&
   const uint8_t* src = p.pixels.data() + index * height_ * width_;
   const int64_t shift_y = aug.dy - kPad;  // out(y, x) = src(y + shift_y, x + shift_x)
   const int64_t shift_x = aug.dx - kPad;
+  const int64_t k = scale_, W = width_ * k;  // each source pixel a k x k square
   for (int64_t y = 0; y < height_; ++y) {
     const int64_t sy = y + shift_y;
-    float* row = out + y * width_;
+    float* row = out + y * k * W;
     for (int64_t x = 0; x < width_; ++x) {
       const int64_t sx = (aug.flip ? width_ - 1 - x : x) + shift_x;
       const bool inside = sy >= 0 && sy < height_ && sx >= 0 && sx < width_;
-      row[x] = normalised_[inside ? src[sy * width_ + sx] : 0];
+      const float v = normalised_[inside ? src[sy * width_ + sx] : 0];
+      for (int64_t j = 0; j < k; ++j) row[x * k + j] = v;
     }
+    for (int64_t i = 1; i < k; ++i) std::copy(row, row + W, row + i * W);
   }
+}
+
+void ImageDataset::set_scale(int64_t scale) {
+  if (scale < 1 || scale > 16)
+    throw std::invalid_argument("an image scale must be 1..16, got " + std::to_string(scale));
+  scale_ = scale;
 }
 
 // ---- batches ----
@@ -205,7 +214,7 @@ void ImageDataset::batch(Split split, DataOrder order, uint64_t seed, int64_t st
   if (step < 0 || step >= kMaxStep)
     throw std::invalid_argument("step must be in 0..2^39-1, got " + std::to_string(step));
   const Part& p = part(split);
-  const int64_t pixels = height_ * width_;
+  const int64_t pixels = height() * width();
   for (int64_t r = row_begin; r < row_end; ++r) {
     const int64_t index = image_index(split, order, seed, step, B, r);
     const Augmentation aug = augment ? augmentation(seed, step, r) : Augmentation{kPad, kPad, false};
@@ -229,7 +238,7 @@ int64_t ImageDataset::eval_batch(Split split, int64_t j, int64_t B, int64_t row_
                                 " over the " + to_string(split) + " split's " +
                                 std::to_string(num_images(split)) + " images");
   const Part& p = part(split);
-  const int64_t pixels = height_ * width_;
+  const int64_t pixels = height() * width();
   const int64_t n = num_images(split);
   int64_t real = 0;
   for (int64_t r = row_begin; r < row_end; ++r) {

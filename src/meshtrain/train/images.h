@@ -96,8 +96,14 @@ class ImageDataset {
   // The directory read.
   const std::string& path() const { return path_; }
   int64_t channels() const { return 1; }
-  int64_t height() const { return height_; }
-  int64_t width() const { return width_; }
+  // The size of the images batches hold: the files' times the scale.
+  int64_t height() const { return height_ * scale_; }
+  int64_t width() const { return width_ * scale_; }
+  // Batches hold the images upsampled `scale` times in each direction (nearest neighbour: each
+  // pixel a scale x scale square; augmentation shifts in the files' pixels), for models that
+  // take larger inputs (a CNN config's "scale"). 1: as read.
+  void set_scale(int64_t scale);
+  int64_t scale() const { return scale_; }
   int32_t classes() const { return classes_; }
   int64_t num_images(Split split) const;
   // The split's pixels (num_images, height, width), as read, and labels (num_images,).
@@ -138,8 +144,9 @@ class ImageDataset {
   std::string path_;
   Part train_;
   Part test_;
-  int64_t height_ = 0;
+  int64_t height_ = 0;  // of the files' images
   int64_t width_ = 0;
+  int64_t scale_ = 1;
   int32_t classes_ = kClasses;
   std::array<float, 256> normalised_{};  // pixel value -> (x/255 - kMean) / kStd
 };

@@ -592,6 +592,10 @@ ImageDataset open_images(const TrainOptions& o, const model::ModelSpec& spec) {
               "holding the four IDX files");
   ImageDataset d = ImageDataset::open(o.data);
   const Shape want = spec.sample_shape();
+  // A model taking larger images (a config's "scale"): the data set's, upsampled.
+  if (want.size() == 3 && d.height() > 0 && want[1] % d.height() == 0 && want[1] / d.height() > 1 &&
+      want[1] * d.width() == want[2] * d.height())
+    d.set_scale(want[1] / d.height());
   if (Shape{d.channels(), d.height(), d.width()} != want || d.classes() != spec.classes())
     throw bad("the images of " + o.data + " are " + shape_str({d.channels(), d.height(), d.width()}) + " in " +
               std::to_string(d.classes()) + " classes, but " + spec.name() + " takes " + shape_str(want) + " in " +
