@@ -151,7 +151,7 @@ class InceptionUnit : public CNNUnit {
         conv_bn(*seq, L, n + "3.2.conv", n + "3.2.bn", c3, c3, 3, 1, in_chw, seed, bns_);
       }
       if (b == 3) {
-        seq->add(L.max_pool(3, nn::Pool2dOptions{.stride = 1, .padding = 1}));
+        seq->add(L.max_pool(3, in_chw, nn::Pool2dOptions{.stride = 1, .padding = 1}));
         conv_bn(*seq, L, n + "4.1.conv", n + "4.1.bn", in, c4, 1, 1, in_chw, seed, bns_);
       }
       branches_.push_back(std::move(seq));
@@ -194,11 +194,13 @@ class InceptionUnit : public CNNUnit {
   int64_t in_channels_ = 0;
 };
 
-std::unique_ptr<SequenceUnit> classifier(const CNNLayout& L, int64_t in_features, int64_t hidden, int64_t classes,
+// `chw`: the classifier's input (C, H, W); a global pool leaves C features, a flatten C H W.
+std::unique_ptr<SequenceUnit> classifier(const CNNLayout& L, const Shape& chw, int64_t hidden, int64_t classes,
                                          bool global_pool, uint64_t seed) {
   auto u = std::make_unique<SequenceUnit>();
-  if (global_pool) u->seq.add(L.global_pool());
-  else if (auto whole = L.whole_map()) u->seq.add(std::move(whole));
+  const int64_t in_features = global_pool ? chw[0] : chw[0] * chw[1] * chw[2];
+  if (global_pool) u->seq.add(L.global_pool(chw));
+  else if (auto whole = L.whole_map(chw)) u->seq.add(std::move(whole));
   u->seq.add(std::make_unique<nn::Flatten>());
   auto fc = [&](const std::string& name, int64_t in, int64_t out) {
     // PyTorch's default bound for a linear layer, as a normal of the same variance.
@@ -236,12 +238,12 @@ std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint
       // conv1's output channels stay split where the layout splits them; conv2 takes them split.
       conv_bn(u->seq, L, "conv" + std::to_string(i), "bn" + std::to_string(i), in, out, 3, 1, chw, seed, u->bns, true,
               i == 1 ? Channels::full : Channels::split, i == 1 ? Channels::split : Channels::full, i != 1);
-      u->seq.add(L.max_pool(2));
+      u->seq.add(L.max_pool(2, {out, chw[1], chw[2]}));
       u->out_shape = pooled(chw, out);
       push(std::move(u));
       in = out;
     }
-    push(classifier(L, chw[0] * chw[1] * chw[2], 128, cfg.classes, false, seed));
+    push(classifier(L, chw, 128, cfg.classes, false, seed));
   } else if (cfg.name == "resnet-small") {
     auto stem = std::make_unique<SequenceUnit>();
     conv_bn(stem->seq, L, "conv1", "bn1", cfg.channels, 32, 3, 1, chw, seed, stem->bns, true, Channels::full,
@@ -253,17 +255,17 @@ std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint
       const int64_t in = chw[0], stride = l == 0 ? 1 : 2;
       push(std::make_unique<ResidualUnit>(L, "layer" + std::to_string(l + 1) + ".0", in, widths[l], stride, seed, chw));
     }
-    push(classifier(L, chw[0], 0, cfg.classes, true, seed));
+    push(classifier(L, chw, 0, cfg.classes, true, seed));
   } else if (cfg.name == "inception-small") {
     auto stem = std::make_unique<SequenceUnit>();
     conv_bn(stem->seq, L, "conv1", "bn1", cfg.channels, 32, 3, 1, chw, seed, stem->bns, true, Channels::full,
             Channels::full, false);
-    stem->seq.add(L.max_pool(2));
+    stem->seq.add(L.max_pool(2, {32, chw[1], chw[2]}));
     stem->out_shape = pooled(chw, 32);
     push(std::move(stem));
     push(std::make_unique<InceptionUnit>(L, "inception1", chw[0], 16, 16, 24, 8, 12, 12, seed, chw));
     push(std::make_unique<InceptionUnit>(L, "inception2", chw[0], 32, 32, 48, 16, 24, 24, seed, chw));
-    push(classifier(L, chw[0], 0, cfg.classes, true, seed));
+    push(classifier(L, chw, 0, cfg.classes, true, seed));
   } else {
     cnn_config(cfg.name);  // throws, naming the known ones
   }

@@ -39,11 +39,11 @@ std::unique_ptr<nn::BatchNorm2d> CNNLayout::batch_norm(const std::string& name, 
   return std::make_unique<nn::BatchNorm2d>(name, channels);
 }
 
-std::unique_ptr<nn::Layer> CNNLayout::max_pool(int64_t kernel, const nn::Pool2dOptions& opt) const {
+std::unique_ptr<nn::Layer> CNNLayout::max_pool(int64_t kernel, const Shape&, const nn::Pool2dOptions& opt) const {
   return std::make_unique<nn::MaxPool2d>(kernel, opt);
 }
 
-std::unique_ptr<nn::Layer> CNNLayout::global_pool() const { return std::make_unique<nn::GlobalAvgPool>(); }
+std::unique_ptr<nn::Layer> CNNLayout::global_pool(const Shape&) const { return std::make_unique<nn::GlobalAvgPool>(); }
 
 namespace {
 // Every branch on this rank: the plain concatenation.

@@ -95,12 +95,14 @@ class CNNLayout {
   virtual std::unique_ptr<nn::Layer> conv(const ConvDef& d) const;
   // A batch norm over `channels` (the full count) of an activation laid out as `c`.
   virtual std::unique_ptr<nn::BatchNorm2d> batch_norm(const std::string& name, int64_t channels, Channels c) const;
-  virtual std::unique_ptr<nn::Layer> max_pool(int64_t kernel, const nn::Pool2dOptions& opt = {}) const;
+  // `in_chw`: the whole (C, H, W) of a sample's input, for layouts that cut it (row bands).
+  virtual std::unique_ptr<nn::Layer> max_pool(int64_t kernel, const Shape& in_chw,
+                                              const nn::Pool2dOptions& opt = {}) const;
   // (N, C, H, W) -> (N, C, 1, 1), the mean over the whole feature map.
-  virtual std::unique_ptr<nn::Layer> global_pool() const;
+  virtual std::unique_ptr<nn::Layer> global_pool(const Shape& in_chw) const;
   // Before a layer that needs the whole feature map of every channel (flatten then linear):
   // null when this rank holds it already.
-  virtual std::unique_ptr<nn::Layer> whole_map() const { return nullptr; }
+  virtual std::unique_ptr<nn::Layer> whole_map(const Shape& in_chw) const { return nullptr; }
 
   // This rank's part of an activation whose whole per-sample shape is chw (C, H, W): what
   // crosses a pipeline stage boundary. The single-rank layout: all of it.

@@ -21,6 +21,7 @@
 
 #include "meshtrain/comm/world.h"
 #include "meshtrain/parallel/mesh.h"
+#include "meshtrain/parallel/cnn_spatial.h"
 #include "meshtrain/parallel/cnn_tp.h"
 #include "meshtrain/parallel/tensor_parallel.h"
 
@@ -429,7 +430,18 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
       bad(e.what());
     }
   }
-  refuse(o.tp > 1 && o.intra == IntraSplit::spatial, "--spatial is not built yet; use --tp, --dp and --pp");
+  if (o.tp > 1 && o.intra == IntraSplit::spatial) {
+    try {
+      parallel::validate_cnn_spatial(*spec.cnn(), o.tp);
+    } catch (const std::invalid_argument& e) {
+      bad(e.what());
+    }
+    // Zero-bubble schedules defer the weight gradients past the unit's backward, where the
+    // spatial layout sums their band-partial parts (parallel/cnn_spatial.h).
+    refuse(o.pp > 1 && (o.schedule == "zb" || o.schedule == "zb-h1"),
+           "--spatial sums each unit's partial weight gradients as its backward ends, which --schedule " + o.schedule +
+               " defers; use --schedule 1f1b, gpipe or interleaved");
+  }
   refuse(o.tp > 1 && o.intra == IntraSplit::branch, "--branch-parallel is not built yet; use --tp, --dp and --pp");
   refuse(o.ps_servers > 0, "the parameter server trains GPT models only for now; use --dp (drop --ps-servers)");
   refuse(o.recompute, "--recompute would run its batch norms twice per micro-batch; drop --recompute");
