@@ -190,6 +190,12 @@ class Communicator {
   using OpObserver = std::function<void(const char* op, std::uint64_t seq, Clock::time_point start,
                                         Clock::time_point end)>;
   void set_op_observer(OpObserver f) { observer_ = std::move(f); }
+  // Reports to the observer a span of communication over this group that the caller composed of
+  // point-to-point operations (e.g. a halo exchange: "halo", from its first post to its last
+  // wait), so timelines show it beside the collectives.
+  void observe(const char* op, Clock::time_point start, Clock::time_point end) {
+    if (observer_) observer_(op, observed_++, start, end);
+  }
 
   // ---- statistics ----
   CommStats stats() const;
@@ -239,6 +245,7 @@ class Communicator {
   Timeout timeout_;
   bool debug_;
   OpObserver observer_;
+  std::uint64_t observed_ = 0;  // spans reported through observe()
   std::shared_ptr<StatsCounters> stats_;
 
   // ---- executor: one operation at a time, in issue order ----

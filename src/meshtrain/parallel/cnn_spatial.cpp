@@ -78,6 +78,7 @@ class HaloExchange {
     const int64_t N = x.dim(0), C = x.dim(1), h = x.dim(2), W = x.dim(3), planes = N * C, Wp = W + 2 * w_.pad;
     std::vector<std::vector<float>> out(p), in(p);
     std::vector<comm::Work> works;
+    const auto t0 = comm::Clock::now();
     for (int q = 0; q < p; ++q) {  // post every receive and send at once
       if (q == r) continue;
       const Rows recv = intersect(band(w_.H, p, q), need), send = intersect(own, w_.needs(p, q));
@@ -101,6 +102,7 @@ class HaloExchange {
                 planes, mine.size(), W, false);
     }
     for (comm::Work& wk : works) wk.wait();
+    if (!works.empty()) g_->observe("halo", t0, comm::Clock::now());
     for (int q = 0; q < p; ++q) {
       if (in[q].empty()) continue;
       const Rows recv = intersect(band(w_.H, p, q), need);
@@ -119,6 +121,7 @@ class HaloExchange {
     const int64_t E = need.size(), h = own.size();
     std::vector<std::vector<float>> out(p), in(p);
     std::vector<comm::Work> works;
+    const auto t0 = comm::Clock::now();
     for (int q = 0; q < p; ++q) {
       if (q == r) continue;
       const Rows send = intersect(band(w_.H, p, q), need), recv = intersect(own, w_.needs(p, q));
@@ -141,6 +144,7 @@ class HaloExchange {
                 mine.size(), W, false);
     }
     for (comm::Work& wk : works) wk.wait();
+    if (!works.empty()) g_->observe("halo gradient", t0, comm::Clock::now());
     for (int q = 0; q < p; ++q) {
       if (in[q].empty()) continue;
       const Rows recv = intersect(own, w_.needs(p, q));
