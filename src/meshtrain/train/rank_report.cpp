@@ -83,6 +83,7 @@ void RankTrainer::print_header() {
                 static_cast<long long>(o_.batch), static_cast<long long>(o_.seq),
                 parallel::MeshShape{o_.dp, o_.tp, o_.pp}.str().c_str(), o_.threads, o_.data.c_str(),
                 static_cast<long long>(sh_.tokens->num_tokens(Split::train)));
+  if (!layout_line_.empty()) std::printf("layout: %s\n", layout_line_.c_str());
   std::printf("%s\n", describe(o_.optim).c_str());
   if (o_.precision == kernels::Precision::bf16) {
     const std::string isa = kernels::bf16_isa();
