@@ -86,6 +86,7 @@ void ShardSpec::for_each_run(const Shape& global, int64_t begin, int64_t end,
 }
 
 std::string ShardSpec::str() const {
+  if (is_owned()) return "owned(" + std::to_string(rank) + "/" + std::to_string(size) + ")";
   if (!is_split()) return "replicated";
   std::ostringstream os;
   os << "split(dim=" << dim << ", groups=" << groups << ", " << rank << "/" << size

@@ -14,15 +14,17 @@
 
 namespace meshtrain::nn {
 
-// How a parameter is laid out over the tensor-parallel axis.
+// How a parameter is laid out over the tensor-parallel axis: on every tp rank whole and equal
+// (replicated), cut along a dimension (split), or whole on one tp rank only, the others not
+// holding it at all (owned: an Inception branch under --branch-parallel, parallel/cnn_branch.h).
 struct ShardSpec {
-  enum class Kind { kReplicated, kSplit };
+  enum class Kind { kReplicated, kSplit, kOwned };
   Kind kind = Kind::kReplicated;
   int dim = 0;     // the dimension split over tp (kSplit)
   int groups = 1;  // that dimension is `groups` equal parts, each split over tp separately
                    // (the fused qkv projection is [q | k | v]: groups = 3, so a rank holds its
                    // heads' columns of each of q, k and v)
-  int rank = 0;    // this rank's index on the tp axis
+  int rank = 0;    // this rank's index on the tp axis (kOwned: the owner's, which is this rank's)
   int size = 1;    // the tp axis size
   bool padded = false;  // (groups 1) dim need not divide: every rank holds ceil(D / size) rows,
                         // rank r rows [r ceil(D/size), ...) of which those at D and beyond are
@@ -35,7 +37,16 @@ struct ShardSpec {
   static ShardSpec split_padded(int dim, int rank, int size) {
     return {Kind::kSplit, dim, 1, rank, size, true};
   }
+  // Owned by tp rank `owner` of `size`: the whole tensor, held by that rank alone.
+  static ShardSpec owned(int owner, int size) { return {Kind::kOwned, 0, 1, owner, size}; }
   bool is_split() const { return kind == Kind::kSplit && size > 1; }
+  bool is_owned() const { return kind == Kind::kOwned; }
+  // Whether tp rank `tp_rank`, holding this parameter, is the one that counts its elements (the
+  // gradient norm, LAMB's per-parameter norms) and writes them to checkpoints: every rank its
+  // part of a split one, the owner an owned one, tp rank 0 a replicated one. Owned and
+  // replicated tensors are whole (local shape = global shape; a checkpoint piece of either
+  // carries no tp spec).
+  bool counted_on(int tp_rank) const { return is_split() || is_owned() || tp_rank == 0; }
   // Local shape of a tensor whose global shape is `global`; throws if it does not divide (and
   // the spec is not padded).
   Shape local_shape(const Shape& global) const;
@@ -52,7 +63,7 @@ struct ShardSpec {
   // reading pieces saved at another tp) all map through this one function.
   void for_each_run(const Shape& global, int64_t begin, int64_t end,
                     const std::function<void(int64_t local, int64_t global, int64_t n)>& fn) const;
-  std::string str() const;  // "replicated" or "split(dim=1, groups=3, 2/4)"
+  std::string str() const;  // "replicated", "split(dim=1, groups=3, 2/4)" or "owned(1/2)"
 };
 
 struct Param {

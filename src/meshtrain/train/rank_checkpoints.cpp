@@ -54,8 +54,8 @@ nlohmann::json run_config(const model::ModelSpec& spec, const TrainOptions& o) {
 // tensors (exp_avg and exp_avg_sq, or momentum_buffer: Optimizer::state()) over the same flat
 // range of the tp-local tensor, as views (nothing is copied). Every logical element is written by exactly one rank: under ZeRO 1-3 each dp rank its segments; without
 // ZeRO each dp rank the dp_rank-th of dp near-equal ranges of every parameter (the copies are
-// equal); a tp-replicated parameter by tp rank 0 only; the last stage's copy of the tied wte not
-// at all.
+// equal); a tp-replicated parameter by tp rank 0 only, one owned by a tp rank (an Inception
+// branch under --branch-parallel) by its owner; the last stage's copy of the tied wte not at all.
 RankPieces RankTrainer::my_pieces() {
   RankPieces out;
   const std::vector<nn::Param*> opt = ddp_ ? ddp_->optimizer_params() : stage_params();
@@ -65,7 +65,7 @@ RankPieces RankTrainer::my_pieces() {
   for (size_t k = 0; k < opt.size(); ++k) {
     nn::Param* q = opt[k];
     const nn::Param* p = ddp_ ? ddp_->origin(q) : q;
-    if (p == wte_copy() || (!p->shard.is_split() && mesh_.coord().tp != 0)) continue;
+    if (p == wte_copy() || !p->shard.counted_on(mesh_.coord().tp)) continue;
     int64_t begin = 0, end = 0;
     if (sliced) {
       begin = ddp_->segment_offset(q), end = begin + q->value.numel();
@@ -84,11 +84,11 @@ RankPieces RankTrainer::my_pieces() {
   }
   // Buffers (batch norm's running statistics): the same on every dp rank (their statistics are
   // synchronised), so dp rank 0 writes each, with the model: tp rank 0 a replicated one, every
-  // tp rank its part of one split over channels.
+  // tp rank its part of one split over channels, the owner an owned one.
   if (d == 0)
     for (auto& stage : stages_)
       for (nn::Param* b : stage->buffers())
-        if (b->shard.is_split() || mesh_.coord().tp == 0)
+        if (b->shard.counted_on(mesh_.coord().tp))
           out.model.push_back(SavePiece{{b->name, b->global_shape, b->shard, 0, b->value.numel()}, b->value});
   return out;
 }

@@ -83,6 +83,7 @@ void RankTrainer::print_header() {
                 static_cast<long long>(o_.batch), static_cast<long long>(o_.seq),
                 parallel::MeshShape{o_.dp, o_.tp, o_.pp}.str().c_str(), o_.threads, o_.data.c_str(),
                 static_cast<long long>(sh_.tokens->num_tokens(Split::train)));
+  if (!layout_line_.empty()) std::printf("layout: %s\n", layout_line_.c_str());
   std::printf("%s\n", describe(o_.optim).c_str());
   if (o_.precision == kernels::Precision::bf16) {
     const std::string isa = kernels::bf16_isa();
@@ -132,9 +133,11 @@ void RankTrainer::print_header() {
   }
   if (o_.tp > 1) {
     // Tensor parallelism: this rank holds the replicated parameters whole and 1/tp of the split.
-    int64_t rep = 0, split = 0, split_global = 0, padding = 0;
+    int64_t rep = 0, split = 0, split_global = 0, padding = 0, owned = 0;
     for (nn::Param* p : stage_params()) {
-      if (p->shard.is_split()) {
+      if (p->shard.is_owned()) {  // --branch-parallel: this rank's branches, whole
+        owned += p->value.bytes();
+      } else if (p->shard.is_split()) {
         split += p->value.bytes(), split_global += shape_numel(p->global_shape) * 4;
         if (p->shard.padded)  // rows added so that every rank holds ceil(rows / tp)
           padding = p->value.dim(p->shard.dim) * o_.tp - p->global_shape[p->shard.dim];
@@ -142,15 +145,20 @@ void RankTrainer::print_header() {
         rep += p->value.bytes();
       }
     }
-    std::printf("parameters per rank (tp %d): replicated %lld + split %lld = %lld bytes "
-                "(split part of the full model %lld / %d = %lld",
-                o_.tp, static_cast<long long>(rep), static_cast<long long>(split),
-                static_cast<long long>(rep + split), static_cast<long long>(split_global), o_.tp,
-                static_cast<long long>(split_global / o_.tp));
-    if (padding)
-      std::printf("; the vocabulary is padded by %lld rows to split %lld per rank, the padding on the last rank(s)",
-                  static_cast<long long>(padding), static_cast<long long>(cfg.vocab_size / o_.tp + 1));
-    std::printf(")\n");
+    if (owned) {
+      std::printf("parameters of rank 0 (branch group of %d): replicated %lld + its branches' %lld = %lld bytes\n",
+                  o_.tp, static_cast<long long>(rep), static_cast<long long>(owned), static_cast<long long>(rep + owned));
+    } else {
+      std::printf("parameters per rank (tp %d): replicated %lld + split %lld = %lld bytes "
+                  "(split part of the full model %lld / %d = %lld",
+                  o_.tp, static_cast<long long>(rep), static_cast<long long>(split),
+                  static_cast<long long>(rep + split), static_cast<long long>(split_global), o_.tp,
+                  static_cast<long long>(split_global / o_.tp));
+      if (padding)
+        std::printf("; the vocabulary is padded by %lld rows to split %lld per rank, the padding on the last rank(s)",
+                    static_cast<long long>(padding), static_cast<long long>(cfg.vocab_size / o_.tp + 1));
+      std::printf(")\n");
+    }
   }
   if (o_.pp > 1) {
     const pipeline::Schedule& sc = exec_->schedule();

@@ -116,6 +116,7 @@ class RankTrainer {
   int64_t restore_bytes_read_ = 0;
   std::vector<pipeline::LayerSpan> spans_;   // blocks of every stage (the same on every rank)
   std::optional<StageCosts> profiled_;       // --pp-balance profile: the measured costs
+  std::string layout_line_;  // the image model's intra-layer layout, described (CNNLayout::describe)
   int64_t restore();
   [[noreturn]] void diverged(int64_t step, const char* what, double value) const;
   std::string kept_checkpoint() const;

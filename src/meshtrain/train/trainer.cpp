@@ -82,6 +82,7 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     if (o_.dp > 1 && !o_.batch_norm_local)
       stages_.back()->set_batch_stats_reduce([dp = mesh_.dp_ptr()](std::span<double> v) { dp->all_reduce(v); });
   }
+  if (factories.conv) layout_line_ = factories.conv->describe();  // after the stages placed their layers
   std::vector<nn::Param*> params = stage_params();
   if (o_.dp > 1 || o_.zero > 0) {
     parallel::DataParallelOptions dpo;
@@ -252,17 +253,18 @@ StateBytes RankTrainer::state_bytes() {
 
 // The squared gradient norm of the whole model, the same on every rank. Each rank adds what it
 // holds — the parameters of its stages, or under ZeRO its dp slices of them — counting a
-// tp-replicated gradient on tp rank 0 only and the last stage's copy of the tied wte not at all;
+// tp-replicated gradient on tp rank 0 only, an owned one on its owner (ShardSpec::counted_on) and
+// the last stage's copy of the tied wte not at all;
 // the sums then run over dp (only when the ranks hold disjoint slices), tp and pp.
 double RankTrainer::global_grad_sq() {
   const bool sliced = ddp_ && o_.zero >= 1;
-  double split = 0, replicated = 0;
+  double here = 0;
   for (nn::Param* q : sliced ? ddp_->optimizer_params() : stage_params()) {
     const nn::Param* p = sliced ? ddp_->origin(q) : q;
-    if (p == wte_copy()) continue;
-    (p->shard.is_split() ? split : replicated) += kernels::sum_squares(q->grad.data(), q->grad.numel(), o_.threads);
+    if (p == wte_copy() || !p->shard.counted_on(mesh_.coord().tp)) continue;
+    here += kernels::sum_squares(q->grad.data(), q->grad.numel(), o_.threads);
   }
-  std::array<double, 1> sq{split + (mesh_.coord().tp == 0 ? replicated : 0.0)};
+  std::array<double, 1> sq{here};
   if (sliced && o_.dp > 1) mesh_.dp_group().all_reduce(sq);
   if (o_.tp > 1) mesh_.tp_group().all_reduce(sq);
   return pp_sum(sq[0]);
@@ -285,7 +287,14 @@ void RankTrainer::reduce_param_sq(std::span<double> sq, size_t per_param) {
   for (size_t i = 0; i < origin_index_.size(); ++i)
     for (size_t j = 0; j < per_param; ++j) whole[origin_index_[i] * per_param + j] += sq[i * per_param + j];
   if (sliced && o_.dp > 1) mesh_.dp_group().all_reduce(whole);
-  if (o_.tp > 1) {
+  // Owned parameters (--branch-parallel): the tp ranks hold different parameters, so `whole` is
+  // indexed differently on each and cannot be summed over tp; nor need it be, with no split
+  // parameter there — an owned tensor lies whole on its owner, a replicated one is equal on every
+  // rank. Every rank of a tp group decides alike (the ranks of a stage with Inception blocks
+  // each own at least one branch; a stage without holds none).
+  bool owned = false;
+  for (const nn::Param* p : origins) owned |= p->shard.is_owned();
+  if (o_.tp > 1 && !owned) {
     if (mesh_.coord().tp != 0)
       for (size_t g = 0; g < origins.size(); ++g)
         if (!origins[g]->shard.is_split())

@@ -21,6 +21,7 @@
 
 #include "meshtrain/comm/world.h"
 #include "meshtrain/parallel/mesh.h"
+#include "meshtrain/parallel/cnn_branch.h"
 #include "meshtrain/parallel/cnn_spatial.h"
 #include "meshtrain/parallel/cnn_tp.h"
 #include "meshtrain/parallel/tensor_parallel.h"
@@ -423,9 +424,10 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
   };
   refuse(o.sequence_parallel, "--sequence-parallel splits a transformer's sequence; drop it");
   refuse(o.pad_vocab, "--pad-vocab pads a transformer's vocabulary; drop it");
-  if (o.tp > 1 && o.intra == IntraSplit::tensor) {
+  if (o.tp > 1 && (o.intra == IntraSplit::tensor || o.intra == IntraSplit::branch)) {
     try {
-      parallel::validate_cnn_tp(*spec.cnn(), o.tp);
+      if (o.intra == IntraSplit::tensor) parallel::validate_cnn_tp(*spec.cnn(), o.tp);
+      else parallel::validate_cnn_branch(*spec.cnn(), o.tp, o.branch_balance);
     } catch (const std::invalid_argument& e) {
       bad(e.what());
     }
@@ -442,7 +444,6 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
            "--spatial sums each unit's partial weight gradients as its backward ends, which --schedule " + o.schedule +
                " defers; use --schedule 1f1b, gpipe or interleaved");
   }
-  refuse(o.tp > 1 && o.intra == IntraSplit::branch, "--branch-parallel is not built yet; use --tp, --dp and --pp");
   refuse(o.ps_servers > 0, "the parameter server trains GPT models only for now; use --dp (drop --ps-servers)");
   refuse(o.recompute, "--recompute would run its batch norms twice per micro-batch; drop --recompute");
   refuse(o.precision == kernels::Precision::bf16, "its convolutions run in float32 only; drop --precision bf16");
