@@ -54,9 +54,12 @@ inline std::vector<float> losses(const train::TrainResult& r) {
   return out;
 }
 
-inline double max_rel(const std::vector<float>& want, const std::vector<float>& got) {
+// The worst relative difference of `got` from `want` over steps [from, to).
+inline double max_rel(const std::vector<float>& want, const std::vector<float>& got, size_t from = 0,
+                      size_t to = static_cast<size_t>(-1)) {
   double m = 0;
-  for (size_t i = 0; i < want.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(got[i]) - want[i]) / std::fabs(want[i]));
+  for (size_t i = from; i < std::min(to, want.size()); ++i)
+    m = std::max(m, std::fabs(static_cast<double>(got[i]) - want[i]) / std::fabs(want[i]));
   return m;
 }
 

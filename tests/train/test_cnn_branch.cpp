@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "idx_files.h"
+#include "cnn_runs.h"
 #include "meshtrain/model/cnn.h"
 #include "meshtrain/parallel/cnn_branch.h"
 #include "meshtrain/train/checkpoint.h"
@@ -26,68 +26,24 @@
 using namespace meshtrain;
 namespace fs = std::filesystem;
 
+using meshtrain::testing::expect_same_curve;
+using meshtrain::testing::losses;
+using meshtrain::testing::max_rel;
+
 namespace {
 
-const meshtrain::testing::TempDir& data_dir() {
-  static meshtrain::testing::TempDir dir("cnn_branch_data");
-  static bool written = false;
-  if (!written) {
-    meshtrain::testing::write_bar_image_set(dir.path().string(), 512, 96, /*gzip=*/true);
-    written = true;
-  }
-  return dir;
-}
-
-// test_cnn_training.cpp's options, with `branch` ranks splitting the Inception blocks.
+// The CNN tests' options (cnn_runs.h) for inception-small, with `branch` ranks splitting the
+// Inception blocks.
 train::TrainOptions options(int branch, int dp = 1, int pp = 1, int zero = 0) {
-  train::TrainOptions o;
-  o.model = "inception-small";
-  o.data = data_dir().path().string();
-  o.batch = 16;
-  o.microbatches = 2;
-  o.steps = 30;
-  o.dp = dp, o.pp = pp, o.zero = zero;
+  train::TrainOptions o = meshtrain::testing::cnn_options("inception-small", dp, pp, zero);
   if (branch > 1) o.tp = branch, o.intra = train::IntraSplit::branch;
-  o.optim.warmup_steps = 2;
-  o.optim.kind = train::OptimizerKind::sgd;
-  o.optim.momentum = 0.9f;
-  o.optim.lr = 0.01f;
-  o.eval_every = 0;
-  o.eval_batches = 3;
-  o.quiet = true;
-  o.threads = 1;
   return o;
-}
-
-std::vector<float> losses(const train::TrainResult& r) {
-  std::vector<float> out;
-  for (const auto& s : r.steps) out.push_back(s.loss);
-  return out;
 }
 
 std::vector<float> norms(const train::TrainResult& r) {
   std::vector<float> out;
   for (const auto& s : r.steps) out.push_back(static_cast<float>(s.grad_norm));
   return out;
-}
-
-double max_rel(const std::vector<float>& want, const std::vector<float>& got, size_t from = 0, size_t to = 1u << 30) {
-  double m = 0;
-  for (size_t i = from; i < std::min(to, want.size()); ++i)
-    m = std::max(m, std::fabs(static_cast<double>(got[i]) - want[i]) / std::fabs(want[i]));
-  return m;
-}
-
-// The first `strict` steps within 1e-5 relative, the later ones within `later` (see
-// expect_same_curve in test_cnn_training.cpp: float32 round-off of split sums grows through
-// batch norm and the optimizer).
-void expect_same_curve(const std::vector<float>& want, const std::vector<float>& got, const std::string& what,
-                       size_t strict = 1u << 30, double later = 1e-5) {
-  ASSERT_EQ(want.size(), got.size()) << what;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double rel = std::fabs(got[i] - want[i]) / std::fabs(want[i]);
-    EXPECT_LT(rel, i < strict ? 1e-5 : later) << what << " step " << i + 1 << ": " << got[i] << " against " << want[i];
-  }
 }
 
 const train::TrainResult& single_rank() {

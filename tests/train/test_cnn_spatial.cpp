@@ -23,6 +23,7 @@ using namespace meshtrain;
 namespace fs = std::filesystem;
 
 using meshtrain::testing::losses;
+using meshtrain::testing::max_rel;
 
 namespace {
 
@@ -34,14 +35,6 @@ train::TrainOptions options(const std::string& model, int dp, int spatial, int s
   return o;
 }
 
-// The worst relative difference of `got` from `want` over steps [from, to).
-double max_rel(const std::vector<float>& want, const std::vector<float>& got, size_t from = 0,
-               size_t to = std::string::npos) {
-  double m = 0;
-  for (size_t i = from; i < std::min(to, want.size()); ++i)
-    m = std::max(m, std::fabs(static_cast<double>(got[i]) - want[i]) / std::fabs(want[i]));
-  return m;
-}
 
 std::string refusal(const train::TrainOptions& o) {
   try {
