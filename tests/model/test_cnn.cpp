@@ -240,3 +240,19 @@ TEST(CnnConfigFile, ScaleTakesLargerImages) {
     }
   }
 }
+
+// Branch costs for --branch-parallel's placement: inception-small's two blocks, four timed
+// branches each (positive seconds); no such block in the other CNNs.
+TEST(CnnBranchCosts, MeasuredPerBranchOfEachInceptionBlock) {
+  const auto costs = model::measure_branch_costs(model::cnn_config("inception-small"), 4, 1, 1);
+  ASSERT_EQ(costs.size(), 2u);
+  for (const char* block : {"inception1", "inception2"}) {
+    ASSERT_EQ(costs.count(block), 1u) << block;
+    ASSERT_EQ(costs.at(block).size(), 4u) << block;
+    for (double s : costs.at(block)) EXPECT_GT(s, 0.0) << block;
+  }
+  EXPECT_EQ(model::cnn_branch_blocks(model::cnn_config("inception-small")),
+            (std::map<std::string, size_t>{{"inception1", 4}, {"inception2", 4}}));
+  EXPECT_TRUE(model::measure_branch_costs(model::cnn_config("resnet-small"), 4, 1, 1).empty());
+  EXPECT_TRUE(model::cnn_branch_blocks(model::cnn_config("cnn-small")).empty());
+}

@@ -95,8 +95,12 @@ TEST(CnnBranch, AGivenBalanceReproducesTheSingleRankCurve) {
 
 // dp 2 splits the batch's sums (batch-norm statistics, gradients) as well; measured at most
 // 1.1e-6 over 30 steps here (the round-offs happen to cancel), so 1e-5 throughout.
+// inception-small's curve sits on an edge from step 9 on that reordered sums tip alike (dp 2
+// alone drifts 2.1e-5 at step 28, as tp 2 and branch 2 do; tests/train/test_cnn_tp.cpp): with
+// the branches placed by measured time, dp 2 x branch 2 meets it too (2.1e-5; 1.1e-6 when placed
+// by FLOPs), so 1e-5 for 15 steps and 5e-5 after, as for branch 2 alone.
 TEST(CnnBranch, DataParallelTimesBranchesReproducesTheSingleRankCurve) {
-  check_layout(options(2, 2), "dp 2 x branch 2", 30, 1e-5);
+  check_layout(options(2, 2), "dp 2 x branch 2", 15, 5e-5);
 }
 
 // The hybrid: the first pipeline stage (the stem) replicated over the branch ranks, the second
@@ -107,7 +111,7 @@ TEST(CnnBranch, PipelineTimesBranchesReproducesTheSingleRankCurve) {
 }
 
 TEST(CnnBranch, ZeroThreeTimesBranchesReproducesTheSingleRankCurve) {
-  check_layout(options(2, 2, 1, 3), "dp 2 x branch 2 zero 3", 30, 1e-5);  // measured 1.1e-6
+  check_layout(options(2, 2, 1, 3), "dp 2 x branch 2 zero 3", 15, 5e-5);  // as dp 2 x branch 2
 }
 
 // LAMB's per-parameter norms (reduce_param_sq) with owned parameters, sliced by ZeRO-1 over dp.
@@ -141,7 +145,9 @@ TEST(CnnBranch, BytesPerStepAreTheAnalyticCount) {
     std::string balance;
   };
   std::vector<uint64_t> seen;
-  for (const Case& c : {Case{2, 1, ""}, Case{4, 1, ""}, Case{2, 2, ""}, Case{2, 1, "0,1,1,0"}, Case{3, 1, ""}}) {
+  // Placement by FLOPs or by a list (by measured time it may differ from run to run).
+  for (const Case& c : {Case{2, 1, "flops"}, Case{4, 1, "flops"}, Case{2, 2, "flops"}, Case{2, 1, "0,1,1,0"},
+                        Case{3, 1, "flops"}}) {
     auto o = options(c.branch, c.dp);
     o.branch_balance = c.balance;
     o.steps = 2;

@@ -83,8 +83,8 @@ void add_train_command(CLI::App& app) {
   c->add_option("--branch-parallel", *branch, "inception-small: ranks over which each Inception block's branches are placed")
       ->check(integer<int>(1));
   c->add_option("--branch-balance", opt->branch_balance,
-                "With --branch-parallel: the rank of each of an Inception block's four branches, e.g. 0,1,1,0 "
-                "(default: balanced by their cost, printed at start)");
+                "With --branch-parallel: the rank of each of an Inception block's four branches, e.g. 0,1,1,0, or "
+                "flops (balanced by their FLOPs); default: balanced by their time, measured at start and printed");
   c->add_flag("--sequence-parallel", opt->sequence_parallel, "With --tp: split layernorm and residual regions along the sequence");
   c->add_flag("--pad-vocab", opt->pad_vocab, "With --tp: split a vocabulary tp does not divide by padding it (left out of the loss)");
   c->add_option("--microbatches", opt->microbatches, "Micro-batches per step (gradient accumulation)")->check(integer<int>(1))->capture_default_str();

@@ -1,5 +1,7 @@
 #include "meshtrain/model/cnn.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 
@@ -129,7 +131,7 @@ class InceptionUnit : public CNNUnit {
   // and its two 3x3; c4: branch 4's 1x1 after the pool.
   InceptionUnit(const CNNLayout& L, const std::string& name, int64_t in, int64_t c1, int64_t r2, int64_t c2,
                 int64_t r3, int64_t c3, int64_t c4, uint64_t seed, const Shape& in_chw)
-      : out_shape_{c1 + c2 + c3 + c4, in_chw[1], in_chw[2]}, in_channels_(in) {
+      : out_shape_{c1 + c2 + c3 + c4, in_chw[1], in_chw[2]}, in_channels_(in), name_(name) {
     const double hw = static_cast<double>(in_chw[1] * in_chw[2]);
     // Forward + backward FLOPs per sample of each branch (6 per multiply-add of its convolutions).
     const std::vector<double> costs = {6 * hw * in * c1, 6 * hw * (in * r2 + 9.0 * r2 * c2),
@@ -184,6 +186,12 @@ class InceptionUnit : public CNNUnit {
   }
   void collect_batch_norms(std::vector<nn::BatchNorm2d*>& out) override { out.insert(out.end(), bns_.begin(), bns_.end()); }
   Shape out_chw(const Shape&) const override { return out_shape_; }
+  std::string block_name() const override { return name_; }
+  std::vector<nn::Layer*> branch_layers() override {
+    std::vector<nn::Layer*> out;
+    for (auto& b : branches_) out.push_back(b.get());
+    return out;
+  }
 
  private:
   std::vector<bool> here_;
@@ -192,6 +200,7 @@ class InceptionUnit : public CNNUnit {
   std::vector<nn::BatchNorm2d*> bns_;
   Shape out_shape_;
   int64_t in_channels_ = 0;
+  std::string name_;
 };
 
 // `chw`: the classifier's input (C, H, W); a global pool leaves C features, a flatten C H W.
@@ -295,6 +304,46 @@ std::vector<std::pair<std::string, Shape>> shapes_of(const CNNConfig& cfg, bool 
 
 std::vector<std::pair<std::string, Shape>> cnn_param_shapes(const CNNConfig& cfg) { return shapes_of(cfg, false); }
 std::vector<std::pair<std::string, Shape>> cnn_buffer_shapes(const CNNConfig& cfg) { return shapes_of(cfg, true); }
+
+std::map<std::string, std::vector<double>> measure_branch_costs(const CNNConfig& cfg, int64_t rows, int threads,
+                                                                int reps) {
+  std::map<std::string, std::vector<double>> out;
+  reps = std::max(reps, 1);
+  const std::vector<Shape> shapes = cnn_unit_shapes(cfg);
+  auto units = build_cnn_units(cfg, 0, *single_rank_cnn_layout());
+  for (size_t u = 0; u < units.size(); ++u) {
+    const std::vector<nn::Layer*> branches = units[u]->branch_layers();
+    if (branches.empty()) continue;
+    Shape in{rows};
+    for (int64_t d : shapes[u]) in.push_back(d);
+    Tensor x = Tensor::empty(in);
+    for (int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<float>((i * 7919) % 255) / 255.0f - 0.5f;
+    std::vector<double>& costs = out[units[u]->block_name()];
+    for (nn::Layer* b : branches) {
+      std::vector<double> times;
+      for (int r = 0; r <= reps; ++r) {
+        nn::Context ctx(threads);
+        const auto t0 = std::chrono::steady_clock::now();
+        Tensor y = b->forward(ctx, x);
+        Tensor dy = Tensor::empty(y.shape());
+        dy.fill(1e-3f);
+        b->backward(ctx, dy);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) times.push_back(s);  // the first run builds the primitives
+      }
+      std::nth_element(times.begin(), times.begin() + static_cast<long>(times.size() / 2), times.end());
+      costs.push_back(times[times.size() / 2]);
+    }
+  }
+  return out;
+}
+
+std::map<std::string, size_t> cnn_branch_blocks(const CNNConfig& cfg) {
+  std::map<std::string, size_t> out;
+  for (auto& u : build_cnn_units(cfg, 0, *single_rank_cnn_layout()))
+    if (const size_t n = u->branch_layers().size()) out[u->block_name()] = n;
+  return out;
+}
 
 double cnn_flops_per_image(const CNNConfig& cfg) {
   double sum = 0;

@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -67,6 +68,10 @@ class CNNUnit : public nn::Layer {
   virtual Shape out_chw(const Shape& in_chw) const = 0;
   // Every batch-norm layer of the unit (for the statistics reduction).
   virtual void collect_batch_norms(std::vector<nn::BatchNorm2d*>& out) = 0;
+  // A block of parallel branches (an Inception block): its name and the branches built here,
+  // in branch order (all of them under the single-rank layout). Others: empty.
+  virtual std::string block_name() const { return ""; }
+  virtual std::vector<nn::Layer*> branch_layers() { return {}; }
 };
 
 // The units of a named CNN, built for `seed` (layout-invariant initialisation by name) with the
@@ -78,6 +83,14 @@ std::vector<Shape> cnn_unit_shapes(const CNNConfig& cfg);
 // Names and shapes of every parameter and every buffer of the whole model, in stage order.
 std::vector<std::pair<std::string, Shape>> cnn_param_shapes(const CNNConfig& cfg);
 std::vector<std::pair<std::string, Shape>> cnn_buffer_shapes(const CNNConfig& cfg);
+// The measured forward + backward seconds of each branch of each block of parallel branches
+// (inception-small's Inception blocks), by block name: every branch run alone on `rows` random
+// images of its input's shape with `threads` kernel threads, the median of `reps` runs after one
+// untimed. Empty for a model without such blocks.
+std::map<std::string, std::vector<double>> measure_branch_costs(const CNNConfig& cfg, int64_t rows, int threads,
+                                                                int reps = 3);
+// The blocks of parallel branches and their number of branches, by block name.
+std::map<std::string, size_t> cnn_branch_blocks(const CNNConfig& cfg);
 // Forward + backward FLOPs of one image (3 x the forward's multiply-adds x 2), in all and per unit.
 double cnn_flops_per_image(const CNNConfig& cfg);
 std::vector<double> cnn_unit_flops(const CNNConfig& cfg);

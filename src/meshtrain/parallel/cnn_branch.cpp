@@ -1,5 +1,7 @@
 #include "meshtrain/parallel/cnn_branch.h"
 
+#include <map>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -103,6 +105,9 @@ class GroupJoin : public model::BranchJoin {
 
 // ---- the layout ----
 
+// Placement by cost (measured or FLOPs), not by a list of ranks.
+bool balance_by_cost(const std::string& balance) { return balance.empty() || balance == "flops"; }
+
 // One block's placement, as branches_here decided it.
 struct Placement {
   std::string name;
@@ -115,12 +120,18 @@ struct Placement {
 // names their layers so, model/cnn.cpp); its parameters are owned by the branch's rank.
 class BranchLayout : public model::CNNLayout {
  public:
-  BranchLayout(std::shared_ptr<comm::Communicator> group, std::string balance)
-      : group_(std::move(group)), balance_(std::move(balance)) {
-    if (!balance_.empty()) parse_branch_balance(balance_, group_->size());
+  BranchLayout(std::shared_ptr<comm::Communicator> group, std::string balance,
+               std::map<std::string, std::vector<double>> measured)
+      : group_(std::move(group)), balance_(std::move(balance)), measured_(std::move(measured)) {
+    if (!balance_by_cost(balance_)) parse_branch_balance(balance_, group_->size());
   }
 
-  std::vector<bool> branches_here(const std::string& name, const std::vector<double>& costs) const override {
+  std::vector<bool> branches_here(const std::string& name, const std::vector<double>& flops) const override {
+    // Without a balance: the measured seconds where the trainer measured them, else the FLOPs.
+    const auto m = measured_.find(name);
+    const bool timed = balance_.empty() && m != measured_.end() && m->second.size() == flops.size();
+    const std::vector<double>& costs = timed ? m->second : flops;
+    timed_ = timed_ || timed;
     Placement pl{name, costs, assign_branches(costs, group_->size(), balance_)};
     // A block built again (a stage builds every unit and keeps its own) replaces its record.
     std::erase_if(placed_, [&](const Placement& q) { return q.name == name; });
@@ -162,13 +173,24 @@ class BranchLayout : public model::CNNLayout {
   std::string describe() const override {
     const int p = group_->size();
     std::string s = "Inception branches over " + std::to_string(p) + " ranks " +
-                    (balance_.empty() ? std::string("by cost") : "by --branch-balance " + balance_) +
+                    (!balance_by_cost(balance_) ? "by --branch-balance " + balance_
+                     : timed_                   ? std::string("by measured cost")
+                                                : std::string("by FLOPs")) +
                     " (the rank of each branch):";
     std::vector<double> load(p, 0.0);
     double total = 0;
     for (size_t i = 0; i < placed_.size(); ++i) {
       s += i ? "; " : " ";
       s += placed_[i].name + " " + ranks_list(placed_[i].rank_of);
+      if (timed_) {  // the measured milliseconds of each branch
+        s += " (";
+        for (size_t b = 0; b < placed_[i].costs.size(); ++b) {
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%s%.2f", b ? ", " : "", 1e3 * placed_[i].costs[b]);
+          s += buf;
+        }
+        s += " ms)";
+      }
       for (size_t b = 0; b < placed_[i].costs.size(); ++b) {
         load[placed_[i].rank_of[b]] += placed_[i].costs[b];
         total += placed_[i].costs[b];
@@ -200,6 +222,8 @@ class BranchLayout : public model::CNNLayout {
 
   std::shared_ptr<comm::Communicator> group_;
   std::string balance_;
+  std::map<std::string, std::vector<double>> measured_;  // seconds per branch, by block
+  mutable bool timed_ = false;                            // some block was placed by measured cost
   mutable std::vector<Placement> placed_;  // every block placed so far, in build order
 };
 
@@ -280,7 +304,7 @@ std::vector<int> parse_branch_balance(const std::string& balance, int ranks, int
 
 std::vector<int> assign_branches(const std::vector<double>& costs, int ranks, const std::string& balance) {
   const int n = static_cast<int>(costs.size());
-  if (!balance.empty()) return parse_branch_balance(balance, ranks, n);
+  if (!balance_by_cost(balance)) return parse_branch_balance(balance, ranks, n);
   if (ranks > n)
     throw std::invalid_argument("--branch-parallel " + std::to_string(ranks) + " is more ranks than a block's " +
                                 std::to_string(n) + " branches");
@@ -314,12 +338,13 @@ void validate_cnn_branch(const model::CNNConfig& cfg, int ranks, const std::stri
     throw std::invalid_argument("--branch-parallel " + std::to_string(ranks) + " asks for more ranks than an Inception "
                                 "block's " + std::to_string(branches) + " branches; use --branch-parallel 2 to " +
                                 std::to_string(branches) + " (and --dp for more ranks)");
-  if (!balance.empty()) parse_branch_balance(balance, ranks, branches);
+  if (!balance_by_cost(balance)) parse_branch_balance(balance, ranks, branches);
 }
 
 std::shared_ptr<const model::CNNLayout> cnn_branch_layout(std::shared_ptr<comm::Communicator> group,
-                                                          const std::string& balance) {
-  return std::make_shared<BranchLayout>(std::move(group), balance);
+                                                          const std::string& balance,
+                                                          std::map<std::string, std::vector<double>> measured) {
+  return std::make_shared<BranchLayout>(std::move(group), balance, std::move(measured));
 }
 
 uint64_t cnn_branch_bytes_per_microbatch(const model::CNNConfig& cfg, int ranks, const std::string& balance,

@@ -9,12 +9,14 @@
 //                       its branches' channels)
 //   input gradient      (the input is replicated)            all-reduce dx over the group
 //
-// Assignment. Every block asks branches_here with its branches' forward+backward costs; the rank
+// Assignment. Every block asks branches_here with its branches' forward+backward FLOPs; the rank
 // of branch b is balance[b] (--branch-balance 0,1,1,0: the same for every block) or, without a
-// balance, the longest-processing-time greedy over the group: branches by falling cost (ties:
-// lower index first), each to the rank with the least cost so far (ties: lower rank). With at
-// most as many ranks as branches every rank gets one. Every rank computes the same assignment
-// from the same costs, so no rank tells another anything.
+// balance, the longest-processing-time greedy over the group by cost: branches by falling cost
+// (ties: lower index first), each to the rank with the least cost so far (ties: lower rank).
+// With at most as many ranks as branches every rank gets one. The cost is the branch's measured
+// seconds (model::measure_branch_costs, timed by the trainer on one rank at start and broadcast,
+// so every rank places alike) or, with --branch-balance flops or where nothing was measured, its
+// FLOPs (the same on every rank by construction).
 //
 // Everything outside the blocks (the stem, the classifier) runs replicated: every rank of the
 // group computes the same values from the same whole input (the all-gather gives every rank the
@@ -40,6 +42,7 @@
 // blocks (validate_cnn_branch); float32 on the wire (image models refuse --comm-dtype bf16).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,8 +58,8 @@ namespace meshtrain::parallel {
 // rank outside 0..ranks-1 or something not a number, or leaves a rank without a branch.
 std::vector<int> parse_branch_balance(const std::string& balance, int ranks, int branches = 4);
 
-// The rank of each branch: `balance` when given (parse_branch_balance), otherwise the
-// longest-processing-time greedy over `costs` (see the top of this file).
+// The rank of each branch: `balance` when it lists ranks (parse_branch_balance), otherwise
+// (empty or "flops") the longest-processing-time greedy over `costs` (see the top of this file).
 std::vector<int> assign_branches(const std::vector<double>& costs, int ranks, const std::string& balance);
 
 // Throws std::invalid_argument with a sentence when `cfg` cannot be split by branches over
@@ -65,12 +68,16 @@ std::vector<int> assign_branches(const std::vector<double>& costs, int ranks, co
 void validate_cnn_branch(const model::CNNConfig& cfg, int ranks, const std::string& balance);
 
 // The layout placing each Inception block's branches over `group` (size 2 or more): by
-// `balance` ("0,1,1,0": the rank of each branch) or, empty, by the branches' costs.
+// `balance` ("0,1,1,0": the rank of each branch), by FLOPs ("flops"), or, empty, by the
+// `measured` seconds of each block's branches (model::measure_branch_costs; the same on every
+// rank) where given, else by FLOPs.
 std::shared_ptr<const model::CNNLayout> cnn_branch_layout(std::shared_ptr<comm::Communicator> group,
-                                                          const std::string& balance);
+                                                          const std::string& balance,
+                                                          std::map<std::string, std::vector<double>> measured = {});
 
 // Analytic bytes rank `rank` of the group sends per micro-batch of `rows` samples of `cfg`
-// (forward and backward), for the tests and the run's report: what the table above moves.
+// (forward and backward), for the tests and the run's report: what the table above moves, for
+// the placement `balance` gives (a list of ranks, or placement by FLOPs: empty or "flops").
 uint64_t cnn_branch_bytes_per_microbatch(const model::CNNConfig& cfg, int ranks, const std::string& balance,
                                          int64_t rows, int rank = 0);
 

@@ -74,14 +74,14 @@ void RankTrainer::print_header() {
     std::printf("model %s: %lld parameters | batch %lld images | %s | %d thread(s) per rank | data %s (%lld train, "
                 "%lld test images)\n",
                 sh_.spec.name().c_str(), static_cast<long long>(n_params), static_cast<long long>(o_.batch),
-                parallel::MeshShape{o_.dp, o_.tp, o_.pp}.str().c_str(), o_.threads, sh_.images->path().c_str(),
+                mesh_str(o_).c_str(), o_.threads, sh_.images->path().c_str(),
                 static_cast<long long>(sh_.images->num_images(Split::train)),
                 static_cast<long long>(sh_.images->num_images(Split::val)));
   else
     std::printf("model %s: %lld parameters | batch %lld x %lld | %s | %d thread(s) per rank | data %s (%lld train tokens)\n",
                 cfg.name.c_str(), static_cast<long long>(cfg.num_params()),
                 static_cast<long long>(o_.batch), static_cast<long long>(o_.seq),
-                parallel::MeshShape{o_.dp, o_.tp, o_.pp}.str().c_str(), o_.threads, o_.data.c_str(),
+                mesh_str(o_).c_str(), o_.threads, o_.data.c_str(),
                 static_cast<long long>(sh_.tokens->num_tokens(Split::train)));
   if (!layout_line_.empty()) std::printf("layout: %s\n", layout_line_.c_str());
   std::printf("%s\n", describe(o_.optim).c_str());
@@ -209,7 +209,7 @@ void write_trace(const trace::Recorder& rec, const TrainOptions& o) {
   for (const auto& e : events) drawn = drawn || e.category == "forward";
   if (drawn) try {  // the measured swimlane, from the first step on (train/swimlane.h)
       pipeline::write_svg(measured_swimlane(events, "meshtrain train " + o.model + ": " +
-                                                        parallel::MeshShape{o.dp, o.tp, o.pp}.str() +
+                                                        mesh_str(o) +
                                                         (o.pp > 1 ? ", " + o.schedule : std::string()) + ", " +
                                                         std::to_string(o.microbatches) + " micro-batch(es)"),
                           svg);

@@ -53,9 +53,30 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     switch (o_.intra) {
       case IntraSplit::tensor: factories.conv = parallel::cnn_tp_layout(mesh_.tp_ptr()); break;
       case IntraSplit::spatial: factories.conv = parallel::cnn_spatial_layout(mesh_.tp_ptr(), *sh.spec.cnn()); break;
-      case IntraSplit::branch:
-        factories.conv = parallel::cnn_branch_layout(mesh_.tp_ptr(), o_.branch_balance);
+      case IntraSplit::branch: {
+        // Without --branch-balance: the branches' measured cost, timed on rank 0 and broadcast,
+        // so every rank places them alike.
+        std::map<std::string, std::vector<double>> measured;
+        if (o_.branch_balance.empty()) {
+          const std::map<std::string, size_t> blocks = model::cnn_branch_blocks(*sh.spec.cnn());
+          std::vector<double> flat;
+          if (world.rank() == 0) {
+            measured = model::measure_branch_costs(*sh.spec.cnn(), o_.batch / o_.dp / o_.microbatches,
+                                                   std::max(1, o_.threads));
+            for (const auto& [name, c] : measured) flat.insert(flat.end(), c.begin(), c.end());
+          } else {
+            for (const auto& [name, n] : blocks) flat.resize(flat.size() + n, 0.0);
+          }
+          world.broadcast(flat, {.root = 0});
+          size_t at = 0;
+          for (const auto& [name, n] : blocks) {
+            measured[name].assign(flat.begin() + static_cast<long>(at), flat.begin() + static_cast<long>(at + n));
+            at += n;
+          }
+        }
+        factories.conv = parallel::cnn_branch_layout(mesh_.tp_ptr(), o_.branch_balance, std::move(measured));
         break;
+      }
     }
   }
   const pipeline::Schedule schedule = make_pipeline_schedule(o_);
@@ -539,6 +560,11 @@ const char* intra_flag(IntraSplit s) {
   }
 }
 
+std::string mesh_str(const TrainOptions& o) {
+  const char* axis = o.intra == IntraSplit::spatial ? "spatial" : o.intra == IntraSplit::branch ? "branch" : "tp";
+  return "dp=" + std::to_string(o.dp) + " " + axis + "=" + std::to_string(o.tp) + " pp=" + std::to_string(o.pp);
+}
+
 nlohmann::json step_json(const StepRecord& r) {
   return {{"step", r.step + 1},
           {"loss", r.loss},
@@ -641,7 +667,7 @@ TrainResult train(TrainOptions o) {
   }
   if (o.backend == "mpi" && comm::mpi_world()->size() != o.dp * o.tp * o.pp)
     throw bad("mpirun started " + std::to_string(comm::mpi_world()->size()) +
-              " processes but the layout " + parallel::MeshShape{o.dp, o.tp, o.pp}.str() +
+              " processes but the layout " + mesh_str(o) +
               " needs " + std::to_string(o.dp * o.tp * o.pp) + "; make dp * tp * pp equal -np");
   const bool lead = o.backend != "mpi" || comm::mpi_world()->rank() == 0;
   // Checkpoints are settled before any rank starts: what to resume from (verified, and

@@ -86,6 +86,10 @@ struct TrainOptions {
   bool quiet = false;     // no progress output at all
 };
 
+// The mesh as the run's header names it: "dp=2 tp=2 pp=1", with the intra-layer axis under its
+// split's name ("dp=1 spatial=2 pp=1", "dp=1 branch=2 pp=2").
+std::string mesh_str(const TrainOptions& o);
+
 struct StepRecord {
   int64_t step = 0;  // 0-based index of the step just completed
   float loss = 0;
