@@ -3,7 +3,11 @@
 share each run's trace shows (docs/benchmarks.md, "CNN layouts").
 
   python3 bench/cnn_layouts.py [--models cnn-small,resnet-small,inception-small] [--batch 128]
-                               [--steps 10] [--reps 1] [--layouts "dp 2;tp 2;spatial 2"]
+                               [--steps 10] [--reps 1] [--layouts "dp 2;tp 2;spatial 2"] [--scale K]
+
+--scale K trains the models on the images upsampled K times each way (a config file with
+"scale": K; 4 gives 112 x 112), where splitting feature maps pays. A layout of more ranks than
+the machine's cores runs them oversubscribed (1 kernel thread each), which the table says.
 
 Every run trains the same global batch on Fashion-MNIST (the set-up installs it) with SGD. One
 rank runs with 2 kernel threads (the machine's 2 cores), each rank of a 2-rank layout with 1.
@@ -27,7 +31,7 @@ MESHTRAIN = os.environ.get("MESHTRAIN", os.path.join(ROOT, "build", "meshtrain")
 DATA = "/usr/share/datasets/fashion-mnist"
 
 
-def run(model, layout, batch, steps, tmp):
+def run(model, layout, batch, steps, tmp, scale=1):
     flags = layout.split()
     ranks = 1
     for i in range(0, len(flags), 2):
@@ -37,7 +41,13 @@ def run(model, layout, batch, steps, tmp):
     for f in (metrics, trace, trace[:-5] + ".svg"):
         if os.path.exists(f):
             os.remove(f)
-    cmd = [MESHTRAIN, "train", "--model", model, "--data", DATA, "--batch", str(batch), "--steps", str(steps),
+    which = ["--model", model]
+    if scale > 1:
+        config = os.path.join(tmp, f"{model}-x{scale}.json")
+        with open(config, "w") as f:
+            json.dump({"family": "cnn", "name": model, "scale": scale}, f)
+        which = ["--config", config]
+    cmd = [MESHTRAIN, "train", *which, "--data", DATA, "--batch", str(batch), "--steps", str(steps),
            "--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.02", "--warmup", "1", "--eval-every", "0",
            "--threads", "2" if ranks == 1 else "1", "--metrics", metrics, "--trace", trace, "--log-every", "0"]
     cmd += ["--" + f if i % 2 == 0 else f for i, f in enumerate(flags)]
@@ -65,6 +75,7 @@ def main():
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--scale", type=int, default=1)
     a = ap.parse_args()
     if not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
         sys.exit(f"no Fashion-MNIST at {DATA}: run scripts/setup.sh")
@@ -73,7 +84,9 @@ def main():
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
-    print(f"{cpu}, {os.cpu_count()} cores; batch {a.batch}, {a.steps} steps (median of steps 3..), best of {a.reps}")
+    side = 28 * a.scale
+    print(f"{cpu}, {os.cpu_count()} cores; images {side} x {side}; batch {a.batch}, {a.steps} steps "
+          f"(median of steps 3..), best of {a.reps}")
     print("| model | layout | images/s | speed vs one rank | communication |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,7 +96,7 @@ def main():
             notes = {}
             for rep in range(a.reps):
                 for layout in layouts:
-                    ips, share = run(model, layout, a.batch, a.steps, tmp)
+                    ips, share = run(model, layout, a.batch, a.steps, tmp, a.scale)
                     if ips is None:
                         notes[layout] = share
                         continue
@@ -92,6 +105,11 @@ def main():
             base = best["dp 1"][0]
             for layout in layouts:
                 name = "one rank, 2 threads" if layout == "dp 1" else layout.replace("branch-parallel", "branch")
+                ranks = 1
+                for i in range(1, len(layout.split()), 2):
+                    ranks *= int(layout.split()[i])
+                if ranks > (os.cpu_count() or 1):
+                    name += f" ({ranks} ranks on {os.cpu_count()} cores)"
                 if layout in notes:
                     print(f"| {model} | {name} | - | - | refused: {notes[layout]} |")
                     continue

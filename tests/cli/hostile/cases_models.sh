@@ -18,6 +18,14 @@ if [ -d /usr/share/datasets/fashion-mnist ]; then
     "$MT" train --model cnn-small --data fashion-mnist --tp 2 --spatial 2 --steps 1 --quiet
   expect 2 "--sequence-parallel splits a transformer's sequence" -- \
     "$MT" train --model cnn-small --data fashion-mnist --tp 2 --sequence-parallel --steps 1 --quiet
+  expect 2 "--spatial 8 cannot cut cnn-small's feature maps into 8 bands of rows" -- \
+    "$MT" train --model cnn-small --data fashion-mnist --spatial 8 --steps 1 --quiet
+  expect 2 "a split asked of a model with no Inception blocks \\(resnet-small\\)" -- \
+    "$MT" train --model resnet-small --data fashion-mnist --branch-parallel 2 --steps 1 --quiet
+  expect 2 "--branch-balance 0,0,0,0 leaves rank 1 of --branch-parallel 2 without a branch" -- \
+    "$MT" train --model inception-small --data fashion-mnist --branch-parallel 2 --branch-balance 0,0,0,0 --steps 1 --quiet
+  expect 2 "--branch-parallel 5 asks for more ranks than an Inception block's 4 branches" -- \
+    "$MT" train --model inception-small --data fashion-mnist --branch-parallel 5 --steps 1 --quiet
   expect 2 "--seq is the sequence length of token models" -- \
     "$MT" train --model resnet-small --data fashion-mnist --seq 16 --steps 1 --quiet
   expect 2 "--pp-balance 3,0: '0' is not a positive number of blocks" -- \
@@ -25,6 +33,10 @@ if [ -d /usr/share/datasets/fashion-mnist ]; then
   expect 2 "cnn-small is an image model: --augment crops and flips by meshtrain's own draws" -- \
     "$MT" train --model cnn-small --data fashion-mnist --data-order sequential --augment --steps 1 --quiet
 fi
+expect 2 "--spatial splits a convolutional network \\(its feature maps by row bands\\); a transformer splits its layers with --tp" -- \
+  "$MT" train --model gpt-tiny --data corpus.txt --spatial 2 --steps 1 --quiet
+expect 2 "--branch-balance places Inception branches on ranks; it needs --branch-parallel 2 or more" -- \
+  "$MT" train --model inception-small --data fashion-mnist --branch-balance 0,1,1,0 --steps 1 --quiet
 expect 2 "--augment applies to image models" -- "$MT" train --model gpt-tiny --data corpus.txt --augment --steps 1 --quiet
 expect 2 "--batch-norm must be sync or local" -- \
   "$MT" train --model cnn-small --data fashion-mnist --batch-norm global --steps 1 --quiet
