@@ -76,6 +76,7 @@ std::string kind_name(OutputKind k) {
     case OutputKind::trace: return "a trace";
     case OutputKind::svg: return "a swimlane";
     case OutputKind::safetensors: return "a converted checkpoint";
+    case OutputKind::machine: return "a machine file";
   }
   return "a file";
 }
@@ -107,6 +108,12 @@ bool written_by_meshtrain(const std::string& path, OutputKind kind) {
           nlohmann::json::parse(head(path, 8 + static_cast<size_t>(n)).substr(8), nullptr, false);
       return j.is_object() && j.contains("__metadata__") && j["__metadata__"].is_object() &&
              j["__metadata__"].value(kSafetensorsWriterKey, "") == kSafetensorsWriter;
+    }
+    case OutputKind::machine: {
+      // A machine file is a few KiB; a larger file is not one.
+      const std::string text = head(path, 1 << 20);
+      const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      return j.is_object() && j.contains("kind") && j["kind"].is_string() && j["kind"] == "meshtrain machine";
     }
   }
   return false;

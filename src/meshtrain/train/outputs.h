@@ -31,6 +31,7 @@ enum class OutputKind {
   trace,        // Chrome-trace JSON with meshtrain's writer event (train --trace)
   svg,          // an SVG carrying pipeline::kSvgMark (swimlanes)
   safetensors,  // a safetensors file whose metadata has "writer": "meshtrain"
+  machine,      // a JSON object whose "kind" is "meshtrain machine" (meshtrain calibrate)
 };
 
 // True when `path` is empty or carries the mark of a file meshtrain writes as `kind`.

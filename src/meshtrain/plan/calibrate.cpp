@@ -1,0 +1,394 @@
+// `calibrate`: measures this machine into a MachineProfile (plan/machine.h).
+//
+// Every figure is the best of several timed repetitions (a shared machine's noise only ever
+// adds time), each repetition at least a few milliseconds long. The work is a list of named
+// tasks, so the progress callback knows the total before the first one runs:
+//   GEMM      kernels::gemm at a few shape classes x thread counts x float32 (and bf16 where
+//             kernels::bf16_isa() is not "emulated"); bf16 times include converting A and B;
+//   add       c = a + b over arrays far larger than the caches, OpenMP over `threads`;
+//   attention kernels/attention.h forward + backward at a GPT-2-small-like shape;
+//   links     all_reduce and sendrecv (to the next rank) over the threads backend at world 2,
+//             and over MPI when launched by mpirun, at a few sizes, fitted to alpha + beta n.
+// Limits: one host; the threads link is measured at world 2 only; an MPI link is classed as
+// shared memory when every rank runs on one host name, else TCP (other fabrics are not told apart).
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "meshtrain/comm/world.h"
+#include "meshtrain/kernels/attention.h"
+#include "meshtrain/kernels/gemm.h"
+#include "meshtrain/plan/machine.h"
+
+#ifndef MESHTRAIN_GIT_COMMIT
+#define MESHTRAIN_GIT_COMMIT "unknown"
+#endif
+
+namespace meshtrain::plan {
+
+namespace {
+namespace mc = meshtrain::comm;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The best time of one run of `fn`: one warm-up run, then at least `reps` runs and at least
+// `min_total` seconds of them.
+double best_seconds(const std::function<void()>& fn, int reps, double min_total) {
+  fn();
+  double best = 1e30;
+  const auto start = Clock::now();
+  for (int i = 0; i < reps || since(start) < min_total; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    best = std::min(best, since(t0));
+    if (i > 10000) break;  // a run too fast to time: enough samples
+  }
+  return best;
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon == std::string::npos) break;
+      auto v = line.substr(colon + 1);
+      v.erase(0, v.find_first_not_of(" \t"));
+      if (!v.empty()) return v;
+    }
+  return "unknown";
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return "unknown";
+  return buf;
+}
+
+std::string fmt(const char* f, double a) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, a);
+  return buf;
+}
+
+std::string human_bytes(int64_t b) {
+  if (b >= (1 << 20) && b % (1 << 20) == 0) return std::to_string(b >> 20) + "M";
+  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + "K";
+  return std::to_string(b);
+}
+
+// ---- GEMM ----
+struct Shape {
+  const char* name;
+  int64_t m, n, k;
+};
+
+GemmRate measure_gemm(const Shape& s, kernels::Precision prec, int threads, bool quick) {
+  std::vector<float> a(s.m * s.k, 0.5f), b(s.k * s.n, 0.25f), c(s.m * s.n);
+  const kernels::GemmOptions opt(threads, prec);
+  const double t = best_seconds(
+      [&] {
+        kernels::gemm(kernels::Trans::N, kernels::Trans::N, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.n, 0.f,
+                      c.data(), s.n, opt);
+      },
+      quick ? 3 : 5, quick ? 0.05 : 0.3);
+  return {s.name, s.m, s.n, s.k, prec == kernels::Precision::bf16 ? "bf16" : "float32", threads,
+          2.0 * s.m * s.n * s.k / t / 1e9};
+}
+
+// ---- element-wise ----
+ElementwiseRate measure_add(int64_t n, int threads, bool quick) {
+  std::vector<float> a(n, 1.f), b(n, 2.f), c(n, 0.f);
+  float* pa = a.data();
+  float* pb = b.data();
+  float* pc = c.data();
+  const double t = best_seconds(
+      [&] {
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t i = 0; i < n; ++i) pc[i] = pa[i] + pb[i];
+      },
+      quick ? 3 : 5, quick ? 0.05 : 0.3);
+  return {"add", n, threads, 12.0 * static_cast<double>(n) / t};
+}
+
+// ---- attention ----
+AttentionRate measure_attention(int64_t B, int64_t T, int64_t C, int64_t NH, int threads, bool quick) {
+  std::vector<float> qkv(B * T * 3 * C), out(B * T * C), lse(B * NH * T), dout(B * T * C, 0.01f), dqkv(B * T * 3 * C);
+  for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.f - 0.5f;
+  const double t = best_seconds(
+      [&] {
+        kernels::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, threads);
+        kernels::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, threads);
+      },
+      quick ? 2 : 3, quick ? 0.05 : 0.3);
+  return {B, T, C, NH, threads, 6.0 * B * T * T * C / t / 1e9};
+}
+
+// ---- links ----
+// Through the smallest and the largest point; alpha and beta kept above 0 (noise can tilt a
+// two-point line): a non-positive slope falls back to the largest point's seconds per byte, a
+// non-positive intercept to the smallest point's time.
+void fit(LinkFit& f) {
+  const auto& lo = f.points.front();
+  const auto& hi = f.points.back();
+  f.beta_s_per_byte = (hi.seconds - lo.seconds) / static_cast<double>(hi.bytes - lo.bytes);
+  if (!(f.beta_s_per_byte > 0)) f.beta_s_per_byte = hi.seconds / static_cast<double>(hi.bytes);
+  f.alpha_s = lo.seconds - f.beta_s_per_byte * static_cast<double>(lo.bytes);
+  if (!(f.alpha_s > 0)) f.alpha_s = lo.seconds;
+  f.max_fit_error = 0;
+  for (const auto& p : f.points)
+    f.max_fit_error = std::max(f.max_fit_error, std::abs(f.predict_s(static_cast<double>(p.bytes)) - p.seconds) / p.seconds);
+}
+
+// The slowest rank's mean seconds of `op` over `iters`, best of `reps` (as bench comm times).
+double time_op(mc::Communicator& c, const std::function<void()>& op, int iters, int reps) {
+  op();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    c.barrier();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) op();
+    std::vector<double> t{since(t0) / iters};
+    c.all_reduce(t, {.op = mc::ReduceOp::max});
+    best = std::min(best, t[0]);
+  }
+  return best;
+}
+
+// all_reduce and sendrecv on `c` at `sizes`; every rank returns the same fits.
+std::vector<LinkFit> measure_links(mc::Communicator& c, const std::string& link, const std::vector<int64_t>& sizes,
+                                   bool quick) {
+  std::vector<LinkFit> fits;
+  const int p = c.size(), r = c.rank();
+  for (const char* op : {"all_reduce", "sendrecv"}) {
+    LinkFit f{link, op, p, 0, 0, 0, {}};
+    for (int64_t bytes : sizes) {
+      const std::size_t n = static_cast<std::size_t>(bytes) / sizeof(float);
+      std::vector<float> in(n, 1.f), out(n, 0.f);
+      const int iters = static_cast<int>(std::clamp<int64_t>((quick ? (8 << 20) : (64 << 20)) / bytes, 3, 200));
+      const double t = time_op(
+          c,
+          [&] {
+            if (f.op == "all_reduce") {
+              c.all_reduce(out);
+            } else {
+              mc::Work s = c.isend(in, (r + 1) % p);
+              c.recv(out, (r + p - 1) % p);
+              s.wait();
+            }
+          },
+          iters, quick ? 3 : 5);
+      f.points.push_back({bytes, t});
+    }
+    fit(f);
+    fits.push_back(f);
+  }
+  return fits;
+}
+
+std::string link_line(const LinkFit& f) {
+  return "link " + f.link + " " + f.op + " world " + std::to_string(f.world) + ": alpha " +
+         fmt("%.2f", f.alpha_s * 1e6) + " us, 1/beta " + fmt("%.2f", 1e-9 / f.beta_s_per_byte) + " GB/s";
+}
+
+// A 64-bit hash of this host's name, for telling whether MPI ranks share a host.
+int64_t host_hash() {
+  const std::string h = host_name();
+  uint64_t x = 1469598103934665603ull;
+  for (unsigned char ch : h) x = (x ^ ch) * 1099511628211ull;
+  return static_cast<int64_t>(x >> 2);
+}
+
+std::vector<int> thread_counts(int most, bool quick) {
+  std::vector<int> t{1};
+  if (!quick)
+    for (int k = 2; k < most; k *= 2) t.push_back(k);
+  if (most > 1) t.push_back(most);
+  return t;
+}
+
+}  // namespace
+
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& progress) {
+  const auto start = Clock::now();
+  const int cores = usable_cores();
+  if (o.threads < 0) throw std::invalid_argument("--threads must be at least 1 (or 0 for every core)");
+  if (o.threads > cores)
+    throw std::invalid_argument("--threads " + std::to_string(o.threads) + " is more than the " + std::to_string(cores) +
+                                " cores this process may use; give at most " + std::to_string(cores));
+  const int most = o.threads ? o.threads : cores;
+
+  MachineProfile p;
+  p.mode = o.quick ? "quick" : "full";
+  p.date = utc_now();
+  p.meshtrain_commit = MESHTRAIN_GIT_COMMIT;
+  p.host = host_name();
+  p.cpu_model = cpu_model();
+  p.cores = cores;
+  p.gemm_backend = kernels::gemm_backend();
+  p.bf16_isa = kernels::bf16_isa();
+  const bool bf16 = p.bf16_isa != "emulated";
+
+  // ---- the task list ----
+  std::vector<std::function<std::string()>> tasks;
+  const bool under_mpi = o.mpi && mc::have_mpi() && mc::launched_by_mpirun();
+  bool lead = true;
+  if (under_mpi) {
+    auto world = mc::mpi_world();
+    lead = world->rank() == 0;
+    tasks.push_back([&, world] {
+      std::vector<int64_t> lo{host_hash()}, hi{host_hash()};
+      world->all_reduce(lo, {.op = mc::ReduceOp::min});
+      world->all_reduce(hi, {.op = mc::ReduceOp::max});
+      const std::string link = lo[0] == hi[0] ? "mpi_shared_memory" : "mpi_tcp";
+      const std::vector<int64_t> sizes = o.quick ? std::vector<int64_t>{8, 64 << 10, 4 << 20}
+                                                 : std::vector<int64_t>{8, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
+      auto fits = measure_links(*world, link, sizes, o.quick);
+      p.links.insert(p.links.end(), fits.begin(), fits.end());
+      p.not_measured.push_back({link == "mpi_tcp" ? "mpi_shared_memory" : "mpi_tcp",
+                                "the mpirun ranks ran " + std::string(link == "mpi_tcp" ? "on several hosts" : "on one host") +
+                                    "; start them " + (link == "mpi_tcp" ? "on one host" : "on two hosts (mpirun --host a,b)") +
+                                    " to measure it"});
+      return link_line(fits[0]) + "; " + link_line(fits[1]);
+    });
+  } else {
+    const std::string why = mc::have_mpi() ? "not launched by mpirun; run mpirun -np 2 meshtrain calibrate to measure it"
+                                           : "this meshtrain was built without MPI";
+    p.not_measured.push_back({"mpi_shared_memory", why});
+    p.not_measured.push_back({"mpi_tcp", mc::have_mpi() ? "not launched by mpirun; run mpirun -np 2 --host a,b "
+                                                          "meshtrain calibrate across two hosts to measure it"
+                                                        : why});
+  }
+  if (!bf16)
+    p.not_measured.push_back({"bf16 GEMM", "not measured: no bf16 products on this CPU (" + kernels::bf16_fallback_note() + ")"});
+
+  if (lead) {
+    const std::vector<Shape> shapes =
+        o.quick ? std::vector<Shape>{{"square_1024", 1024, 1024, 1024}, {"mlp_up_bt512", 512, 3072, 768}, {"small_128", 128, 128, 128}}
+                : std::vector<Shape>{{"square_1024", 1024, 1024, 1024}, {"square_2048", 2048, 2048, 2048},
+                                     {"mlp_up_bt512", 512, 3072, 768},   {"mlp_up_bt4096", 4096, 3072, 768},
+                                     {"mlp_down_bt4096", 4096, 768, 3072}, {"small_128", 128, 128, 128}};
+    const auto threads = thread_counts(most, o.quick);
+    std::vector<kernels::Precision> precs{kernels::Precision::f32};
+    if (bf16) precs.push_back(kernels::Precision::bf16);
+    for (auto prec : precs)
+      for (const auto& s : shapes)
+        for (int t : threads)
+          tasks.push_back([&p, s, prec, t, q = o.quick] {
+            p.gemm.push_back(measure_gemm(s, prec, t, q));
+            const auto& g = p.gemm.back();
+            return "gemm " + g.precision + " " + g.shape + " (" + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" +
+                   std::to_string(g.k) + ") threads " + std::to_string(t) + ": " + fmt("%.1f", g.gflops) + " GFLOP/s";
+          });
+    const int64_t elements = o.quick ? (int64_t{8} << 20) : (int64_t{32} << 20);  // 3 arrays: 96 or 384 MiB
+    for (int t : threads)
+      tasks.push_back([&p, elements, t, q = o.quick] {
+        p.elementwise.push_back(measure_add(elements, t, q));
+        return "add " + std::to_string(elements) + " floats threads " + std::to_string(t) + ": " +
+               fmt("%.2f", p.elementwise.back().bytes_per_s / 1e9) + " GB/s";
+      });
+    for (int t : threads)
+      tasks.push_back([&p, t, q = o.quick] {
+        // GPT-2 small's heads (C 768, 12 heads); a shorter sequence in quick mode.
+        p.attention.push_back(q ? measure_attention(1, 256, 768, 12, t, q) : measure_attention(2, 512, 768, 12, t, q));
+        const auto& a = p.attention.back();
+        return "attention fwd+bwd (" + std::to_string(a.b) + ", " + std::to_string(a.t) + ", " + std::to_string(a.c) +
+               ", " + std::to_string(a.nh) + " heads) threads " + std::to_string(t) + ": " + fmt("%.1f", a.gflops) +
+               " GFLOP/s";
+      });
+    tasks.push_back([&p, q = o.quick] {
+      const std::vector<int64_t> sizes = q ? std::vector<int64_t>{8, 64 << 10, 4 << 20}
+                                           : std::vector<int64_t>{8, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
+      std::vector<LinkFit> fits;
+      mc::run_world(mc::Backend::threads, 2, [&](mc::Communicator& c) {
+        auto f = measure_links(c, "threads", sizes, q);
+        if (c.rank() == 0) fits = f;
+      });
+      p.links.insert(p.links.end(), fits.begin(), fits.end());
+      return link_line(fits[0]) + "; " + link_line(fits[1]);
+    });
+  }
+
+  // ---- run them ----
+  const int total = static_cast<int>(tasks.size());
+  for (int i = 0; i < total; ++i) {
+    const std::string line = tasks[i]();
+    if (progress) progress(i + 1, total, line);
+  }
+  p.calibrate_seconds = std::max(since(start), 1e-9);
+  return p;
+}
+
+// ---- the summary ----
+std::string summary_table(const MachineProfile& p) {
+  std::string s;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "machine: %s, %d cores, gemm %s, bf16 %s (%s mode, %.1f s)\n", p.cpu_model.c_str(),
+                p.cores, p.gemm_backend.c_str(), p.bf16_isa.c_str(), p.mode.c_str(), p.calibrate_seconds);
+  s += buf;
+  std::snprintf(buf, sizeof buf, "%-16s %-8s %7s %10s\n", "gemm shape", "dtype", "threads", "GFLOP/s");
+  s += buf;
+  for (const auto& g : p.gemm) {
+    std::snprintf(buf, sizeof buf, "%-16s %-8s %7d %10.1f\n", g.shape.c_str(), g.precision.c_str(), g.threads, g.gflops);
+    s += buf;
+  }
+  for (const auto& e : p.elementwise) {
+    std::snprintf(buf, sizeof buf, "add (%lld floats)  threads %d: %.2f GB/s\n", static_cast<long long>(e.elements),
+                  e.threads, e.bytes_per_s / 1e9);
+    s += buf;
+  }
+  for (const auto& a : p.attention) {
+    std::snprintf(buf, sizeof buf, "attention fwd+bwd (B %lld, T %lld, C %lld, %lld heads) threads %d: %.1f GFLOP/s\n",
+                  static_cast<long long>(a.b), static_cast<long long>(a.t), static_cast<long long>(a.c),
+                  static_cast<long long>(a.nh), a.threads, a.gflops);
+    s += buf;
+  }
+  std::snprintf(buf, sizeof buf, "%-18s %-10s %5s %10s %10s %8s  points (bytes: us)\n", "link", "op", "world", "alpha(us)",
+                "1/beta GB/s", "fit err");
+  s += buf;
+  for (const auto& l : p.links) {
+    std::snprintf(buf, sizeof buf, "%-18s %-10s %5d %10.2f %10.2f %7.0f%% ", l.link.c_str(), l.op.c_str(), l.world,
+                  l.alpha_s * 1e6, 1e-9 / l.beta_s_per_byte, l.max_fit_error * 100);
+    s += buf;
+    for (const auto& pt : l.points) {
+      std::snprintf(buf, sizeof buf, " %s:%.1f", human_bytes(pt.bytes).c_str(), pt.seconds * 1e6);
+      s += buf;
+    }
+    s += "\n";
+  }
+  for (const auto& n : p.not_measured) s += "not measured: " + n.what + ": " + n.reason + "\n";
+  return s;
+}
+
+}  // namespace meshtrain::plan

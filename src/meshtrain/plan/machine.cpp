@@ -1,0 +1,258 @@
+// The machine file's JSON: writing, and the strict reading that names the file and the field
+// of every refusal (plan/machine.h). The measurements are in plan/calibrate.cpp.
+#include "meshtrain/plan/machine.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <initializer_list>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "meshtrain/io/file.h"
+
+namespace meshtrain::plan {
+
+namespace {
+using nlohmann::json;
+
+// ---- strict reading ----
+// A JSON object being read: each field is taken once by name, and done() refuses the rest.
+class Reader {
+ public:
+  Reader(const json& j, std::string source, std::string where)
+      : j_(j), source_(std::move(source)), where_(std::move(where)) {
+    if (!j_.is_object()) fail(where_.empty() ? "the file" : where_, "is not a JSON object");
+  }
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw std::invalid_argument(source_ + ": " + field + " " + what +
+                                "; fix the field or write the file again with meshtrain calibrate");
+  }
+  std::string name(const std::string& key) const { return where_.empty() ? key : where_ + "." + key; }
+  const json& take(const std::string& key) {
+    auto it = j_.find(key);
+    if (it == j_.end()) fail(name(key), "is missing");
+    taken_.insert(key);
+    return *it;
+  }
+  std::string str(const std::string& key) {
+    const json& v = take(key);
+    if (!v.is_string()) fail(name(key), "is " + std::string(v.type_name()) + ", not a string");
+    return v.get<std::string>();
+  }
+  std::string word(const std::string& key, std::initializer_list<const char*> allowed) {
+    const std::string s = str(key);
+    std::string list;
+    for (const char* a : allowed) {
+      if (s == a) return s;
+      list += (list.empty() ? "" : ", ") + std::string(a);
+    }
+    fail(name(key), "is '" + s + "', not one of " + list);
+  }
+  int64_t integer(const std::string& key, int64_t lo) {
+    const json& v = take(key);
+    if (!v.is_number_integer()) fail(name(key), "is " + std::string(v.type_name()) + ", not an integer");
+    const int64_t x = v.get<int64_t>();
+    if (x < lo) fail(name(key), "is " + std::to_string(x) + ", less than " + std::to_string(lo));
+    return x;
+  }
+  // A number above 0 and finite (or at least 0 when `zero_ok`).
+  double rate(const std::string& key, bool zero_ok = false) {
+    const json& v = take(key);
+    if (!v.is_number()) fail(name(key), "is " + std::string(v.type_name()) + ", not a number");
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || x < 0 || (x == 0 && !zero_ok)) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%g", x);
+      fail(name(key), std::string("is ") + buf + (zero_ok ? ", not a finite number of at least 0" : ", not a positive finite number"));
+    }
+    return x;
+  }
+  const json& array(const std::string& key) {
+    const json& v = take(key);
+    if (!v.is_array()) fail(name(key), "is " + std::string(v.type_name()) + ", not an array");
+    return v;
+  }
+  void done() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!taken_.count(it.key())) fail(name(it.key()), "is not a field of a machine file (version " +
+                                                            std::to_string(kMachineFileVersion) + ")");
+  }
+  const std::string& source() const { return source_; }
+
+ private:
+  const json& j_;
+  std::string source_, where_;
+  std::set<std::string> taken_;
+};
+
+std::string item(const std::string& list, std::size_t i) { return list + "[" + std::to_string(i) + "]"; }
+
+}  // namespace
+
+double MachineProfile::gemm_gflops(const std::string& shape, const std::string& precision, int threads) const {
+  double best = 0;
+  for (const auto& g : gemm)
+    if (g.shape == shape && g.precision == precision && g.threads == threads) best = std::max(best, g.gflops);
+  return best;
+}
+
+const LinkFit* MachineProfile::link(const std::string& l, const std::string& op) const {
+  for (const auto& f : links)
+    if (f.link == l && f.op == op) return &f;
+  return nullptr;
+}
+
+// ---- writing ----
+json to_json(const MachineProfile& p) {
+  json j;
+  j["kind"] = kMachineFileKind;
+  j["version"] = p.version;
+  j["mode"] = p.mode;
+  j["date"] = p.date;
+  j["meshtrain_commit"] = p.meshtrain_commit;
+  j["host"] = p.host;
+  j["cpu_model"] = p.cpu_model;
+  j["cores"] = p.cores;
+  j["gemm_backend"] = p.gemm_backend;
+  j["bf16_isa"] = p.bf16_isa;
+  j["calibrate_seconds"] = p.calibrate_seconds;
+  j["gemm"] = json::array();
+  for (const auto& g : p.gemm)
+    j["gemm"].push_back({{"shape", g.shape}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"precision", g.precision},
+                         {"threads", g.threads}, {"gflops", g.gflops}});
+  j["elementwise"] = json::array();
+  for (const auto& e : p.elementwise)
+    j["elementwise"].push_back(
+        {{"op", e.op}, {"elements", e.elements}, {"threads", e.threads}, {"bytes_per_s", e.bytes_per_s}});
+  j["attention"] = json::array();
+  for (const auto& a : p.attention)
+    j["attention"].push_back(
+        {{"b", a.b}, {"t", a.t}, {"c", a.c}, {"nh", a.nh}, {"threads", a.threads}, {"gflops", a.gflops}});
+  j["links"] = json::array();
+  for (const auto& l : p.links) {
+    json pts = json::array();
+    for (const auto& pt : l.points) pts.push_back({{"bytes", pt.bytes}, {"seconds", pt.seconds}});
+    j["links"].push_back({{"link", l.link}, {"op", l.op}, {"world", l.world}, {"alpha_s", l.alpha_s},
+                          {"beta_s_per_byte", l.beta_s_per_byte}, {"max_fit_error", l.max_fit_error},
+                          {"points", pts}});
+  }
+  j["not_measured"] = json::array();
+  for (const auto& n : p.not_measured) j["not_measured"].push_back({{"what", n.what}, {"reason", n.reason}});
+  return j;
+}
+
+// ---- reading ----
+MachineProfile from_json(const json& j, const std::string& source) {
+  Reader r(j, source, "");
+  MachineProfile p;
+  if (r.str("kind") != kMachineFileKind) r.fail("kind", std::string("is not '") + kMachineFileKind + "'");
+  p.version = static_cast<int>(r.integer("version", 1));
+  if (p.version != kMachineFileVersion)
+    r.fail("version", "is " + std::to_string(p.version) + " but this meshtrain reads version " +
+                          std::to_string(kMachineFileVersion));
+  p.mode = r.word("mode", {"quick", "full"});
+  p.date = r.str("date");
+  p.meshtrain_commit = r.str("meshtrain_commit");
+  p.host = r.str("host");
+  p.cpu_model = r.str("cpu_model");
+  p.cores = static_cast<int>(r.integer("cores", 1));
+  p.gemm_backend = r.str("gemm_backend");
+  p.bf16_isa = r.str("bf16_isa");
+  p.calibrate_seconds = r.rate("calibrate_seconds");
+
+  const json& gemm = r.array("gemm");
+  for (std::size_t i = 0; i < gemm.size(); ++i) {
+    Reader g(gemm[i], source, item("gemm", i));
+    GemmRate x;
+    x.shape = g.str("shape");
+    x.m = g.integer("m", 1), x.n = g.integer("n", 1), x.k = g.integer("k", 1);
+    x.precision = g.word("precision", {"float32", "bf16"});
+    x.threads = static_cast<int>(g.integer("threads", 1));
+    x.gflops = g.rate("gflops");
+    g.done();
+    p.gemm.push_back(x);
+  }
+  const json& ew = r.array("elementwise");
+  for (std::size_t i = 0; i < ew.size(); ++i) {
+    Reader e(ew[i], source, item("elementwise", i));
+    ElementwiseRate x;
+    x.op = e.word("op", {"add"});
+    x.elements = e.integer("elements", 1);
+    x.threads = static_cast<int>(e.integer("threads", 1));
+    x.bytes_per_s = e.rate("bytes_per_s");
+    e.done();
+    p.elementwise.push_back(x);
+  }
+  const json& att = r.array("attention");
+  for (std::size_t i = 0; i < att.size(); ++i) {
+    Reader a(att[i], source, item("attention", i));
+    AttentionRate x;
+    x.b = a.integer("b", 1), x.t = a.integer("t", 1), x.c = a.integer("c", 1), x.nh = a.integer("nh", 1);
+    x.threads = static_cast<int>(a.integer("threads", 1));
+    x.gflops = a.rate("gflops");
+    a.done();
+    p.attention.push_back(x);
+  }
+  const json& links = r.array("links");
+  for (std::size_t i = 0; i < links.size(); ++i) {
+    const std::string where = item("links", i);
+    Reader l(links[i], source, where);
+    LinkFit x;
+    x.link = l.word("link", {"threads", "mpi_shared_memory", "mpi_tcp"});
+    x.op = l.word("op", {"all_reduce", "sendrecv"});
+    x.world = static_cast<int>(l.integer("world", 2));
+    x.alpha_s = l.rate("alpha_s");
+    x.beta_s_per_byte = l.rate("beta_s_per_byte");
+    x.max_fit_error = l.rate("max_fit_error", /*zero_ok=*/true);
+    const json& pts = l.array("points");
+    if (pts.size() < 2) l.fail(where + ".points", "has " + std::to_string(pts.size()) + " entries, fewer than the 2 a fit needs");
+    for (std::size_t k = 0; k < pts.size(); ++k) {
+      Reader pt(pts[k], source, item(where + ".points", k));
+      LinkPoint lp;
+      lp.bytes = pt.integer("bytes", 1);
+      lp.seconds = pt.rate("seconds");
+      pt.done();
+      if (!x.points.empty() && lp.bytes <= x.points.back().bytes)
+        pt.fail(item(where + ".points", k) + ".bytes", "is not larger than the point before it (points ascend by bytes)");
+      x.points.push_back(lp);
+    }
+    l.done();
+    p.links.push_back(x);
+  }
+  const json& nm = r.array("not_measured");
+  for (std::size_t i = 0; i < nm.size(); ++i) {
+    Reader n(nm[i], source, item("not_measured", i));
+    p.not_measured.push_back({n.str("what"), n.str("reason")});
+    n.done();
+  }
+  r.done();
+  // bf16 rates exist exactly when the CPU has bf16 products.
+  bool has_bf16 = false;
+  for (const auto& g : p.gemm) has_bf16 = has_bf16 || g.precision == "bf16";
+  if (has_bf16 && p.bf16_isa == "emulated")
+    r.fail("gemm", "holds bf16 rates but bf16_isa is 'emulated' (no bf16 products on that CPU)");
+  if (p.gemm.empty()) r.fail("gemm", "is empty (a machine file holds at least one float32 GEMM rate)");
+  return p;
+}
+
+MachineProfile read_machine_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::invalid_argument(path + ": cannot open the machine file; give the path of a file written by meshtrain calibrate");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    throw std::invalid_argument(path + ": not JSON (" + e.what() + "); write it again with meshtrain calibrate");
+  }
+  return from_json(j, path);
+}
+
+void write_machine_file(const MachineProfile& p, const std::string& path) {
+  io::write_file_atomic(path, to_json(p).dump(2) + "\n", "machine file");
+}
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,132 @@
+// The machine file: what `meshtrain calibrate` measured on one machine, for the planner's cost
+// model (compute rates) and memory model, written as JSON (docs/planner.md lists every field).
+//
+// A MachineProfile holds measured figures only. Every rate is positive and finite; what could
+// not be measured (bf16 products on a CPU without them, MPI links outside mpirun) is absent
+// from the lists and said in a sentence instead, never replaced by a guessed number. Units are
+// in the field names: gflops (1e9 floating-point operations per second), bytes_per_s, alpha_s
+// (seconds per operation, the latency), beta_s_per_byte (seconds per byte).
+//
+// from_json is strict: an unknown or missing field, a value of the wrong type, a rate that is
+// not a positive finite number, or another version is refused with std::invalid_argument
+// naming the file and the field (e.g. "machine.json: gemm[3].gflops is -1; ...").
+//
+// Limits: one process's view (one host); the links of several hosts come from several files.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace meshtrain::plan {
+
+inline constexpr int kMachineFileVersion = 1;
+// The "kind" every machine file carries; also how the output policy knows a file it wrote.
+inline constexpr const char* kMachineFileKind = "meshtrain machine";
+
+// One GEMM rate: C(m, n) = A(m, k) B(k, n), 2mnk floating-point operations per product.
+struct GemmRate {
+  std::string shape;      // the class: "square_1024", "mlp_up_bt512", "small_128", ...
+  int64_t m = 0, n = 0, k = 0;
+  std::string precision;  // "float32", or "bf16" (bf16 operands, float32 accumulation)
+  int threads = 1;
+  double gflops = 0;
+};
+
+// Element-wise bandwidth: c = a + b over float32 arrays of `elements`; 12 bytes an element
+// move (two reads, one write).
+struct ElementwiseRate {
+  std::string op;  // "add"
+  int64_t elements = 0;
+  int threads = 1;
+  double bytes_per_s = 0;
+};
+
+// kernels/attention.h forward + backward at (b, t, c, nh), causal. FLOPs counted as the model
+// does: forward 2 b t^2 c (two products of the causal half), backward twice that, so
+// 6 b t^2 c a step (the backward's recomputed scores are not counted).
+struct AttentionRate {
+  int64_t b = 0, t = 0, c = 0, nh = 0;
+  int threads = 1;
+  double gflops = 0;
+};
+
+struct LinkPoint {
+  int64_t bytes = 0;
+  double seconds = 0;  // the slowest rank's mean time of one operation, best of the repetitions
+};
+
+// One link class and operation: time(n bytes) = alpha_s + beta_s_per_byte * n for one
+// operation at `world` ranks, n as bench comm counts it (the whole buffer for all_reduce, one
+// message for sendrecv). Fitted through the smallest and the largest point;
+// max_fit_error is the largest |model - measured| / measured over all points.
+struct LinkFit {
+  std::string link;  // "threads", "mpi_shared_memory" or "mpi_tcp"
+  std::string op;    // "all_reduce" or "sendrecv"
+  int world = 2;
+  double alpha_s = 0, beta_s_per_byte = 0, max_fit_error = 0;
+  std::vector<LinkPoint> points;  // ascending bytes, at least 2
+  double predict_s(double bytes) const { return alpha_s + beta_s_per_byte * bytes; }
+};
+
+struct NotMeasured {
+  std::string what;    // "bf16 GEMM", "mpi_shared_memory", ...
+  std::string reason;  // a sentence, with how to measure it where there is a way
+};
+
+struct MachineProfile {
+  int version = kMachineFileVersion;
+  std::string mode;            // "quick" or "full"
+  std::string date;            // UTC, ISO 8601 ("2025-01-31T12:00:00Z")
+  std::string meshtrain_commit;  // the source's git commit at configure time, or "unknown"
+  std::string host;
+  std::string cpu_model;       // /proc/cpuinfo "model name", or "unknown"
+  int cores = 1;               // the cores this process may use
+  std::string gemm_backend;    // kernels::gemm_backend()
+  std::string bf16_isa;        // kernels::bf16_isa(): "emulated" means no bf16 products
+  double calibrate_seconds = 0;  // the wall time of the measurement
+  std::vector<GemmRate> gemm;
+  std::vector<ElementwiseRate> elementwise;
+  std::vector<AttentionRate> attention;
+  std::vector<LinkFit> links;
+  std::vector<NotMeasured> not_measured;
+
+  // The best rate for (shape, precision, threads); 0 when absent.
+  double gemm_gflops(const std::string& shape, const std::string& precision, int threads) const;
+  const LinkFit* link(const std::string& link, const std::string& op) const;  // null when absent
+};
+
+nlohmann::json to_json(const MachineProfile& p);
+// `source` names the file in messages. Throws std::invalid_argument.
+MachineProfile from_json(const nlohmann::json& j, const std::string& source);
+// Reads and parses a machine file; throws std::invalid_argument (missing file, bad JSON, fields).
+MachineProfile read_machine_file(const std::string& path);
+// to_json, dumped with two-space indents, written atomically (io::write_file_atomic).
+void write_machine_file(const MachineProfile& p, const std::string& path);
+
+// ---- measuring ----
+struct CalibrateOptions {
+  bool quick = false;  // a few seconds: fewer shapes, thread counts, sizes and repetitions
+  int threads = 0;     // the most threads measured; 0: every core
+  // Measure the MPI links when launched by mpirun (all ranks take part; only rank 0 measures
+  // the compute rates and the threads link).
+  bool mpi = true;
+};
+
+// One line of progress: `done` of `total` measurements finished, `line` says which and its figure.
+using CalibrateProgress = std::function<void(int done, int total, const std::string& line)>;
+
+// Measures this machine. Throws std::invalid_argument for bad options (threads below 0).
+// Under mpirun, ranks other than 0 return a profile holding the MPI links only.
+MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& progress = {});
+
+// The readable summary `meshtrain calibrate` prints.
+std::string summary_table(const MachineProfile& p);
+
+// The cores this process may run on (its affinity mask; hardware_concurrency without one).
+int usable_cores();
+
+}  // namespace meshtrain::plan
