@@ -311,7 +311,8 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
             return "gemm " + g.precision + " " + g.shape + " (" + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" +
                    std::to_string(g.k) + ") threads " + std::to_string(t) + ": " + fmt("%.1f", g.gflops) + " GFLOP/s";
           });
-    const int64_t elements = o.quick ? (int64_t{8} << 20) : (int64_t{32} << 20);  // 3 arrays: 96 or 384 MiB
+    // 3 arrays of 128 MiB, far beyond the caches in both modes (smaller arrays partly fit the L3).
+  const int64_t elements = int64_t{32} << 20;
     for (int t : threads)
       tasks.push_back([&p, elements, t, q = o.quick] {
         p.elementwise.push_back(measure_add(elements, t, q));

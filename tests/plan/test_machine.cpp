@@ -1,0 +1,236 @@
+// The machine file (plan/machine.h): its JSON round-trips, bad files are refused naming the
+// file and the field, and `calibrate --quick` on this machine gives positive, finite rates that
+// agree with the trainer's own GEMM measurement (train/metrics.h) and link fits that reproduce
+// their own points. No timing bounds beyond loose consistency factors (the suite runs loaded).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <stdexcept>
+#include <string>
+
+#include "meshtrain/kernels/bf16.h"
+#include "meshtrain/plan/machine.h"
+#include "meshtrain/train/metrics.h"
+#include "temp_dir.h"
+
+namespace {
+using meshtrain::plan::MachineProfile;
+using nlohmann::json;
+
+MachineProfile sample() {
+  MachineProfile p;
+  p.mode = "quick";
+  p.date = "2025-01-31T12:00:00Z";
+  p.meshtrain_commit = "abc123";
+  p.host = "h";
+  p.cpu_model = "Test CPU";
+  p.cores = 2;
+  p.gemm_backend = "dnnl";
+  p.bf16_isa = "avx512_core_bf16";
+  p.calibrate_seconds = 3.5;
+  p.gemm = {{"square_1024", 1024, 1024, 1024, "float32", 1, 95.5}, {"square_1024", 1024, 1024, 1024, "bf16", 2, 300}};
+  p.elementwise = {{"add", 1 << 20, 1, 2.5e10}};
+  p.attention = {{1, 256, 768, 12, 2, 40.25}};
+  p.links = {{"threads", "all_reduce", 2, 2e-6, 1e-10, 0.1, {{8, 2e-6}, {1 << 20, 1.1e-4}}}};
+  p.not_measured = {{"mpi_tcp", "not launched by mpirun"}};
+  return p;
+}
+
+// The message from_json gives for `j`, or "" when it accepts it.
+std::string refusal(const json& j) {
+  try {
+    meshtrain::plan::from_json(j, "m.json");
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MachineFile, RoundTripsEveryField) {
+  const json j = meshtrain::plan::to_json(sample());
+  const MachineProfile back = meshtrain::plan::from_json(j, "m.json");
+  EXPECT_EQ(meshtrain::plan::to_json(back), j);
+  EXPECT_EQ(back.gemm.size(), 2u);
+  EXPECT_DOUBLE_EQ(back.gemm_gflops("square_1024", "bf16", 2), 300);
+  EXPECT_EQ(back.gemm_gflops("square_1024", "bf16", 1), 0);
+  ASSERT_NE(back.link("threads", "all_reduce"), nullptr);
+  EXPECT_EQ(back.link("threads", "all_reduce")->points.size(), 2u);
+  EXPECT_EQ(back.link("mpi_tcp", "all_reduce"), nullptr);
+  EXPECT_EQ(j["kind"], "meshtrain machine");
+  EXPECT_EQ(j["version"], 1);
+}
+
+TEST(MachineFile, WritesAndReadsAFile) {
+  meshtrain::testing::TempDir dir("machine");
+  const std::string path = dir.file("m.json");
+  meshtrain::plan::write_machine_file(sample(), path);
+  EXPECT_EQ(meshtrain::plan::to_json(meshtrain::plan::read_machine_file(path)), meshtrain::plan::to_json(sample()));
+  EXPECT_THROW(meshtrain::plan::read_machine_file(dir.file("absent.json")), std::invalid_argument);
+  std::ofstream(dir.file("bad.json")) << "{ not json";
+  try {
+    meshtrain::plan::read_machine_file(dir.file("bad.json"));
+    FAIL() << "bad JSON accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.json: not JSON"), std::string::npos) << e.what();
+  }
+}
+
+struct BadCase {
+  const char* name;
+  std::function<void(json&)> spoil;
+  const char* field;  // the words the message must hold
+};
+
+TEST(MachineFile, RefusesBadFilesNamingTheField) {
+  const std::vector<BadCase> cases = {
+      {"missing", [](json& j) { j.erase("cores"); }, "cores is missing"},
+      {"unknown top", [](json& j) { j["colour"] = 1; }, "colour is not a field"},
+      {"unknown nested", [](json& j) { j["gemm"][0]["speed"] = 1; }, "gemm[0].speed is not a field"},
+      {"wrong type", [](json& j) { j["cores"] = "two"; }, "cores is string, not an integer"},
+      {"fractional int", [](json& j) { j["gemm"][0]["m"] = 1.5; }, "gemm[0].m is number, not an integer"},
+      {"negative rate", [](json& j) { j["gemm"][1]["gflops"] = -1; }, "gemm[1].gflops is -1"},
+      {"zero rate", [](json& j) { j["elementwise"][0]["bytes_per_s"] = 0; }, "elementwise[0].bytes_per_s is 0"},
+      {"string rate", [](json& j) { j["attention"][0]["gflops"] = "fast"; }, "attention[0].gflops is string"},
+      {"zero alpha", [](json& j) { j["links"][0]["alpha_s"] = 0.0; }, "links[0].alpha_s is 0"},
+      {"missing beta", [](json& j) { j["links"][0].erase("beta_s_per_byte"); }, "links[0].beta_s_per_byte is missing"},
+      {"one point", [](json& j) { j["links"][0]["points"].erase(1); }, "links[0].points has 1 entries"},
+      {"points order", [](json& j) { j["links"][0]["points"][1]["bytes"] = 4; }, "links[0].points[1].bytes is not larger"},
+      {"bad link", [](json& j) { j["links"][0]["link"] = "carrier pigeon"; }, "links[0].link is 'carrier pigeon'"},
+      {"bad precision", [](json& j) { j["gemm"][0]["precision"] = "fp8"; }, "gemm[0].precision is 'fp8'"},
+      {"version", [](json& j) { j["version"] = 2; }, "version is 2"},
+      {"kind", [](json& j) { j["kind"] = "something"; }, "kind is not 'meshtrain machine'"},
+      {"bf16 without isa", [](json& j) { j["bf16_isa"] = "emulated"; }, "gemm holds bf16 rates"},
+      {"no gemm", [](json& j) { j["gemm"] = json::array(); }, "gemm is empty"},
+      {"not object", [](json& j) { j = json::array(); }, "the file is not a JSON object"},
+      {"item not object", [](json& j) { j["gemm"][0] = 3; }, "gemm[0] is not a JSON object"},
+  };
+  for (const auto& c : cases) {
+    json j = meshtrain::plan::to_json(sample());
+    c.spoil(j);
+    const std::string m = refusal(j);
+    EXPECT_EQ(m.rfind("m.json: ", 0), 0u) << c.name << ": " << m;
+    EXPECT_NE(m.find(c.field), std::string::npos) << c.name << ": " << m;
+  }
+  EXPECT_EQ(refusal(meshtrain::plan::to_json(sample())), "");
+}
+
+// ---- calibrate --quick on this machine ----
+struct Quick {
+  MachineProfile p;
+  std::vector<std::pair<int, int>> progress;
+};
+const Quick& quick() {
+  static const Quick q = [] {
+    Quick r;
+    r.p = meshtrain::plan::calibrate({.quick = true, .mpi = false},
+                                     [&](int done, int total, const std::string&) { r.progress.push_back({done, total}); });
+    return r;
+  }();
+  return q;
+}
+
+bool positive(double x) { return std::isfinite(x) && x > 0; }
+
+TEST(Calibrate, QuickGivesPositiveFiniteRatesForEveryThreadCount) {
+  const MachineProfile& p = quick().p;
+  const int cores = meshtrain::plan::usable_cores();
+  EXPECT_EQ(p.cores, cores);
+  EXPECT_EQ(p.mode, "quick");
+  EXPECT_FALSE(p.cpu_model.empty());
+  std::set<int> want{1, cores};
+  std::set<int> gemm_threads, add_threads, att_threads;
+  for (const auto& g : p.gemm) {
+    EXPECT_TRUE(positive(g.gflops)) << g.shape << " " << g.threads;
+    if (g.precision == "float32") gemm_threads.insert(g.threads);
+  }
+  for (const auto& e : p.elementwise) {
+    EXPECT_TRUE(positive(e.bytes_per_s)) << e.threads;
+    add_threads.insert(e.threads);
+  }
+  for (const auto& a : p.attention) {
+    EXPECT_TRUE(positive(a.gflops)) << a.threads;
+    att_threads.insert(a.threads);
+  }
+  EXPECT_EQ(gemm_threads, want);
+  EXPECT_EQ(add_threads, want);
+  EXPECT_EQ(att_threads, want);
+  // 3 shapes x thread counts x precisions.
+  const bool bf16 = meshtrain::kernels::bf16_isa() != "emulated";
+  EXPECT_EQ(p.gemm.size(), 3 * want.size() * (bf16 ? 2 : 1));
+  EXPECT_TRUE(positive(p.calibrate_seconds));
+  // It round-trips through the strict reader.
+  EXPECT_EQ(meshtrain::plan::to_json(meshtrain::plan::from_json(meshtrain::plan::to_json(p), "q")),
+            meshtrain::plan::to_json(p));
+}
+
+TEST(Calibrate, Bf16RatesExistExactlyWhenTheCpuHasBf16Products) {
+  const MachineProfile& p = quick().p;
+  const bool bf16 = meshtrain::kernels::bf16_isa() != "emulated";
+  int rates = 0, notes = 0;
+  for (const auto& g : p.gemm) rates += g.precision == "bf16";
+  for (const auto& n : p.not_measured)
+    if (n.what == "bf16 GEMM") {
+      ++notes;
+      EXPECT_NE(n.reason.find("not measured: no bf16 products on this CPU"), std::string::npos);
+    }
+  EXPECT_EQ(rates > 0, bf16);
+  EXPECT_EQ(notes, bf16 ? 0 : 1);
+  EXPECT_EQ(p.bf16_isa, meshtrain::kernels::bf16_isa());
+}
+
+TEST(Calibrate, GemmRateAgreesWithTheTrainersMeasurement) {
+  // The same product (1024^3, one thread, float32, best of several) measured two ways.
+  const double mine = quick().p.gemm_gflops("square_1024", "float32", 1);
+  const double trainer = meshtrain::train::measured_gemm_gflops(1);
+  ASSERT_GT(mine, 0);
+  EXPECT_LT(mine, 3 * trainer);
+  EXPECT_GT(mine, trainer / 3);
+}
+
+TEST(Calibrate, LinkFitsArePositiveAndReproduceTheirPoints) {
+  const MachineProfile& p = quick().p;
+  for (const char* op : {"all_reduce", "sendrecv"}) {
+    const auto* f = p.link("threads", op);
+    ASSERT_NE(f, nullptr) << op;
+    EXPECT_EQ(f->world, 2);
+    EXPECT_TRUE(positive(f->alpha_s)) << op;
+    EXPECT_TRUE(positive(f->beta_s_per_byte)) << op;
+    ASSERT_EQ(f->points.size(), 3u);
+    const auto& large = f->points.back();
+    EXPECT_NEAR(f->predict_s(static_cast<double>(large.bytes)), large.seconds, 0.5 * large.seconds) << op;
+    double err = 0;
+    for (const auto& pt : f->points) {
+      EXPECT_TRUE(positive(pt.seconds));
+      err = std::max(err, std::abs(f->predict_s(static_cast<double>(pt.bytes)) - pt.seconds) / pt.seconds);
+    }
+    EXPECT_NEAR(f->max_fit_error, err, 1e-9) << op;
+  }
+  // Outside mpirun the MPI links are named as not measured, with how to measure them.
+  int mpi_notes = 0;
+  for (const auto& n : p.not_measured)
+    if (n.what.rfind("mpi_", 0) == 0) ++mpi_notes;
+  EXPECT_EQ(mpi_notes, 2);
+}
+
+TEST(Calibrate, ReportsProgressOncePerMeasurement) {
+  const auto& pr = quick().progress;
+  ASSERT_FALSE(pr.empty());
+  for (std::size_t i = 0; i < pr.size(); ++i) {
+    EXPECT_EQ(pr[i].first, static_cast<int>(i + 1));
+    EXPECT_EQ(pr[i].second, static_cast<int>(pr.size()));
+  }
+  // gemm + add + attention per thread count, plus the threads link.
+  const MachineProfile& p = quick().p;
+  EXPECT_EQ(pr.size(), p.gemm.size() + p.elementwise.size() + p.attention.size() + 1);
+}
+
+TEST(Calibrate, RefusesMoreThreadsThanCores) {
+  const int cores = meshtrain::plan::usable_cores();
+  EXPECT_THROW(meshtrain::plan::calibrate({.quick = true, .threads = cores + 1, .mpi = false}), std::invalid_argument);
+  EXPECT_THROW(meshtrain::plan::calibrate({.quick = true, .threads = -1, .mpi = false}), std::invalid_argument);
+}
+
+}  // namespace
