@@ -21,6 +21,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -264,8 +265,9 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
   std::vector<std::function<std::string()>> tasks;
   const bool under_mpi = o.mpi && mc::have_mpi() && mc::launched_by_mpirun();
   bool lead = true;
+  std::shared_ptr<mc::Communicator> world;
   if (under_mpi) {
-    auto world = mc::mpi_world();
+    world = mc::mpi_world();
     lead = world->rank() == 0;
     tasks.push_back([&, world] {
       std::vector<int64_t> lo{host_hash()}, hi{host_hash()};
@@ -346,6 +348,19 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
   for (int i = 0; i < total; ++i) {
     const std::string line = tasks[i]();
     if (progress) progress(i + 1, total, line);
+  }
+  // Under mpirun the other ranks sleep (polling every 20 ms) until rank 0 has measured the
+  // rest: ending at once would leave them spinning in MPI's finalisation on the cores rank 0
+  // is measuring.
+  if (world && world->size() > 1) {
+    std::vector<float> flag{1.f};
+    if (lead) {
+      for (int r = 1; r < world->size(); ++r) world->send(flag, r);
+    } else {
+      mc::Work w = world->irecv(flag, 0);
+      while (!w.is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      w.wait();
+    }
   }
   p.calibrate_seconds = std::max(since(start), 1e-9);
   return p;
