@@ -64,4 +64,30 @@ TEST(CliCalibrate, KeepsAFileItDidNotWriteAndReplacesItsOwn) {
   EXPECT_NO_THROW(meshtrain::plan::read_machine_file(out));
 }
 
+// Under mpirun both ranks measure the MPI link (one host: shared memory) and rank 0 alone
+// writes the file, with the threads link beside it and TCP named as not measured.
+TEST(CliCalibrate, MeasuresTheMpiLinkUnderMpirun) {
+#ifndef MESHTRAIN_HAVE_MPI
+  GTEST_SKIP() << "this build has no MPI backend";
+#endif
+  meshtrain::testing::TempDir dir("calibrate_cli");
+  const std::string out = dir.file("m.json");
+  const auto r = run_cli("calibrate --quick --out " + out, 180, "mpirun --allow-run-as-root --oversubscribe -np 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto p = meshtrain::plan::read_machine_file(out);
+  for (const char* op : {"all_reduce", "sendrecv"}) {
+    ASSERT_NE(p.link("mpi_shared_memory", op), nullptr) << op << "\n" << r.output;
+    EXPECT_EQ(p.link("mpi_shared_memory", op)->world, 2);
+    EXPECT_NE(p.link("threads", op), nullptr) << op;
+  }
+  int tcp = 0;
+  for (const auto& n : p.not_measured) tcp += n.what == "mpi_tcp";
+  EXPECT_EQ(tcp, 1);
+  // One summary: rank 1 writes nothing.
+  std::size_t files = 0;
+  for (std::size_t at = r.output.find("machine file: "); at != std::string::npos; at = r.output.find("machine file: ", at + 1))
+    ++files;
+  EXPECT_EQ(files, 1u) << r.output;
+}
+
 }  // namespace
