@@ -32,7 +32,7 @@ for opt in adamw lamb; do
   else flags=(--optimizer lamb --lr "$LAMB_LR" --weight-decay 0.01); fi
   start=$(date +%s)
   "$MESHTRAIN" train --model "$MODEL" --data fashion-mnist --dp 4 --batch $B --microbatches 4 --steps "$STEPS" \
-    --warmup 10 --min-lr "$(python3 -c "print(${flags[3]} / 100)")" "${flags[@]}" --eval-every 0 --eval-batches 3 \
+    --warmup 10 --min-lr "$(python3 -c "print(${flags[3]} / 100)")" "${flags[@]}" --eval-every "$STEPS" --eval-batches 3 \
     --threads 1 --log-every 5 --metrics "$dir/$opt.jsonl" > "$dir/$opt.log" 2>&1
   end=$(date +%s)
   python3 - "$dir/$opt.jsonl" "$opt" "${flags[3]}" $((end - start)) <<'PY'
