@@ -61,8 +61,10 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
           const std::map<std::string, size_t> blocks = model::cnn_branch_blocks(*sh.spec.cnn());
           std::vector<double> flat;
           if (world.rank() == 0) {
-            measured = model::measure_branch_costs(*sh.spec.cnn(), o_.batch / o_.dp / o_.microbatches,
-                                                   std::max(1, o_.threads));
+            // At most 32 rows: the costs are compared with each other, and the others wait in
+            // the broadcast (within the communicator's deadline) while rank 0 measures.
+            measured = model::measure_branch_costs(
+                *sh.spec.cnn(), std::min<int64_t>(32, o_.batch / o_.dp / o_.microbatches), std::max(1, o_.threads));
             for (const auto& [name, c] : measured) flat.insert(flat.end(), c.begin(), c.end());
           } else {
             for (const auto& [name, n] : blocks) flat.resize(flat.size() + n, 0.0);
