@@ -152,12 +152,16 @@ class Child {
     }
   }
 
+  void send(int sig) { ::kill(pid_, sig); }
+
   // SIGKILL now. Returns true when the signal ended the process (false: it had exited).
   bool kill_and_reap(Clock::time_point deadline) {
     ::kill(pid_, SIGKILL);
     const int status = reap(deadline);
     return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
   }
+  // The raw wait status once the process ends.
+  int wait_status(Clock::time_point deadline) { return reap(deadline); }
   // The exit code once the process ends on its own (-1: a signal or the deadline).
   int wait_exit(Clock::time_point deadline) {
     const int status = reap(deadline);
@@ -334,6 +338,80 @@ TEST(CrashCli, MetricsAddedOnResumeRebuildWhatCheckpointsRecorded) {
   EXPECT_TRUE(has(r.output, "rebuilt the line(s) of step(s) 3-4,")) << r.output;
   EXPECT_TRUE(has(r.output, "lacks the line(s) of step(s) 1-2, which could not be rebuilt")) << r.output;
   EXPECT_EQ(steps_of(metric_lines(m)), (std::vector<int64_t>{3, 4, 5}));
+}
+
+// ---- a graceful stop (train/stop.h) ----
+
+// SIGTERM (and SIGINT) stop a run at the end of the step in flight: exit 0 with a sentence
+// naming the step, a checkpoint of that step `latest`, the metrics file holding steps 1..N once
+// each; --resume then ends with the uninterrupted run's metrics and tensors, bit for bit.
+TEST(StopCli, ASignalStopsAtAStepWithACheckpointAndTheResumeIsBitExact) {
+  meshtrain::testing::TempDir tmp("stop_cli");
+  const std::string base = "train --data " + corpus_in(tmp) + " --batch 4 --seq 16 --eval-batches 1 --threads 1 " +
+                           "--eval-every 0 --log-every 1 --steps 200";
+  const std::string whole_ck = tmp.file("whole");
+  auto r = run_cli(base + " --checkpoint-dir " + whole_ck + " --metrics " + tmp.file("whole.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<nlohmann::json> whole = metric_lines(tmp.file("whole.jsonl"));
+  ASSERT_EQ(steps_of(whole), one_to(200));
+  for (int sig : {SIGTERM, SIGINT}) {
+    const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    const std::string ck = tmp.file("ck_" + name), m = tmp.file("m_" + name + ".jsonl");
+    std::vector<std::string> args;
+    std::istringstream words(base + " --checkpoint-dir " + ck + " --metrics " + m);
+    for (std::string w; words >> w;) args.push_back(w);
+    Child child(args);
+    ASSERT_TRUE(child.started());
+    const auto deadline = Clock::now() + std::chrono::seconds(120);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(child.next_event(deadline)) << child.output();
+    child.send(sig);
+    ASSERT_EQ(child.wait_exit(deadline), 0) << child.output();
+    const std::vector<nlohmann::json> lines = metric_lines(m);
+    const int64_t n = static_cast<int64_t>(lines.size());
+    ASSERT_GE(n, 3) << child.output();
+    ASSERT_LT(n, 200) << "the run ended before the signal: " << child.output();
+    EXPECT_TRUE(has(child.output(), "stopped at step " + std::to_string(n) + " by " + name +
+                                        ", checkpoint written to " + ck + " (continue with --resume)"))
+        << child.output();
+    EXPECT_EQ(steps_of(lines), one_to(n));
+    EXPECT_EQ(train::open_checkpoint(ck).step, n) << "latest is the stopped step's checkpoint";
+    r = run_cli(base + " --checkpoint-dir " + ck + " --metrics " + m + " --resume");
+    ASSERT_EQ(r.code, 0) << r.output;
+    const std::vector<nlohmann::json> got = metric_lines(m);
+    ASSERT_EQ(steps_of(got), one_to(200)) << name;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i]["loss"], whole[i]["loss"]) << name << " step " << i + 1;
+    expect_same_tensors(ck, whole_ck);
+  }
+}
+
+// A second signal ends the process at once with 128 + the signal (130 for SIGINT, 143 for SIGTERM), and
+// `latest` still names a complete checkpoint, from which --resume reaches the uninterrupted end.
+TEST(StopCli, ASecondSignalExitsAtOnceAndLeavesTheLastCheckpoint) {
+  meshtrain::testing::TempDir tmp("stop_cli");
+  const std::string ck = tmp.file("ck");
+  const std::string base = "train --data " + corpus_in(tmp) + " --batch 4 --seq 16 --eval-batches 1 --threads 1 " +
+                           "--eval-every 0 --log-every 1 --steps 60 --checkpoint-every 1 --checkpoint-dir " + ck;
+  std::vector<std::string> args;
+  std::istringstream words(base);
+  for (std::string w; words >> w;) args.push_back(w);
+  Child child(args);
+  ASSERT_TRUE(child.started());
+  const auto deadline = Clock::now() + std::chrono::seconds(120);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(child.next_event(deadline)) << child.output();
+  // Two different signals, so the second cannot merge with a first still pending (the kernel
+  // keeps one pending instance of each): whichever is handled second ends the process.
+  child.send(SIGTERM);
+  child.send(SIGINT);
+  const int status = child.wait_status(deadline);
+  ASSERT_TRUE(WIFEXITED(status)) << child.output();
+  EXPECT_TRUE(WEXITSTATUS(status) == 130 || WEXITSTATUS(status) == 143)
+      << "exit " << WEXITSTATUS(status) << ": " << child.output();
+  EXPECT_FALSE(has(child.output(), "stopped at step")) << child.output();
+  const train::CheckpointIndex latest = train::open_checkpoint(ck);  // throws if latest is not whole
+  EXPECT_GE(latest.step, 2);  // four events seen: the checkpoints and progress lines of steps 1 and 2
+  auto r = run_cli(base + " --resume");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "done: ")) << r.output;
 }
 
 // ---- a full disk ----

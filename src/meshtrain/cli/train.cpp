@@ -13,6 +13,7 @@
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/metrics.h"
+#include "meshtrain/train/stop.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/train/validate.h"
 
@@ -238,7 +239,20 @@ void add_train_command(CLI::App& app) {
           throw std::invalid_argument("--staleness must be a number of steps (0: synchronous) or inf (unbounded), not '" + *staleness + "'");
       }
       train::configure_allocator();
-      train::train(o);
+      // SIGINT and SIGTERM stop at the end of the step in flight, with a checkpoint (train/stop.h);
+      // the parameter server's ranks run free of steps in common, so it keeps the default.
+      if (o.ps_servers == 0) train::install_stop_handlers();
+      const train::TrainResult r = train::train(o);
+      if (r.stopped_by != 0 && !r.steps.empty()) {
+        const long long step = static_cast<long long>(r.steps.back().step + 1);
+        if (o.checkpoint_dir.empty())
+          std::printf("stopped at step %lld by %s; no --checkpoint-dir, so there is nothing to resume from\n", step,
+                      train::signal_name(r.stopped_by));
+        else
+          std::printf("stopped at step %lld by %s, checkpoint written to %s (continue with --resume)\n", step,
+                      train::signal_name(r.stopped_by), o.checkpoint_dir.c_str());
+        std::fflush(stdout);
+      }
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     } catch (const train::DataError& e) {

@@ -31,6 +31,7 @@
 #include "meshtrain/train/ps_trainer.h"
 #include "meshtrain/train/layout.h"
 #include "meshtrain/train/stage_runner.h"
+#include "meshtrain/train/stop.h"
 #include "meshtrain/train/validate.h"
 #include "meshtrain/train/rank_trainer.h"
 
@@ -382,6 +383,7 @@ void RankTrainer::run() {
   if (lead_) metrics = std::make_unique<MetricsWriter>(o_.metrics, /*append=*/o_.resume);
   auto t_start = Clock::now();
 
+  int stopped = 0;  // the signal a stop was agreed on (train/stop.h)
   for (int64_t step = start; step < o_.steps; ++step) {
     auto t0 = Clock::now();
     comm::CommStats c0 = mesh_.dp_group().stats(), tp0 = mesh_.tp_group().stats();
@@ -480,10 +482,24 @@ void RankTrainer::run() {
       if (r.accuracy) line["accuracy"] = *r.accuracy;
       if (r.val_accuracy) line["val_accuracy"] = *r.val_accuracy;
     }
-    // A checkpoint directory always gets the end of the run; --checkpoint-every adds a cadence.
-    if (!o_.checkpoint_dir.empty() && ((o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0) || last))
+    // A stop asked by SIGINT or SIGTERM (train/stop.h): every rank agrees to end at this step.
+    int stopping = 0;
+    if (stop_handlers_installed() && !last) {
+      std::array<int64_t, 1> sig{stop_signal()};
+      mesh_.world().all_reduce(sig, {.op = comm::ReduceOp::max});
+      stopping = static_cast<int>(sig[0]);
+    }
+    // A checkpoint directory always gets the end of the run (and a stopped one); --checkpoint-every
+    // adds a cadence.
+    if (!o_.checkpoint_dir.empty() &&
+        ((o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0) || last || stopping))
       save(step + 1, lead_ ? &line : nullptr);
-    if (!lead_) continue;
+    stopped = stopping;
+    if (stopping && lead_) res.stopped_by = stopping;  // the result is shared: the lead writes it
+    if (!lead_) {
+      if (stopping) break;
+      continue;
+    }
 
     if (pending_save_) {  // this step's checkpoint, per world rank
       nlohmann::json c = {{"step", *pending_save_}, {"seconds", res.last_save_s}};
@@ -510,12 +526,13 @@ void RankTrainer::run() {
         std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step + 1), *r.val_loss);
     }
     res.steps.push_back(r);
+    if (stopping) break;
   }
   float final_val = (!res.steps.empty() && res.steps.back().val_loss) ? *res.steps.back().val_loss : 0.f;
   std::optional<float> final_acc = !res.steps.empty() ? res.steps.back().val_accuracy : std::nullopt;
   bool have_val = lead_ ? (!res.steps.empty() && res.steps.back().val_loss) : false;
-  // Every rank must agree whether to evaluate (a collective under dp).
-  if (o_.eval_every <= 0 || start >= o_.steps) {
+  // Every rank must agree whether to evaluate (a collective under dp); a stopped run does not.
+  if ((o_.eval_every <= 0 || start >= o_.steps) && stopped == 0) {
     auto [v, acc] = evaluate();
     final_val = v, final_acc = acc, have_val = true;
   }
@@ -529,10 +546,15 @@ void RankTrainer::run() {
   if (have_val) res.final_val_loss = final_val, res.final_val_accuracy = final_acc;
   if (talk) {
     const double rss = peak_rss_mb();
-    std::printf("done: %lld steps in %.1f s | final validation loss %.4f%s | peak RSS %.0f MiB "
+    char loss_text[48];
+    std::snprintf(loss_text, sizeof loss_text, " | final validation loss %.4f", final_val);
+    const std::string val =
+        stopped ? std::string(" (stopped early, not evaluated)")
+                : loss_text + (final_acc ? " | test accuracy " + std::to_string(100.0 * *final_acc).substr(0, 5) + "%"
+                                         : std::string());
+    std::printf("done: %lld steps in %.1f s%s | peak RSS %.0f MiB "
                 "(%.2fx the analytic %.0f MiB%s)\n",
-                static_cast<long long>(res.steps.size()), res.wall_s, final_val,
-                final_acc ? (" | test accuracy " + std::to_string(100.0 * *final_acc).substr(0, 5) + "%").c_str() : "", rss,
+                static_cast<long long>(res.steps.size()), res.wall_s, val.c_str(), rss,
                 rss / analytic_mb_, analytic_mb_, mesh_.world().size() > 1 ? " per rank; RSS counts the whole process" : "");
     const char* wire = o_.comm_dtype == kernels::Precision::bf16 ? "bf16" : "fp32";
     auto per_step = [&](uint64_t StepRecord::*field) {

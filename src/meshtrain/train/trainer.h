@@ -141,6 +141,7 @@ struct TrainResult {
   std::optional<float> final_val_loss;
   std::optional<float> final_val_accuracy;  // classifiers
   std::string model;                        // the model's name (any family)
+  int stopped_by = 0;  // the signal that stopped the run early (train/stop.h); 0: ran to the end
   int64_t start_step = 0;
   double wall_s = 0;
   StateBytes state_bytes;
