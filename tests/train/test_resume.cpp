@@ -7,6 +7,7 @@
 // step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -394,4 +395,39 @@ TEST_F(DivergedRun, StopsNamingTheStepAndKeepsTheLastGoodCheckpoint) {
     for (const auto& [name, t] : ckd.model)
       for (int64_t i = 0; i < t.numel(); ++i) ASSERT_TRUE(std::isfinite(t.data()[i])) << name;
   }
+}
+
+// --checkpoint-every-s: a checkpoint whenever that many seconds passed since the last one, by
+// world rank 0's clock, agreed by every rank at the step's end. An interval every step exceeds
+// saves every step (at dp 2 x pp 2 too: the ranks must save together); one no step reaches saves
+// only the end.
+TEST_F(Resume, ATimedCadenceSavesWhenItsSecondsHavePassed) {
+  auto steps_saved = [&](const fs::path& dir) {
+    std::vector<int64_t> out;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind("step_", 0) == 0) out.push_back(std::stoll(e.path().filename().string().substr(5)));
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  auto o = options(5);
+  o.checkpoint_every = 0;
+  o.checkpoint_every_s = 1e-9;
+  train::train(o);
+  EXPECT_EQ(steps_saved(ck), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  auto layout = options(5);
+  layout.checkpoint_dir = (tmp.path() / "layout").string();
+  layout.checkpoint_every = 0;
+  layout.checkpoint_every_s = 1e-9;
+  layout.dp = 2, layout.pp = 2, layout.microbatches = 2;
+  train::train(layout);
+  EXPECT_EQ(steps_saved(layout.checkpoint_dir), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  auto rare = options(5);
+  rare.checkpoint_dir = (tmp.path() / "rare").string();
+  rare.checkpoint_every = 0;
+  rare.checkpoint_every_s = 1e6;
+  train::train(rare);
+  EXPECT_EQ(steps_saved(rare.checkpoint_dir), (std::vector<int64_t>{5}));
+  auto bad = options(5);
+  bad.checkpoint_every_s = -1;
+  EXPECT_THROW(train::train(bad), std::invalid_argument);
 }

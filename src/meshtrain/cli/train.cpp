@@ -131,6 +131,9 @@ void add_train_command(CLI::App& app) {
   c->add_option("--checkpoint-every", opt->checkpoint_every,
                  "With --checkpoint-dir: save every K steps (default " + std::to_string(kDefaultCheckpointEvery) +
                      "; 0: only at the end); the end of the run is always saved")->check(integer<int64_t>(0))->capture_default_str();
+  c->add_option("--checkpoint-every-s", opt->checkpoint_every_s,
+                "Also save a checkpoint once this many seconds have passed since the last (rank 0's clock; "
+                "with --checkpoint-dir)");
   c->add_option("--keep-checkpoints", opt->keep_checkpoints, "Keep only the newest N checkpoints (0: all)")->check(integer<int>(0))->capture_default_str();
   c->add_flag("--resume", opt->resume, "Continue from the newest checkpoint in --checkpoint-dir");
   c->add_flag("--save-initial", opt->save_initial, "Also save the initial weights as step 0");
@@ -195,7 +198,8 @@ void add_train_command(CLI::App& app) {
       check_optimizer_flags(o, *optimizer, *lr_schedule, given);
       if (given("--weight-decay")) o.optim.weight_decay = *weight_decay;
       // --checkpoint-dir alone saves at the default cadence and at the end (README).
-      if (!o.checkpoint_dir.empty() && !given("--checkpoint-every")) o.checkpoint_every = kDefaultCheckpointEvery;
+      if (!o.checkpoint_dir.empty() && !given("--checkpoint-every") && !given("--checkpoint-every-s"))
+        o.checkpoint_every = kDefaultCheckpointEvery;
       check_comm_timeout_env();
       if (*batch_norm != "sync" && *batch_norm != "local")
         throw std::invalid_argument("--batch-norm must be sync or local, not '" + *batch_norm + "'");

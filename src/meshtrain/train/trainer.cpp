@@ -384,6 +384,7 @@ void RankTrainer::run() {
   auto t_start = Clock::now();
 
   int stopped = 0;  // the signal a stop was agreed on (train/stop.h)
+  auto last_save_time = Clock::now();  // --checkpoint-every-s counts from the start or the last save
   for (int64_t step = start; step < o_.steps; ++step) {
     auto t0 = Clock::now();
     comm::CommStats c0 = mesh_.dp_group().stats(), tp0 = mesh_.tp_group().stats();
@@ -482,18 +483,25 @@ void RankTrainer::run() {
       if (r.accuracy) line["accuracy"] = *r.accuracy;
       if (r.val_accuracy) line["val_accuracy"] = *r.val_accuracy;
     }
-    // A stop asked by SIGINT or SIGTERM (train/stop.h): every rank agrees to end at this step.
+    // A stop asked by SIGINT or SIGTERM (train/stop.h), and --checkpoint-every-s's clock (world
+    // rank 0's): every rank agrees on both at this step's end, in one all-reduce.
     int stopping = 0;
-    if (stop_handlers_installed() && !last) {
-      std::array<int64_t, 1> sig{stop_signal()};
-      mesh_.world().all_reduce(sig, {.op = comm::ReduceOp::max});
-      stopping = static_cast<int>(sig[0]);
+    bool timed_save = false;
+    if ((stop_handlers_installed() || o_.checkpoint_every_s > 0) && !last) {
+      const bool due = mesh_.rank() == 0 && o_.checkpoint_every_s > 0 &&
+                       std::chrono::duration<double>(Clock::now() - last_save_time).count() >= o_.checkpoint_every_s;
+      std::array<int64_t, 2> flags{stop_signal(), due ? 1 : 0};
+      mesh_.world().all_reduce(flags, {.op = comm::ReduceOp::max});
+      stopping = static_cast<int>(flags[0]);
+      timed_save = flags[1] != 0;
     }
     // A checkpoint directory always gets the end of the run (and a stopped one); --checkpoint-every
-    // adds a cadence.
+    // and --checkpoint-every-s add a cadence.
     if (!o_.checkpoint_dir.empty() &&
-        ((o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0) || last || stopping))
+        ((o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0) || last || stopping || timed_save)) {
       save(step + 1, lead_ ? &line : nullptr);
+      last_save_time = Clock::now();
+    }
     stopped = stopping;
     if (stopping && lead_) res.stopped_by = stopping;  // the result is shared: the lead writes it
     if (!lead_) {

@@ -75,6 +75,7 @@ struct TrainOptions {
   std::string trace;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
+  double checkpoint_every_s = 0;  // also save when this many seconds passed since the last save (0: off)
   int keep_checkpoints = 0;  // 0: keep all
   bool resume = false;
   bool save_initial = false;

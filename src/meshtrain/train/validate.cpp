@@ -212,6 +212,12 @@ void check_layout(const TrainOptions& o) {
   if (o.bucket_bytes < 0) bad("--bucket-mb must be a positive number of MiB");
   if ((o.checkpoint_every > 0 || o.resume || o.save_initial) && o.checkpoint_dir.empty())
     bad("--checkpoint-every, --resume and --save-initial need --checkpoint-dir DIR");
+  if (!(o.checkpoint_every_s >= 0) || !std::isfinite(o.checkpoint_every_s))
+    bad("--checkpoint-every-s must be a finite number of seconds above 0 (0: off), got " + num(o.checkpoint_every_s));
+  if (o.checkpoint_every_s > 0 && o.checkpoint_dir.empty())
+    bad("--checkpoint-every-s needs --checkpoint-dir DIR");
+  if (o.checkpoint_every_s > 0 && o.ps_servers > 0)
+    bad("the parameter server does not write checkpoints yet; drop --checkpoint-every-s");
 }
 
 // Ranks of the run that live in this process (threads backend: all of them).
