@@ -67,3 +67,8 @@ expect 0 "note: --data other.txt is not the file ck_alone/step_00000002 was trai
   "$MT" train --data other.txt --steps 3 --quiet --checkpoint-dir ck_alone --resume
 rm -rf "$WORK/other.txt" "$WORK/ck_alone"
 rm -rf "$WORK/ck_user"
+# A timed checkpoint cadence needs somewhere to save, and a number of seconds.
+expect 2 "--checkpoint-every-s needs --checkpoint-dir DIR" -- \
+  "$MT" train --data corpus.txt --steps 1 --checkpoint-every-s 60 --quiet
+expect 2 "--checkpoint-every-s must be a finite number of seconds above 0" -- \
+  "$MT" train --data corpus.txt --steps 1 --checkpoint-every-s inf --checkpoint-dir timed_ck --quiet
