@@ -44,7 +44,7 @@ Tensor MaxPool2d::forward(Context& ctx, const Tensor& x) {
 }
 
 Tensor MaxPool2d::backward(Context& ctx, const Tensor& dy) {
-  std::vector<int32_t> saved = std::move(ctx.ints(this));
+  std::vector<int32_t> saved = std::move(ctx.ints(this));  // the input's shape, then the argmax indices
   ctx.release(this);
   size_t at = 0;
   const Shape xs = detail::read_shape(saved, at);
@@ -63,18 +63,12 @@ Tensor AvgPool2d::forward(Context& ctx, const Tensor& x) {
   const kernels::Pool2dShape s = pool_shape(x.shape(), kernel, stride, padding, "AvgPool2d");
   Tensor y = Tensor::empty({s.N, s.C, s.OH(), s.OW()});
   kernels::avgpool2d_forward(y.data(), x.data(), s, count_include_pad, ctx.threads);
-  if (ctx.training) {
-    ctx.ints(this).clear();
-    detail::push_shape(ctx.ints(this), x.shape());
-  }
+  detail::save_input_shape(ctx, this, x.shape());
   return y;
 }
 
 Tensor AvgPool2d::backward(Context& ctx, const Tensor& dy) {
-  std::vector<int32_t> saved = std::move(ctx.ints(this));
-  ctx.release(this);
-  size_t at = 0;
-  const Shape xs = detail::read_shape(saved, at);
+  const Shape xs = detail::take_input_shape(ctx, this);
   const kernels::Pool2dShape s = pool_shape(xs, kernel, stride, padding, "AvgPool2d");
   Tensor dx = Tensor::empty(xs);
   kernels::avgpool2d_backward(dx.data(), dy.data(), s, count_include_pad, ctx.threads);
@@ -86,18 +80,12 @@ Tensor GlobalAvgPool::forward(Context& ctx, const Tensor& x) {
   if (x.ndim() != 4) throw std::invalid_argument("GlobalAvgPool: input " + shape_str(x.shape()) + " is not (N, C, H, W)");
   Tensor y = Tensor::empty({x.dim(0), x.dim(1), 1, 1});
   kernels::global_avgpool_forward(y.data(), x.data(), x.dim(0) * x.dim(1), x.dim(2) * x.dim(3), ctx.threads);
-  if (ctx.training) {
-    ctx.ints(this).clear();
-    detail::push_shape(ctx.ints(this), x.shape());
-  }
+  detail::save_input_shape(ctx, this, x.shape());
   return y;
 }
 
 Tensor GlobalAvgPool::backward(Context& ctx, const Tensor& dy) {
-  std::vector<int32_t> saved = std::move(ctx.ints(this));
-  ctx.release(this);
-  size_t at = 0;
-  const Shape xs = detail::read_shape(saved, at);
+  const Shape xs = detail::take_input_shape(ctx, this);
   Tensor dx = Tensor::empty(xs);
   kernels::global_avgpool_backward(dx.data(), dy.data(), xs[0] * xs[1], xs[2] * xs[3], ctx.threads);
   return dx;

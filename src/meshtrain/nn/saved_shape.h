@@ -32,4 +32,19 @@ inline Shape read_shape(const std::vector<int32_t>& in, size_t& at) {
   return s;
 }
 
+// Forward of a training pass: `key`'s input shape, the one thing its backward needs.
+inline void save_input_shape(Context& ctx, const void* key, const Shape& shape) {
+  if (!ctx.training) return;
+  ctx.ints(key).clear();
+  push_shape(ctx.ints(key), shape);
+}
+
+// Backward: the shape save_input_shape kept, taken out of the context.
+inline Shape take_input_shape(Context& ctx, const void* key) {
+  std::vector<int32_t> saved = std::move(ctx.ints(key));
+  ctx.release(key);
+  size_t at = 0;
+  return read_shape(saved, at);
+}
+
 }  // namespace meshtrain::nn::detail

@@ -21,18 +21,12 @@ Tensor Flatten::forward(Context& ctx, const Tensor& x) {
   const int64_t n = x.dim(0);
   Tensor y = x.clone();
   y.reshape({n, n == 0 ? 0 : x.numel() / n});
-  if (ctx.training) {
-    ctx.ints(this).clear();
-    detail::push_shape(ctx.ints(this), x.shape());
-  }
+  detail::save_input_shape(ctx, this, x.shape());
   return y;
 }
 
 Tensor Flatten::backward(Context& ctx, const Tensor& dy) {
-  std::vector<int32_t> saved = std::move(ctx.ints(this));
-  ctx.release(this);
-  size_t at = 0;
-  const Shape xs = detail::read_shape(saved, at);
+  const Shape xs = detail::take_input_shape(ctx, this);
   if (shape_numel(xs) != dy.numel())
     throw std::invalid_argument("Flatten: gradient " + shape_str(dy.shape()) + " does not match input " + shape_str(xs));
   Tensor dx = dy.clone();
