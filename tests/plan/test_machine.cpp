@@ -31,6 +31,7 @@ MachineProfile sample() {
   p.gemm_backend = "dnnl";
   p.bf16_isa = "avx512_core_bf16";
   p.calibrate_seconds = 3.5;
+  p.call_overhead_s = 2e-6;
   p.gemm = {{"square_1024", 1024, 1024, 1024, "float32", 1, 95.5}, {"square_1024", 1024, 1024, 1024, "bf16", 2, 300}};
   p.elementwise = {{"add", 1 << 20, 1, 2.5e10}};
   p.attention = {{1, 256, 768, 12, 2, 40.25}};
@@ -60,7 +61,7 @@ TEST(MachineFile, RoundTripsEveryField) {
   EXPECT_EQ(back.link("threads", "all_reduce")->points.size(), 2u);
   EXPECT_EQ(back.link("mpi_tcp", "all_reduce"), nullptr);
   EXPECT_EQ(j["kind"], "meshtrain machine");
-  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["version"], 2);
 }
 
 TEST(MachineFile, WritesAndReadsAFile) {
@@ -100,7 +101,7 @@ TEST(MachineFile, RefusesBadFilesNamingTheField) {
       {"points order", [](json& j) { j["links"][0]["points"][1]["bytes"] = 4; }, "links[0].points[1].bytes is not larger"},
       {"bad link", [](json& j) { j["links"][0]["link"] = "carrier pigeon"; }, "links[0].link is 'carrier pigeon'"},
       {"bad precision", [](json& j) { j["gemm"][0]["precision"] = "fp8"; }, "gemm[0].precision is 'fp8'"},
-      {"version", [](json& j) { j["version"] = 2; }, "version is 2"},
+      {"version", [](json& j) { j["version"] = 1; }, "version is 1"},
       {"kind", [](json& j) { j["kind"] = "something"; }, "kind is not 'meshtrain machine'"},
       {"bf16 without isa", [](json& j) { j["bf16_isa"] = "emulated"; }, "gemm holds bf16 rates"},
       {"no gemm", [](json& j) { j["gemm"] = json::array(); }, "gemm is empty"},
@@ -161,6 +162,7 @@ TEST(Calibrate, QuickGivesPositiveFiniteRatesForEveryThreadCount) {
   const bool bf16 = meshtrain::kernels::bf16_isa() != "emulated";
   EXPECT_EQ(p.gemm.size(), 3 * want.size() * (bf16 ? 2 : 1));
   EXPECT_TRUE(positive(p.calibrate_seconds));
+  EXPECT_TRUE(positive(p.call_overhead_s));
   // It round-trips through the strict reader.
   EXPECT_EQ(meshtrain::plan::to_json(meshtrain::plan::from_json(meshtrain::plan::to_json(p), "q")),
             meshtrain::plan::to_json(p));

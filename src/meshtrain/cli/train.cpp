@@ -11,6 +11,8 @@
 #include "meshtrain/model/spec.h"
 #include "meshtrain/cli/options.h"
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/comm/world.h"
+#include "meshtrain/plan/machine.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/stop.h"
@@ -58,6 +60,7 @@ void add_train_command(CLI::App& app) {
   auto optimizer = std::make_shared<std::string>("adamw");
   auto lr_schedule = std::make_shared<std::string>("cosine");
   auto weight_decay = std::make_shared<float>(0.f);
+  auto machine = std::make_shared<std::string>();
   CLI::App* c = app.add_subcommand("train", "Train a model (a GPT on text or tokens, a CNN on images)");
   c->add_option("--model", opt->model,
                 "Named model: gpt-tiny, gpt-small, gpt2-124m (token models); cnn-small, resnet-small, "
@@ -126,6 +129,9 @@ void add_train_command(CLI::App& app) {
   c->add_option("--eval-batches", opt->eval_batches, "Batches averaged for the validation loss")->check(integer<int64_t>(1))->capture_default_str();
   c->add_option("--metrics", opt->metrics, "Write one JSON line per step to this file");
   c->add_option("--trace", opt->trace, "Write a Chrome trace (Perfetto) of every rank to this file");
+  c->add_option("--machine", *machine,
+                "The machine file (meshtrain calibrate) of the cost model's prediction, printed against the measured "
+                "step time and memory; default: the cached one, measured quickly on first use (docs/planner.md)");
   c->add_option("--checkpoint-dir", opt->checkpoint_dir,
                  "Directory for checkpoints: saved every --checkpoint-every steps and at the end");
   c->add_option("--checkpoint-every", opt->checkpoint_every,
@@ -140,7 +146,7 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--overwrite", opt->overwrite, "Let --metrics and --trace replace existing files that meshtrain did not write");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([c, spatial, branch, batch_norm, opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
+  c->callback([c, machine, spatial, branch, batch_norm, opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
                optimizer, lr_schedule, weight_decay] {
     train::TrainOptions o = *opt;
     auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
@@ -241,6 +247,14 @@ void add_train_command(CLI::App& app) {
         }
         if (used == 0 || used != staleness->size())
           throw std::invalid_argument("--staleness must be a number of steps (0: synchronous) or inf (unbounded), not '" + *staleness + "'");
+      }
+      {  // the cost model's hardware (plan/cost.h): predicted against measured at the end
+        std::string source;
+        const bool mpi = comm::launched_by_mpirun();
+        if (auto m = plan::machine_for_run(*machine, !mpi, &source)) {
+          o.hardware = std::make_shared<const plan::Hardware>(plan::hardware_from_machine(*m, 0));
+          o.hardware_source = source;
+        }
       }
       train::configure_allocator();
       // SIGINT and SIGTERM stop at the end of the step in flight, with a checkpoint (train/stop.h);

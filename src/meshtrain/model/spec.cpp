@@ -1,6 +1,8 @@
 #include "meshtrain/model/spec.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <mutex>
 #include <fstream>
 #include <stdexcept>
 
@@ -24,10 +26,106 @@ class GPTSpec : public ModelSpec {
   int64_t default_batch() const override { return cfg_.batch; }
   int64_t default_seq() const override { return cfg_.seq; }
   const GPTConfig* gpt() const override { return &cfg_; }
+  std::vector<OpCost> op_costs(const StageSpec& spec, const CostQuery& q) const override;
+  double stage_param_elements(const StageSpec& spec, int tp) const override;
+  double boundary_bytes(int64_t, int64_t rows, int64_t T, int tp) const override {
+    // (rows, T, C) between blocks; a T split over tp under sequence parallelism is not assumed.
+    (void)tp;
+    return 4.0 * static_cast<double>(rows * T * cfg_.n_embd);
+  }
 
  private:
   GPTConfig cfg_;
 };
+
+// One rank's share of the layers of a GPT stage (model/stage.h, parallel/tp_layout.h): what
+// each layer saves is what its forward hands to Context::save (tests/model/test_cost.cpp
+// checks the sum against a stage's measured Context), FLOPs are 2mnk a product.
+std::vector<OpCost> GPTSpec::op_costs(const StageSpec& spec, const CostQuery& q) const {
+  const double tp = std::max(1, q.tp);
+  const double C = static_cast<double>(cfg_.n_embd), V = static_cast<double>(cfg_.vocab_size);
+  const double H = static_cast<double>(cfg_.n_head), T = static_cast<double>(q.T);
+  const double N = static_cast<double>(q.rows) * T;   // tokens
+  const double Ns = q.sequence_parallel ? N / tp : N;  // tokens of the regions split along T
+  const int64_t n_tok = q.rows * q.T;
+  const double f = 4.0;  // bytes a float
+  auto gemm = [&](std::string name, int64_t m, int64_t n, int64_t k, double saved) {
+    OpCost o;
+    o.name = std::move(name), o.cls = OpClass::gemm, o.m = m, o.n = n, o.k = k;
+    o.fwd_flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    o.bwd_flops = 2 * o.fwd_flops;
+    o.saved_bytes = saved;
+    return o;
+  };
+  auto memory = [&](std::string name, double fwd, double bwd, double saved, const char* kernel = "add") {
+    OpCost o;
+    o.name = std::move(name), o.fwd_bytes = fwd, o.bwd_bytes = bwd, o.saved_bytes = saved, o.kernel = kernel;
+    return o;
+  };
+  const int64_t c = cfg_.n_embd, ct = static_cast<int64_t>(C / tp);
+  std::vector<OpCost> ops;
+  if (spec.embedding) {
+    OpCost e = memory("embedding", 3 * f * N * C, 3 * f * N * C, 0);
+    if (tp > 1) e.tp_fwd_bytes = f * N * C;  // the vocabulary-parallel lookup's partial rows
+    ops.push_back(e);
+  }
+  const int64_t end = spec.end_layer < 0 ? cfg_.n_layer : spec.end_layer;
+  for (int64_t i = spec.first_layer; i < end; ++i) {
+    const std::string b = "h." + std::to_string(i);
+    ops.push_back(memory(b + ".ln_1", 2 * f * Ns * C, 4 * f * Ns * C, f * Ns * (C + 2), "layernorm"));
+    ops.push_back(gemm(b + ".attn.c_attn", n_tok, 3 * ct, c, f * Ns * C));
+    OpCost a;
+    a.name = b + ".attn.core", a.cls = OpClass::attention;
+    a.m = q.T, a.n = cfg_.n_embd / cfg_.n_head, a.k = static_cast<int64_t>(H / tp);
+    a.fwd_flops = 2.0 * static_cast<double>(q.rows) * T * T * C / tp, a.bwd_flops = 2 * a.fwd_flops;
+    a.saved_bytes = f * N * (4 * C + H) / tp;  // qkv, y, log-sum-exp
+    a.temp_bytes = f * N * 4 * C / tp;          // dqkv, dy
+    ops.push_back(a);
+    OpCost proj = gemm(b + ".attn.c_proj", n_tok, c, ct, f * N * C / tp);
+    proj.tp_fwd_bytes = tp > 1 ? f * N * C : 0;
+    ops.push_back(proj);
+    ops.push_back(memory(b + ".residual_1", 3 * f * Ns * C, 2 * f * Ns * C, 0));
+    ops.push_back(memory(b + ".ln_2", 2 * f * Ns * C, 4 * f * Ns * C, f * Ns * (C + 2), "layernorm"));
+    OpCost fc = gemm(b + ".mlp.c_fc", n_tok, 4 * ct, c, f * Ns * C);
+    fc.tp_bwd_bytes = tp > 1 ? f * N * C : 0;
+    ops.push_back(fc);
+    OpCost g = memory(b + ".mlp.gelu", 2 * f * N * 4 * C / tp, 3 * f * N * 4 * C / tp, f * N * 4 * C / tp, "gelu");
+    g.temp_bytes = f * (N * 8 * C / tp + 3 * Ns * C);  // dg, dh and the residual gradients
+    ops.push_back(g);
+    OpCost mp = gemm(b + ".mlp.c_proj", n_tok, c, 4 * ct, f * N * 4 * C / tp);
+    mp.tp_fwd_bytes = tp > 1 ? f * N * C : 0;
+    ops.push_back(mp);
+    OpCost r = memory(b + ".residual_2", 2 * f * Ns * C, 2 * f * Ns * C, 0);
+    r.tp_bwd_bytes = tp > 1 ? f * N * C : 0;  // the attention's column input
+    r.unit_end = true;
+    ops.push_back(r);
+  }
+  if (spec.head) {
+    ops.push_back(memory("ln_f", 2 * f * Ns * C, 4 * f * Ns * C, f * Ns * (C + 2), "layernorm"));
+    OpCost h = gemm("head", n_tok, static_cast<int64_t>(V / tp), c, f * N * C);
+    h.tp_bwd_bytes = tp > 1 ? f * N * C : 0;
+    ops.push_back(h);
+    OpCost ce = memory("cross_entropy", 2 * f * N * V / tp, 2 * f * N * V / tp, f * N * (V / tp + 1), "gelu");
+    ce.temp_bytes = f * N * (V / tp + 2 * C);  // dlogits, dh
+    if (tp > 1) ce.tp_fwd_bytes = 2 * f * N;    // the vocabulary shards' maximum and sum
+    ops.push_back(ce);
+  }
+  return ops;
+}
+
+double GPTSpec::stage_param_elements(const StageSpec& spec, int tp_) const {
+  const double tp = std::max(1, tp_);
+  const double C = static_cast<double>(cfg_.n_embd), V = static_cast<double>(cfg_.vocab_size);
+  const double P = static_cast<double>(cfg_.block_size);
+  const int64_t end = spec.end_layer < 0 ? cfg_.n_layer : spec.end_layer;
+  // A block: c_attn, c_fc (column: weight and bias split), c_proj x2 (row: weight split, bias
+  // whole), two layernorms whole.
+  const double block = (12 * C * C + 7 * C) / tp + 2 * C + 4 * C;
+  double n = block * static_cast<double>(end - spec.first_layer);
+  if (spec.embedding) n += V * C / tp + P * C;
+  if (spec.head) n += 2 * C + (spec.embedding ? 0 : V * C / tp);
+  return n;
+}
 
 class CNNSpec : public ModelSpec {
  public:
@@ -47,11 +145,85 @@ class CNNSpec : public ModelSpec {
   Shape sample_shape() const override { return {cfg_.channels, cfg_.height, cfg_.width}; }
   int64_t classes() const override { return cfg_.classes; }
   const CNNConfig* cnn() const override { return &cfg_; }
+  std::vector<OpCost> op_costs(const StageSpec& spec, const CostQuery& q) const override;
+  double stage_param_elements(const StageSpec& spec, int tp) const override;
+  double boundary_bytes(int64_t unit, int64_t rows, int64_t, int tp) const override {
+    const Shape& chw = shapes_.at(static_cast<size_t>(unit));
+    double n = 1;
+    for (int64_t d : chw) n *= static_cast<double>(d);
+    return 4.0 * n * static_cast<double>(rows) / std::max(1, tp);
+  }
 
  private:
+  // Per unit, per image: the bytes its layers save in one forward (and the head's, on the
+  // last), measured once on a stage of that unit alone.
+  const std::vector<double>& saved_per_image() const;
+
   CNNConfig cfg_;
   int64_t units_;
+  std::vector<Shape> shapes_ = cnn_unit_shapes(cfg_);
+  std::vector<double> flops_ = cnn_unit_flops(cfg_);
+  mutable std::once_flag probed_;
+  mutable std::vector<double> saved_;
 };
+
+const std::vector<double>& CNNSpec::saved_per_image() const {
+  std::call_once(probed_, [&] {
+    const int64_t rows = 2;
+    for (int64_t u = 0; u < units_; ++u) {
+      CNNStage stage(cfg_, 0, u, u + 1, u == 0, u == units_ - 1);
+      Shape in = stage.input_shape(rows, 1);
+      Tensor x = Tensor::zeros(in);
+      std::vector<float> images(static_cast<size_t>(x.numel()), 0.f);
+      std::vector<int32_t> targets(static_cast<size_t>(rows), 0);
+      MicroBatch mb{.images = images.data(), .targets = targets.data(), .rows = rows};
+      nn::Context ctx(1, true);
+      StageResult r;
+      stage.forward(ctx, u == 0 ? Tensor() : x, mb, &r, nullptr);
+      saved_.push_back(static_cast<double>(ctx.peak_saved_bytes()) / rows);
+    }
+  });
+  return saved_;
+}
+
+// Per unit: its convolutions and linears as one product (FLOPs from cnn_unit_flops), its
+// batch norms, activations and pooling as memory traffic over the unit's output (about six
+// passes forward, ten backward), and what its layers save (measured, saved_per_image).
+std::vector<OpCost> CNNSpec::op_costs(const StageSpec& spec, const CostQuery& q) const {
+  const double tp = std::max(1, q.tp), rows = static_cast<double>(q.rows);
+  const int64_t end = spec.end_layer < 0 ? units_ : spec.end_layer;
+  std::vector<OpCost> ops;
+  for (int64_t u = spec.first_layer; u < end; ++u) {
+    const Shape& out = shapes_[static_cast<size_t>(u + 1)];
+    const double positions = out.size() == 3 ? static_cast<double>(out[1] * out[2]) : 1.0;
+    const double channels = static_cast<double>(out[0]);
+    OpCost o;
+    o.name = "unit." + std::to_string(u);
+    o.cls = OpClass::gemm;
+    o.fwd_flops = flops_[static_cast<size_t>(u)] / 3 * rows / tp, o.bwd_flops = 2 * o.fwd_flops;
+    o.m = static_cast<int64_t>(rows * positions), o.n = static_cast<int64_t>(channels);
+    o.k = o.m * o.n > 0 ? static_cast<int64_t>(o.fwd_flops / (2.0 * static_cast<double>(o.m) * static_cast<double>(o.n))) : 0;
+    const double out_bytes = 4.0 * rows * positions * channels / tp;
+    o.fwd_bytes = 6 * out_bytes, o.bwd_bytes = 10 * out_bytes;
+    o.saved_bytes = saved_per_image()[static_cast<size_t>(u)] * rows / tp;
+    o.temp_bytes = 3 * out_bytes;
+    o.unit_end = true;
+    ops.push_back(o);
+  }
+  return ops;
+}
+
+double CNNSpec::stage_param_elements(const StageSpec& spec, int tp) const {
+  const int64_t end = spec.end_layer < 0 ? units_ : spec.end_layer;
+  auto all = build_cnn_units(cfg_, 0, *single_rank_cnn_layout());
+  double n = 0;
+  for (int64_t u = spec.first_layer; u < end; ++u) {
+    std::vector<nn::Param*> ps;
+    all[static_cast<size_t>(u)]->collect_params(ps);
+    for (nn::Param* p : ps) n += static_cast<double>(p->value.numel());
+  }
+  return n / std::max(1, tp);
+}
 
 }  // namespace
 

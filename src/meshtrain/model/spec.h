@@ -18,6 +18,7 @@
 
 #include "meshtrain/model/cnn.h"
 #include "meshtrain/model/config.h"
+#include "meshtrain/model/cost.h"
 #include "meshtrain/model/stage.h"
 
 namespace meshtrain::model {
@@ -52,6 +53,17 @@ class ModelSpec {
   // Image models: the sample's (C, H, W) and the number of classes.
   virtual Shape sample_shape() const { return {}; }
   virtual int64_t classes() const { return 0; }
+  // ---- what the planner asks (model/cost.h) ----
+  // The layers of stage `spec` (units [first_layer, end_layer), with the embedding and the head
+  // when it has them) for one micro-batch on one rank of an intra-layer group of q.tp, in
+  // forward order.
+  virtual std::vector<OpCost> op_costs(const StageSpec& spec, const CostQuery& q) const = 0;
+  // Parameter elements one rank of the intra-layer group holds of stage `spec` (a tied copy is
+  // counted on each stage that holds one).
+  virtual double stage_param_elements(const StageSpec& spec, int tp) const = 0;
+  // Bytes of the activation entering unit `unit` (unit 0: the model's input) for `rows` samples
+  // on one rank: what a pipeline stage boundary sends.
+  virtual double boundary_bytes(int64_t unit, int64_t rows, int64_t T, int tp) const = 0;
   virtual const GPTConfig* gpt() const { return nullptr; }
   virtual const CNNConfig* cnn() const { return nullptr; }
 };

@@ -18,7 +18,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -28,7 +30,11 @@
 #include <vector>
 
 #include "meshtrain/comm/world.h"
+#include "meshtrain/kernels/adamw.h"
 #include "meshtrain/kernels/attention.h"
+#include "meshtrain/kernels/elementwise.h"
+#include "meshtrain/kernels/gelu.h"
+#include "meshtrain/kernels/layernorm.h"
 #include "meshtrain/kernels/gemm.h"
 #include "meshtrain/plan/machine.h"
 
@@ -132,6 +138,67 @@ ElementwiseRate measure_add(int64_t n, int threads, bool quick) {
       },
       quick ? 3 : 5, quick ? 0.05 : 0.3);
   return {"add", n, threads, 12.0 * static_cast<double>(n) / t};
+}
+
+// The layers' own memory-bound kernels on 1M elements (4 MiB: the size of a small model's
+// activations, in the caches), with the bytes the cost model counts for them (model/cost.h):
+// layernorm forward + backward 6 x 4 bytes an element, GELU forward + backward 5 x 4, AdamW
+// 7 x 4 (the parameter, gradient and two moments read; parameter and moments written), add 12.
+ElementwiseRate measure_kernel(const std::string& op, int threads, bool quick) {
+  const int64_t n = int64_t{1} << 20, C = 512, N = n / C;
+  std::vector<float> x(n, 0.3f), y(n), dx(n), dy(n, 0.01f), m(n, 0.f), v(n, 0.f), mean(N), rstd(N), w(C, 1.f), b(C),
+      dw(C), db(C);
+  double bytes = 0;
+  std::function<void()> fn;
+  if (op == "layernorm") {
+    bytes = 6.0 * 4 * n;
+    fn = [&] {
+      kernels::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, threads);
+      kernels::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(),
+                                  N, C, threads);
+    };
+  } else if (op == "gelu") {
+    bytes = 5.0 * 4 * n;
+    fn = [&] {
+      kernels::gelu_forward(y.data(), x.data(), n, threads);
+      kernels::gelu_backward(dx.data(), x.data(), dy.data(), n, threads);
+    };
+  } else if (op == "adamw") {
+    bytes = 7.0 * 4 * n;
+    kernels::AdamWParams ap;
+    fn = [&] { kernels::adamw_update(y.data(), dy.data(), m.data(), v.data(), n, ap, threads); };
+  } else {
+    bytes = 12.0 * n;
+    fn = [&] { kernels::add(y.data(), x.data(), dy.data(), n, threads); };
+  }
+  const double t = best_seconds(fn, quick ? 3 : 5, quick ? 0.02 : 0.1);
+  return {op, n, threads, bytes / t};
+}
+
+// ---- call overhead ----
+// One kernel call's fixed cost on one thread: the mean of a tiny GEMM (the library's dispatch)
+// and a tiny element-wise pass (an OpenMP region), best of the repetitions.
+double measure_call_overhead(bool quick) {
+  std::vector<float> a(64, 0.5f), b(64, 0.25f), c(64);
+  const kernels::GemmOptions opt(1, kernels::Precision::f32);
+  const int inner = 1000;
+  const double g = best_seconds(
+      [&] {
+        for (int i = 0; i < inner; ++i)
+          kernels::gemm(kernels::Trans::N, kernels::Trans::N, 8, 8, 8, 1.f, a.data(), 8, b.data(), 8, 0.f, c.data(), 8, opt);
+      },
+      quick ? 3 : 5, quick ? 0.02 : 0.1) / inner;
+  float* pa = a.data();
+  float* pc = c.data();
+  const double e = best_seconds(
+      [&] {
+        for (int i = 0; i < inner; ++i) {
+#pragma omp parallel for num_threads(1) schedule(static)
+          for (int64_t j = 0; j < 64; ++j) pc[j] = pa[j] + pc[j];
+        }
+      },
+      quick ? 3 : 5, quick ? 0.02 : 0.1) / inner;
+  return std::max(1e-9, (g + e) / 2);
 }
 
 // ---- attention ----
@@ -321,15 +388,33 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
         return "add " + std::to_string(elements) + " floats threads " + std::to_string(t) + ": " +
                fmt("%.2f", p.elementwise.back().bytes_per_s / 1e9) + " GB/s";
       });
-    for (int t : threads)
-      tasks.push_back([&p, t, q = o.quick] {
-        // GPT-2 small's heads (C 768, 12 heads); a shorter sequence in quick mode.
-        p.attention.push_back(q ? measure_attention(1, 256, 768, 12, t, q) : measure_attention(2, 512, 768, 12, t, q));
+    for (const char* op : {"add", "layernorm", "gelu", "adamw"})
+      for (int t : threads)
+        tasks.push_back([&p, op = std::string(op), t, q = o.quick] {
+          p.elementwise.push_back(measure_kernel(op, t, q));
+          return op + " 1048576 floats (in cache) threads " + std::to_string(t) + ": " +
+                 fmt("%.2f", p.elementwise.back().bytes_per_s / 1e9) + " GB/s";
+        });
+    // Head sizes 32 and 64 at short and long sequences (gpt-tiny's 64 x 32, gpt-small's 256 x
+    // 64, GPT-2 small's 512 x 64): the kernel's rate depends on both.
+    struct AttnShape {
+      int64_t b, t, c, nh;
+    };
+    const std::vector<AttnShape> attn = o.quick ? std::vector<AttnShape>{{12, 64, 128, 4}, {4, 256, 384, 6}}
+                                                : std::vector<AttnShape>{{12, 64, 128, 4}, {8, 256, 384, 6}, {2, 512, 768, 12}};
+    for (const AttnShape& s : attn)
+      for (int t : threads)
+        tasks.push_back([&p, s, t, q = o.quick] {
+        p.attention.push_back(measure_attention(s.b, s.t, s.c, s.nh, t, q));
         const auto& a = p.attention.back();
         return "attention fwd+bwd (" + std::to_string(a.b) + ", " + std::to_string(a.t) + ", " + std::to_string(a.c) +
                ", " + std::to_string(a.nh) + " heads) threads " + std::to_string(t) + ": " + fmt("%.1f", a.gflops) +
                " GFLOP/s";
       });
+    tasks.push_back([&p, q = o.quick] {
+      p.call_overhead_s = measure_call_overhead(q);
+      return "kernel call overhead: " + fmt("%.2f", p.call_overhead_s * 1e6) + " us";
+    });
     tasks.push_back([&p, q = o.quick] {
       const std::vector<int64_t> sizes = q ? std::vector<int64_t>{8, 64 << 10, 4 << 20}
                                            : std::vector<int64_t>{8, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
@@ -405,6 +490,49 @@ std::string summary_table(const MachineProfile& p) {
   }
   for (const auto& n : p.not_measured) s += "not measured: " + n.what + ": " + n.reason + "\n";
   return s;
+}
+
+std::string default_machine_path() {
+  if (const char* f = std::getenv("MESHTRAIN_MACHINE_FILE"); f && *f) return f;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/meshtrain/machine.json";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/meshtrain/machine.json";
+  return "";
+}
+
+std::optional<MachineProfile> machine_for_run(const std::string& path, bool may_calibrate, std::string* source) {
+  if (!path.empty()) {
+    if (source) *source = "machine file " + path;
+    return read_machine_file(path);
+  }
+  const std::string cached = default_machine_path();
+  std::error_code ec;
+  if (!cached.empty() && std::filesystem::is_regular_file(cached, ec)) {
+    try {
+      MachineProfile m = read_machine_file(cached);
+      if (m.host == host_name() && m.cpu_model == cpu_model() && m.cores == usable_cores()) {
+        if (source) *source = "machine file " + cached + " (" + m.mode + ", " + m.date + ")";
+        return m;
+      }
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "note: %s; measuring this machine again\n", e.what());
+    }
+  }
+  if (!may_calibrate) return std::nullopt;
+  std::fprintf(stderr, "note: measuring this machine for the cost model (meshtrain calibrate --quick, about two seconds)%s\n",
+               cached.empty() ? "" : ("; kept in " + cached + " for the next runs").c_str());
+  CalibrateOptions o;
+  o.quick = true, o.mpi = false;
+  MachineProfile m = calibrate(o);
+  if (source) *source = "quick calibration" + (cached.empty() ? std::string() : " kept in " + cached);
+  if (!cached.empty()) {
+    try {
+      std::filesystem::create_directories(std::filesystem::path(cached).parent_path(), ec);
+      write_machine_file(m, cached);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "note: could not keep the machine file (%s); the next run measures again\n", e.what());
+    }
+  }
+  return m;
 }
 
 }  // namespace meshtrain::plan

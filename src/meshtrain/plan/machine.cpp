@@ -118,6 +118,7 @@ json to_json(const MachineProfile& p) {
   j["gemm_backend"] = p.gemm_backend;
   j["bf16_isa"] = p.bf16_isa;
   j["calibrate_seconds"] = p.calibrate_seconds;
+  j["call_overhead_s"] = p.call_overhead_s;
   j["gemm"] = json::array();
   for (const auto& g : p.gemm)
     j["gemm"].push_back({{"shape", g.shape}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"precision", g.precision},
@@ -161,6 +162,7 @@ MachineProfile from_json(const json& j, const std::string& source) {
   p.gemm_backend = r.str("gemm_backend");
   p.bf16_isa = r.str("bf16_isa");
   p.calibrate_seconds = r.rate("calibrate_seconds");
+  p.call_overhead_s = r.rate("call_overhead_s");
 
   const json& gemm = r.array("gemm");
   for (std::size_t i = 0; i < gemm.size(); ++i) {
@@ -178,7 +180,7 @@ MachineProfile from_json(const json& j, const std::string& source) {
   for (std::size_t i = 0; i < ew.size(); ++i) {
     Reader e(ew[i], source, item("elementwise", i));
     ElementwiseRate x;
-    x.op = e.word("op", {"add"});
+    x.op = e.word("op", {"add", "layernorm", "gelu", "adamw"});
     x.elements = e.integer("elements", 1);
     x.threads = static_cast<int>(e.integer("threads", 1));
     x.bytes_per_s = e.rate("bytes_per_s");

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,7 @@
 
 namespace meshtrain::plan {
 
-inline constexpr int kMachineFileVersion = 1;
+inline constexpr int kMachineFileVersion = 2;
 // The "kind" every machine file carries; also how the output policy knows a file it wrote.
 inline constexpr const char* kMachineFileKind = "meshtrain machine";
 
@@ -88,6 +89,9 @@ struct MachineProfile {
   std::string gemm_backend;    // kernels::gemm_backend()
   std::string bf16_isa;        // kernels::bf16_isa(): "emulated" means no bf16 products
   double calibrate_seconds = 0;  // the wall time of the measurement
+  // The fixed cost of one kernel call on one thread (the mean of a tiny GEMM and a tiny
+  // element-wise pass): what a layer costs beyond its FLOPs and bytes.
+  double call_overhead_s = 0;
   std::vector<GemmRate> gemm;
   std::vector<ElementwiseRate> elementwise;
   std::vector<AttentionRate> attention;
@@ -125,6 +129,17 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
 
 // The readable summary `meshtrain calibrate` prints.
 std::string summary_table(const MachineProfile& p);
+
+// ---- the machine file a run uses ----
+// $MESHTRAIN_MACHINE_FILE when set, else $XDG_CACHE_HOME/meshtrain/machine.json, else
+// $HOME/.cache/meshtrain/machine.json ("" when none of them is set).
+std::string default_machine_path();
+// The machine file of `meshtrain train`'s cost model: `path` when given (read; a bad file
+// throws std::invalid_argument naming it); else the file at default_machine_path() when it
+// was measured on this host, CPU model and number of cores; else, when `may_calibrate`, a
+// quick calibration (about two seconds), written there for the next run (a note on stderr; a
+// failed write is said and the run goes on). nullopt: none could be had. `source` says which.
+std::optional<MachineProfile> machine_for_run(const std::string& path, bool may_calibrate, std::string* source);
 
 // The cores this process may run on (its affinity mask; hardware_concurrency without one).
 int usable_cores();

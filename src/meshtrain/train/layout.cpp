@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "meshtrain/model/stage.h"
+#include "meshtrain/parallel/data_parallel.h"
 
 #include "meshtrain/pipeline/passes.h"
 #include "meshtrain/train/trainer.h"
@@ -21,6 +22,19 @@ pipeline::Schedule make_pipeline_schedule(const TrainOptions& o) {
                                 std::to_string(o.microbatches) + " and --chunks " + std::to_string(o.chunks) + ": " +
                                 e.what());
   }
+}
+
+plan::Layout plan_layout(const TrainOptions& o, const std::vector<pipeline::LayerSpan>& spans) {
+  plan::Layout l;
+  l.dp = o.dp, l.tp = o.tp, l.pp = o.pp, l.microbatches = o.microbatches, l.schedule = o.schedule;
+  l.chunks = o.pp == 1 ? 1 : o.chunks;
+  l.zero = o.zero, l.recompute = o.recompute, l.sequence_parallel = o.sequence_parallel;
+  l.batch = o.batch, l.seq = std::max<int64_t>(1, o.seq), l.threads = std::max(1, o.threads);
+  l.bf16 = o.precision == kernels::Precision::bf16;
+  l.optimizer_state = static_cast<int>(state_prefixes(o.optim).size());
+  l.bucket_bytes = o.bucket_bytes > 0 ? o.bucket_bytes : parallel::kDefaultBucketBytes;
+  l.stages = spans;
+  return l;
 }
 
 StageCosts flop_costs(const model::GPTConfig& cfg, int64_t T) {

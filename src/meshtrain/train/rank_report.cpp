@@ -174,6 +174,13 @@ void RankTrainer::print_header() {
                   1e3 * profiled_->head);
     }
   }
+  if (const auto& p = sh_.res.predicted) {
+    const double MiB = 1024.0 * 1024.0;
+    std::printf("predicted (cost model, %s): step %.2f ms (compute %.2f incl. tp %.2f, exposed dp %.2f, optimizer %.2f; "
+                "bubble %.0f%%) | peak tensor memory per rank %.1f MiB\n",
+                o_.hardware_source.c_str(), 1e3 * p->step_s, 1e3 * p->compute_s, 1e3 * p->tp_comm_s, 1e3 * p->dp_comm_s,
+                1e3 * p->optimizer_s, 100 * p->bubble, p->peak_bytes / MiB);
+  }
   if (o_.dp > 1 || o_.zero > 0) {
     // ZeRO's per-rank state (the engine's buffers and the optimizer's moments) against the
     // analytic formula: 4 + 4 + 4 x (state tensors: AdamW and LAMB 2, SGD 1 or 0) bytes per
@@ -240,6 +247,38 @@ void write_trace(const trace::Recorder& rec, const TrainOptions& o) {
 void note(const std::string& text) {
   std::fprintf(stderr, "meshtrain: note: %s\n", text.c_str());
   std::fflush(stderr);
+}
+
+void RankTrainer::report_prediction() {
+  const TrainResult& res = sh_.res;
+  const plan::Prediction& p = *res.predicted;
+  const double MiB = 1024.0 * 1024.0;
+  const size_t n = res.steps.size();
+  const std::string which = n >= 5 ? "median of steps " + std::to_string(res.steps[2].step + 1) + "-" +
+                                         std::to_string(res.steps.back().step + 1)
+                                   : "median of " + std::to_string(n) + " step(s)";
+  std::printf("predicted against measured: step %.2f ms vs %.2f ms (%s), error %+.1f%%",
+              1e3 * p.step_s, 1e3 * res.measured_step_s, which.c_str(),
+              res.measured_step_s > 0 ? 100 * (p.step_s - res.measured_step_s) / res.measured_step_s : 0.0);
+  // Peak memory: per pipeline rank the prediction, against the most any rank at that pp
+  // position held (ranks of one stage hold alike).
+  double worst = 0;
+  int worst_rank = 0;
+  for (size_t r = 0; r < res.peak_tensor_bytes.size(); ++r) {
+    const int pp = parallel::mesh_coord({o_.dp, o_.tp, o_.pp}, static_cast<int>(r)).pp;
+    const double predicted = p.memory.at(static_cast<size_t>(pp)).total();
+    const double measured = static_cast<double>(res.peak_tensor_bytes[r]);
+    const double err = measured > 0 ? (predicted - measured) / measured : 0;
+    if (r == 0 || std::abs(err) > std::abs(worst)) worst = err, worst_rank = static_cast<int>(r);
+  }
+  if (!res.peak_tensor_bytes.empty()) {
+    const size_t r = static_cast<size_t>(worst_rank);
+    const int pp = parallel::mesh_coord({o_.dp, o_.tp, o_.pp}, worst_rank).pp;
+    std::printf(" | peak tensor memory of rank %d %.1f MiB vs %.1f MiB, error %+.1f%% (the largest error of the %zu ranks)",
+                worst_rank, p.memory.at(static_cast<size_t>(pp)).total() / MiB,
+                static_cast<double>(res.peak_tensor_bytes[r]) / MiB, 100 * worst, res.peak_tensor_bytes.size());
+  }
+  std::printf("\n");
 }
 
 }  // namespace meshtrain::train::detail

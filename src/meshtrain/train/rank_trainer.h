@@ -122,10 +122,13 @@ class RankTrainer {
   std::string kept_checkpoint() const;
   StateBytes state_bytes();
   void print_header();
+  // The end of a run with a prediction: predicted against measured step time and peak memory.
+  void report_prediction();
 
   Shared& sh_;
   const TrainOptions& o_;
   double analytic_mb_ = 0;
+  int64_t step_peak_ = 0;  // the most tensor memory this rank held in a step so far
   parallel::DeviceMesh mesh_;
   bool lead_;
   std::vector<std::unique_ptr<model::Stage>> stages_;  // this rank's chunks, in chunk order

@@ -377,6 +377,13 @@ void RankTrainer::run() {
 
   const double flops_per_step = sh_.spec.flops_per_sample(T) * static_cast<double>(B);
   const double peak_gflops = measured_gemm_gflops(o_.threads, o_.precision) * mesh_.world().size();
+  if (lead_ && o_.hardware) {
+    try {
+      res.predicted = plan::predict(sh_.spec, plan_layout(o_, spans_), *o_.hardware);
+    } catch (const std::invalid_argument& e) {  // a layout the model cannot describe: no prediction
+      if (talk) std::printf("cost model: no prediction for this layout (%s)\n", e.what());
+    }
+  }
   if (talk) print_header();
   std::unique_ptr<MetricsWriter> metrics;
   // --resume: train() kept the file's lines up to `start`; continue it.
@@ -387,6 +394,7 @@ void RankTrainer::run() {
   auto last_save_time = Clock::now();  // --checkpoint-every-s counts from the start or the last save
   for (int64_t step = start; step < o_.steps; ++step) {
     auto t0 = Clock::now();
+    reset_tensor_bytes_peak_thread();  // this step's peak, without the last one's evaluation or save
     comm::CommStats c0 = mesh_.dp_group().stats(), tp0 = mesh_.tp_group().stats();
     if (ddp_) ddp_->begin_step();
     else
@@ -444,6 +452,7 @@ void RankTrainer::run() {
     }
     if (!std::isfinite(r.grad_norm)) diverged(step, "gradient norm", r.grad_norm);
     r.lr = lr_at(o_.optim, step);
+    step_peak_ = std::max(step_peak_, tensor_bytes_peak_thread());
     r.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     r.tokens_per_s = static_cast<double>(B * T) / (r.step_ms / 1e3);
     r.mfu = flops_per_step / (r.step_ms / 1e3) / (peak_gflops * 1e9);
@@ -479,6 +488,11 @@ void RankTrainer::run() {
         line["peak_saved_activation_bytes"] = std::vector<int64_t>{pst.peak_saved_bytes};
       }
       if (r.val_loss) line["val_loss"] = *r.val_loss;
+      line["peak_tensor_bytes"] = step_peak_;  // rank 0's, so far
+      if (res.predicted) {
+        line["predicted_step_ms"] = 1e3 * res.predicted->step_s;
+        line["predicted_peak_tensor_bytes"] = res.predicted->peak_bytes;
+      }
       if (images()) line["images_per_s"] = r.tokens_per_s;  // T is 1: samples per second
       if (r.accuracy) line["accuracy"] = *r.accuracy;
       if (r.val_accuracy) line["val_accuracy"] = *r.val_accuracy;
@@ -544,6 +558,11 @@ void RankTrainer::run() {
     auto [v, acc] = evaluate();
     final_val = v, final_acc = acc, have_val = true;
   }
+  {  // every rank's peak tensor memory in a step
+    std::vector<int64_t> peaks(static_cast<size_t>(mesh_.world().size()));
+    mesh_.world().all_gather(std::array<int64_t, 1>{step_peak_}, peaks);
+    if (lead_) res.peak_tensor_bytes = peaks;
+  }
   if (!lead_) return;
   try {
     metrics->close();
@@ -551,6 +570,16 @@ void RankTrainer::run() {
     throw io::WriteError(std::string(e.what()) + " (closing it at the end of the run)" + kept_checkpoint());
   }
   res.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  {
+    std::vector<double> ms;
+    for (const StepRecord& s : res.steps) ms.push_back(s.step_ms);
+    if (ms.size() >= 5) ms.erase(ms.begin(), ms.begin() + 2);  // the first steps allocate
+    if (!ms.empty()) {
+      std::sort(ms.begin(), ms.end());
+      const size_t n = ms.size();
+      res.measured_step_s = 1e-3 * (n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2);
+    }
+  }
   if (have_val) res.final_val_loss = final_val, res.final_val_accuracy = final_acc;
   if (talk) {
     const double rss = peak_rss_mb();
@@ -570,6 +599,7 @@ void RankTrainer::run() {
       for (const StepRecord& s : res.steps) sent += static_cast<double>(s.*field);
       return sent / static_cast<double>(std::max<size_t>(1, res.steps.size()));
     };
+    if (res.predicted && !res.steps.empty()) report_prediction();
     if (o_.dp > 1)
       std::printf("data-parallel traffic: rank 0 sent %.0f bytes per step (gradients on the wire as %s)\n",
                   per_step(&StepRecord::comm_bytes_sent), wire);

@@ -22,6 +22,7 @@
 
 #include "meshtrain/kernels/bf16.h"
 #include "meshtrain/model/config.h"
+#include "meshtrain/plan/cost.h"
 #include "meshtrain/train/data.h"
 #include "meshtrain/train/optimizer.h"
 
@@ -83,6 +84,11 @@ struct TrainOptions {
   // image models
   bool augment = false;           // random crop and flip of the training images (train/images.h)
   bool batch_norm_local = false;  // batch-norm statistics per rank (default: over the dp group)
+  // The planner's hardware (plan/cost.h): with it, the run prints its predicted step time and
+  // peak tensor memory per rank at the start, writes them in every metrics line, and at the
+  // end prints them against what it measured. Null: no prediction (library calls).
+  std::shared_ptr<const plan::Hardware> hardware;
+  std::string hardware_source;  // where the hardware came from, for the message
   int64_t log_every = 1;  // progress line every N steps (0: none)
   bool quiet = false;     // no progress output at all
 };
@@ -151,7 +157,17 @@ struct TrainResult {
   double last_save_s = 0;        // that save on rank 0, from the first barrier to `latest`
   std::vector<int64_t> restore_bytes_read;  // --resume: piece bytes each rank read, by world rank
   std::vector<int64_t> restore_tensor_bytes;  // and the tensor memory that rose while it read (peak - before)
+  // The most tensor memory each rank held during a training step (tensor_bytes_peak_thread,
+  // from the step's start to its optimizer step; evaluation and checkpoint saves not counted),
+  // by world rank.
+  std::vector<int64_t> peak_tensor_bytes;
+  // The cost model's prediction for this run (with TrainOptions::hardware).
+  std::optional<plan::Prediction> predicted;
+  double measured_step_s = 0;  // the median step time (steps after the first two when there are 5 or more)
 };
+
+// The planner's layout of a run: its options and the units of each pipeline stage.
+plan::Layout plan_layout(const TrainOptions& o, const std::vector<pipeline::LayerSpan>& spans);
 
 // A non-finite loss or gradient norm: the run stops at that step (what() names it) without
 // applying it; no checkpoint of that state is saved, so the last one stays `latest`.

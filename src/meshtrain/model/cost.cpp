@@ -1,0 +1,25 @@
+#include "meshtrain/model/cost.h"
+
+#include <algorithm>
+
+namespace meshtrain::model {
+
+double total_flops(const std::vector<OpCost>& ops) {
+  double s = 0;
+  for (const OpCost& o : ops) s += o.fwd_flops + o.bwd_flops;
+  return s;
+}
+
+double total_saved_bytes(const std::vector<OpCost>& ops) {
+  double s = 0;
+  for (const OpCost& o : ops) s += o.saved_bytes;
+  return s;
+}
+
+double max_temp_bytes(const std::vector<OpCost>& ops) {
+  double m = 0;
+  for (const OpCost& o : ops) m = std::max(m, o.temp_bytes);
+  return m;
+}
+
+}  // namespace meshtrain::model

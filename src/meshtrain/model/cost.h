@@ -1,0 +1,53 @@
+// What a model says about its own cost, for the planner (plan/cost.h) and the memory model
+// (plan/memory.h): per layer, the forward and backward FLOPs, the bytes a memory-bound layer
+// moves, the activations it saves for backward and the transient bytes its backward holds, and
+// the tensor-parallel all-reduces it needs — for one micro-batch on one rank of a layout.
+//
+// Every model family answers through ModelSpec::op_costs (model/spec.h), so the planner plans
+// any model the trainer knows without knowing which it is. GPT answers analytically (it must
+// answer for models far larger than this machine can build: GPT-3 175B); the CNNs answer from
+// their units' FLOPs and from what their layers save when a stage runs one small forward (a
+// CNN is small enough to build), scaled to the micro-batch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshtrain::model {
+
+enum class OpClass {
+  gemm,       // a matrix product (m x k)(k x n); its backward two products of the same size
+  attention,  // causal attention's core (scores, softmax, weighted sum); backward twice forward
+  memory,     // element-wise and normalisation layers: time from bytes moved
+};
+
+struct OpCost {
+  std::string name;  // "h.3.mlp.c_fc", "embedding", "head", "block1" ...
+  OpClass cls = OpClass::memory;
+  int64_t m = 0, n = 0, k = 0;            // gemm: the forward product's shape; attention: T, head size, heads
+  // memory: the kernel whose measured rate applies ("add", "layernorm", "gelu"; a machine
+  // file measures each, plan/machine.h)
+  std::string kernel = "add";
+  double fwd_flops = 0, bwd_flops = 0;    // floating-point operations
+  double fwd_bytes = 0, bwd_bytes = 0;    // bytes read and written by memory-bound work
+  double saved_bytes = 0;                 // activations kept from forward until backward
+  double temp_bytes = 0;                  // transient bytes alive while its backward runs
+  // Tensor parallelism: bytes all-reduced over the tp group in forward and in backward.
+  double tp_fwd_bytes = 0, tp_bwd_bytes = 0;
+  bool unit_end = false;                  // the last op of a pipeline unit (block)
+};
+
+// The micro-batch and the layout a cost is asked for.
+struct CostQuery {
+  int64_t rows = 1;  // samples in the micro-batch
+  int64_t T = 1;     // sequence length (token models)
+  int tp = 1;        // ranks of the intra-layer group
+  bool sequence_parallel = false;
+};
+
+double total_flops(const std::vector<OpCost>& ops);        // forward + backward
+double total_saved_bytes(const std::vector<OpCost>& ops);  // saved by one forward
+double max_temp_bytes(const std::vector<OpCost>& ops);
+
+}  // namespace meshtrain::model

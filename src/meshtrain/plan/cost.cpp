@@ -1,0 +1,397 @@
+#include "meshtrain/plan/cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "meshtrain/comm/select.h"
+#include "meshtrain/pipeline/passes.h"
+#include "meshtrain/pipeline/schedule.h"
+
+namespace meshtrain::plan {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& s) { throw std::invalid_argument(s); }
+
+// ---- rates ----
+
+// The measured entry for `threads` (the largest measured count at or below it; beyond the
+// largest measured, scaled by the ratio).
+template <class T, class Rate>
+double by_threads(const std::vector<T>& rows, int threads, Rate rate) {
+  double best = 0;
+  int best_t = 0;
+  for (const T& r : rows)
+    if (r.threads <= threads && r.threads >= best_t && rate(r) > 0) {
+      if (r.threads > best_t) best = 0;
+      best_t = r.threads, best = std::max(best, rate(r));
+    }
+  if (best_t > 0 && best_t < threads) best *= static_cast<double>(threads) / best_t;
+  return best;
+}
+
+double gemm_rate(const Hardware& hw, const model::OpCost& o, int threads, bool bf16) {
+  if (!hw.has_machine) return hw.gemm_flops;
+  const std::string precision = bf16 && hw.machine.bf16_isa != "emulated" ? "bf16" : "float32";
+  // The measured shape classes at this thread count, nearest in log(m n k); between two, the
+  // rate interpolated in log(m n k).
+  const double size = std::log(std::max(1.0, static_cast<double>(o.m) * static_cast<double>(o.n) * static_cast<double>(o.k)));
+  std::vector<std::pair<double, double>> pts;  // (log size, rate)
+  for (const GemmRate& g : hw.machine.gemm) {
+    if (g.precision != precision) continue;
+    const double r = by_threads(std::vector<GemmRate>{g}, threads, [](const GemmRate& x) { return x.gflops; });
+    if (r <= 0) continue;
+    pts.emplace_back(std::log(static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k)), r * 1e9);
+  }
+  if (pts.empty()) return hw.gemm_flops;
+  // Several shapes may have the same size: keep the mean rate per size.
+  std::sort(pts.begin(), pts.end());
+  std::vector<std::pair<double, double>> u;
+  for (size_t i = 0; i < pts.size();) {
+    size_t j = i;
+    double s = 0;
+    while (j < pts.size() && std::abs(pts[j].first - pts[i].first) < 1e-9) s += pts[j++].second;
+    u.emplace_back(pts[i].first, s / static_cast<double>(j - i));
+    i = j;
+  }
+  if (size <= u.front().first) return u.front().second;
+  if (size >= u.back().first) return u.back().second;
+  for (size_t i = 1; i < u.size(); ++i)
+    if (size <= u[i].first) {
+      const double w = (size - u[i - 1].first) / (u[i].first - u[i - 1].first);
+      return u[i - 1].second * (1 - w) + u[i].second * w;
+    }
+  return u.back().second;
+}
+
+// The measured attention shape nearest in (log T, log head size) to the op's (m = T, n = head size).
+double attention_rate(const Hardware& hw, const model::OpCost& o, int threads) {
+  if (!hw.has_machine || hw.machine.attention.empty()) return hw.attention_flops;
+  const double lt = std::log(std::max<int64_t>(1, o.m)), lh = std::log(std::max<int64_t>(1, o.n));
+  double best_d = std::numeric_limits<double>::infinity();
+  std::vector<AttentionRate> nearest;
+  for (const AttentionRate& a : hw.machine.attention) {
+    const double d = std::hypot(std::log(static_cast<double>(a.t)) - lt, std::log(static_cast<double>(a.c / a.nh)) - lh);
+    if (d < best_d - 1e-9) best_d = d, nearest.clear();
+    if (d <= best_d + 1e-9) nearest.push_back(a);
+  }
+  return 1e9 * by_threads(nearest, threads, [](const AttentionRate& a) { return a.gflops; });
+}
+
+// The measured rate of `kernel` (the "add" rows when it was not measured) at the size nearest
+// the op's bytes; the cluster's bandwidth without a machine file.
+double bandwidth(const Hardware& hw, int threads, const std::string& kernel = "add", double bytes = 4e6) {
+  if (!hw.has_machine || hw.machine.elementwise.empty()) return hw.bytes_per_s;
+  bool any = false;
+  for (const ElementwiseRate& e : hw.machine.elementwise) any |= e.op == kernel;
+  const std::string op = any ? kernel : "add";
+  double best_d = std::numeric_limits<double>::infinity();
+  std::vector<ElementwiseRate> nearest;
+  for (const ElementwiseRate& e : hw.machine.elementwise) {
+    if (e.op != op) continue;
+    const double d = std::abs(std::log(12.0 * static_cast<double>(e.elements)) - std::log(std::max(1.0, bytes)));
+    if (d < best_d - 1e-9) best_d = d, nearest.clear();
+    if (d <= best_d + 1e-9) nearest.push_back(e);
+  }
+  return by_threads(nearest, threads, [](const ElementwiseRate& e) { return e.bytes_per_s; });
+}
+
+double call_overhead(const Hardware& hw) {
+  if (hw.has_machine && hw.machine.call_overhead_s > 0) return hw.machine.call_overhead_s;
+  return hw.call_overhead_s;
+}
+
+// Seconds of one op's forward (backward when `bwd`) on one rank; `part` of the backward: 0 all,
+// 1 the input gradient (I), 2 the weight gradient (W).
+double op_seconds(const Hardware& hw, const model::OpCost& o, int threads, bool bf16, bool bwd, int part = 0) {
+  double flops = bwd ? o.bwd_flops : o.fwd_flops;
+  double bytes = bwd ? o.bwd_bytes : o.fwd_bytes;
+  int calls = bwd && o.cls == model::OpClass::gemm ? 2 : 1;
+  if (bwd && part != 0) {
+    if (o.cls == model::OpClass::gemm) flops /= 2, calls = 1;  // dgrad and wgrad, one product each
+    else if (part == 2) return 0;                             // only products have a weight gradient
+    if (part == 2) bytes = 0;
+  }
+  double t = calls * call_overhead(hw);
+  if (flops > 0) {
+    const double rate = o.cls == model::OpClass::attention ? attention_rate(hw, o, threads) : gemm_rate(hw, o, threads, bf16);
+    if (rate > 0) t += flops / rate;
+  }
+  if (bytes > 0) {
+    const double bw = bandwidth(hw, threads, o.kernel, o.fwd_bytes);
+    if (bw > 0) t += bytes / bw;
+  }
+  return t;
+}
+
+// ---- communication ----
+
+// The cost parameters of a group of `p` ranks (within a node when it fits in one), with
+// `ranks_per_core` ranks sharing each core (CPU: latency grows with it, as comm/select.h says).
+comm::CostParams link_params(const Hardware& hw, int p, double ranks_per_core) {
+  const bool across = hw.devices_per_node > 0 && p > hw.devices_per_node;
+  if (hw.has_machine && !across) {
+    if (const LinkFit* f = hw.machine.link("threads", "all_reduce")) {
+      // The fit is a 2-rank ring all-reduce: 2 steps of alpha, n (beta + gamma / 2).
+      const double a = f->alpha_s / 2 * std::max(1.0, ranks_per_core);
+      return {a, f->beta_s_per_byte / 1.5, f->beta_s_per_byte / 1.5};
+    }
+  }
+  const Link& l = across ? hw.inter : hw.intra;
+  return {l.alpha_s * std::max(1.0, ranks_per_core), l.beta_s_per_byte, 0.0};
+}
+
+double collective_s(const Hardware& hw, comm::OpKind op, double bytes, int p, double ranks_per_core) {
+  if (p <= 1 || bytes <= 0) return 0;
+  const comm::CostParams c = link_params(hw, p, ranks_per_core);
+  const auto n = static_cast<std::size_t>(bytes);
+  return comm::predicted_seconds(op, comm::choose_algorithm(op, n, p, "threads"), n, p, c);
+}
+
+double p2p_s(const Hardware& hw, double bytes, bool across) {
+  if (hw.has_machine && !across)
+    if (const LinkFit* f = hw.machine.link("threads", "sendrecv")) return f->predict_s(bytes);
+  const Link& l = across ? hw.inter : hw.intra;
+  return l.alpha_s + l.beta_s_per_byte * bytes;
+}
+
+model::StageSpec stage_spec(const std::vector<pipeline::LayerSpan>& spans, size_t s) {
+  model::StageSpec st;
+  st.first_layer = spans[s].first, st.end_layer = spans[s].end;
+  st.embedding = s == 0, st.head = s + 1 == spans.size();
+  return st;
+}
+
+void check_layout(const model::ModelSpec& spec, const Layout& l) {
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.microbatches < 1 || l.chunks < 1)
+    bad("a layout needs dp, tp, pp, micro-batches and chunks of at least 1 (" + l.describe() + ")");
+  if (l.batch % (static_cast<int64_t>(l.dp) * l.microbatches) != 0)
+    bad("the global batch " + std::to_string(l.batch) + " does not divide into dp " + std::to_string(l.dp) + " x " +
+        std::to_string(l.microbatches) + " micro-batches");
+  if (const model::GPTConfig* g = spec.gpt()) {
+    if (g->n_head % l.tp != 0)
+      bad("tp " + std::to_string(l.tp) + " does not divide " + spec.name() + "'s " + std::to_string(g->n_head) +
+          " attention heads");
+    if (l.sequence_parallel && l.seq % l.tp != 0) bad("sequence parallelism needs tp to divide the sequence length");
+  }
+  if (l.zero < 0 || l.zero > 3) bad("the ZeRO stage must be 0 to 3");
+}
+
+}  // namespace
+
+std::string Layout::describe() const {
+  std::string s = "dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) +
+                  " m=" + std::to_string(microbatches);
+  if (pp > 1) s += " " + schedule + (chunks > 1 ? " v=" + std::to_string(chunks) : std::string());
+  if (zero > 0) s += " zero=" + std::to_string(zero);
+  if (recompute) s += " recompute";
+  if (sequence_parallel) s += " sp";
+  return s;
+}
+
+Hardware hardware_from_machine(const MachineProfile& m, double memory_bytes) {
+  Hardware hw;
+  hw.name = m.host + " (" + m.cpu_model + ")";
+  hw.nodes = 1;
+  hw.devices_per_node = std::max(1, m.cores);
+  hw.cores = std::max(1, m.cores);
+  hw.memory_bytes = memory_bytes;
+  hw.has_machine = true;
+  hw.machine = m;
+  // MFU's peak: the best float32 GEMM rate at all cores.
+  for (const GemmRate& g : m.gemm)
+    if (g.precision == "float32" && g.threads == m.cores) hw.peak_flops = std::max(hw.peak_flops, g.gflops * 1e9);
+  hw.peak_flops /= std::max(1, m.cores);  // per device: a core
+  return hw;
+}
+
+std::vector<pipeline::LayerSpan> balance_stages(const model::ModelSpec& spec, const Layout& l) {
+  const int stages = l.pp * (l.pp > 1 ? l.chunks : 1);
+  const int64_t units = spec.num_units();
+  if (units < stages)
+    bad(spec.name() + " has " + std::to_string(units) + " units to cut between pipeline stages, fewer than the " +
+        std::to_string(stages) + " stages of pp " + std::to_string(l.pp) + (l.chunks > 1 ? " x chunks" : ""));
+  if (stages > 1 && l.chunks > 1) {
+    if (units % stages != 0)
+      bad("interleaved stages need " + spec.name() + "'s " + std::to_string(units) + " units to divide by " +
+          std::to_string(stages));
+    return pipeline::equal_layers(units, stages);
+  }
+  const model::CostQuery q{1, std::max<int64_t>(1, l.seq), 1, false};
+  std::vector<double> unit_flops;
+  for (int64_t u = 0; u < units; ++u)
+    unit_flops.push_back(model::total_flops(spec.op_costs({u, u + 1, false, false}, q)));
+  const double last = units > 0 ? model::total_flops(spec.op_costs({units - 1, units, false, true}, q)) -
+                                      unit_flops.back()
+                                : 0;
+  const double first = units > 0 ? model::total_flops(spec.op_costs({0, 1, true, false}, q)) - unit_flops.front() : 0;
+  return pipeline::balance_layers(unit_flops, stages, first, last);
+}
+
+std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layout& l) {
+  check_layout(spec, l);
+  const std::vector<pipeline::LayerSpan> spans = l.stages.empty() ? balance_stages(spec, l) : l.stages;
+  const std::string name = l.pp == 1 ? "naive" : l.schedule == "zb" ? "zb-h1" : l.schedule;
+  const pipeline::Schedule sched = pipeline::make_schedule(name, {l.pp, l.microbatches, l.pp == 1 ? 1 : l.chunks});
+  const std::vector<int> in_flight = pipeline::peak_in_flight(sched);
+  const int64_t rows = l.batch / l.dp / l.microbatches;
+  const model::CostQuery q{rows, std::max<int64_t>(1, l.seq), l.tp, l.sequence_parallel};
+  const double dp = l.dp;
+  std::vector<RankMemory> out(static_cast<size_t>(l.pp));
+  for (size_t s = 0; s < spans.size(); ++s) {
+    RankMemory& m = out[s % static_cast<size_t>(l.pp)];
+    const model::StageSpec st = stage_spec(spans, s);
+    const double elems = spec.stage_param_elements(st, l.tp);
+    const std::vector<model::OpCost> ops = spec.op_costs(st, q);
+    m.params += 4 * elems / (l.zero >= 3 ? dp : 1);
+    m.grads += 4 * elems / (l.zero >= 2 ? dp : 1);
+    m.optimizer += 4.0 * l.optimizer_state * elems / (l.zero >= 1 ? dp : 1);
+    if (l.bf16) m.buffers += 2 * elems;
+    const int f = std::max(1, in_flight[s % static_cast<size_t>(l.pp)]);
+    m.in_flight = f;
+    const double saved = model::total_saved_bytes(ops);
+    // Several chunks share the rank's in-flight count: charge each chunk its share.
+    const double share = static_cast<double>(f) / (l.pp > 1 ? l.chunks : 1);
+    if (l.recompute) {
+      const double input = spec.boundary_bytes(st.first_layer, rows, q.T, 1);
+      m.activations = std::max(m.activations, 0.0) + share * input;
+      m.temp = std::max(m.temp, saved + model::max_temp_bytes(ops));
+    } else {
+      m.activations += share * saved;
+      m.temp = std::max(m.temp, model::max_temp_bytes(ops));
+    }
+    if (l.zero >= 3) {
+      // The unit being computed and the next one prefetched, gathered whole.
+      double largest = 0;
+      for (int64_t u = st.first_layer; u < st.end_layer; ++u)
+        largest = std::max(largest, spec.stage_param_elements({u, u + 1, false, false}, l.tp));
+      m.buffers = std::max(m.buffers, 2 * 4 * largest);
+    }
+  }
+  return out;
+}
+
+Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware& hw) {
+  check_layout(spec, l);
+  Prediction p;
+  p.layout = l;
+  p.stages = l.stages.empty() ? balance_stages(spec, l) : l.stages;
+  const std::string name = l.pp == 1 ? "naive" : l.schedule == "zb" ? "zb-h1" : l.schedule;
+  p.schedule = pipeline::add_send_recv(pipeline::make_schedule(name, {l.pp, l.microbatches, l.pp == 1 ? 1 : l.chunks}));
+  const int64_t rows = l.batch / l.dp / l.microbatches;
+  const int64_t T = std::max<int64_t>(1, l.seq);
+  const model::CostQuery q{rows, T, l.tp, l.sequence_parallel};
+  const int world = l.world();
+  // Ranks per core: CPU ranks are threads of one process that share its cores.
+  const bool shared = hw.cores > 0;
+  const double demand = shared ? static_cast<double>(world) * l.threads / hw.cores : 1.0;
+  const int threads = l.threads;
+  const bool tp_across = l.tp > hw.devices_per_node;
+  const bool pp_across = world > hw.devices_per_node;
+
+  pipeline::Costs costs;
+  double worst_tp = 0, worst_b = 0, stage_grad_bytes = 0, stage_elems = 0;
+  int64_t stage_tensors = 0;
+  std::vector<double> unit_gather_bytes;  // ZeRO-3 per unit, the largest stage's
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    const model::StageSpec st = stage_spec(p.stages, s);
+    const std::vector<model::OpCost> ops = spec.op_costs(st, q);
+    double F = 0, B = 0, I = 0, W = 0, tp_s = 0, fwd_compute = 0;
+    for (const model::OpCost& o : ops) {
+      const double f = op_seconds(hw, o, threads, l.bf16, false);
+      fwd_compute += f;
+      F += f, B += op_seconds(hw, o, threads, l.bf16, true);
+      I += op_seconds(hw, o, threads, l.bf16, true, 1), W += op_seconds(hw, o, threads, l.bf16, true, 2);
+      const double tf = collective_s(hw, comm::OpKind::all_reduce, o.tp_fwd_bytes, l.tp, demand);
+      const double tb = collective_s(hw, comm::OpKind::all_reduce, o.tp_bwd_bytes, l.tp, demand);
+      F += tf, B += tb, I += tb, tp_s += tf + tb;
+      (void)tp_across;
+    }
+    if (l.recompute) B += fwd_compute, I += fwd_compute;
+    const double elems = spec.stage_param_elements(st, l.tp);
+    if (l.zero >= 3 && l.dp > 1) {
+      // Every unit gathered before its forward and again before its backward, the next one
+      // prefetched while this one computes: the first exposed, the rest hidden where the
+      // device computes beside them (not on a CPU whose cores the ranks already fill).
+      double all = 0, first = -1;
+      for (int64_t u = st.first_layer; u < st.end_layer; ++u) {
+        const double g = collective_s(hw, comm::OpKind::all_gather, 4 * spec.stage_param_elements({u, u + 1, false, false}, l.tp),
+                                      l.dp, demand);
+        all += g;
+        if (first < 0) first = g;
+      }
+      const double exposed = shared && demand >= 1 ? all : std::max(0.0, first);
+      F += exposed, B += exposed, I += exposed;
+    }
+    for (int mb = 0; mb < l.microbatches; ++mb) {
+      costs.measured[{pipeline::Kind::F, static_cast<int>(s), mb}] = F;
+      costs.measured[{pipeline::Kind::B, static_cast<int>(s), mb}] = B;
+      costs.measured[{pipeline::Kind::I, static_cast<int>(s), mb}] = I;
+      costs.measured[{pipeline::Kind::W, static_cast<int>(s), mb}] = W;
+    }
+    worst_tp = std::max(worst_tp, tp_s * l.microbatches);
+    worst_b = std::max(worst_b, B);
+    // The pp rank with the most parameters decides the data-parallel and optimizer times.
+    if (elems > stage_elems) stage_elems = elems, stage_grad_bytes = 4 * elems;
+    int64_t tensors = 0;
+    for (const model::OpCost& o : ops) tensors += o.cls == model::OpClass::gemm ? 2 : (o.saved_bytes > 0 ? 2 : 0);
+    stage_tensors = std::max(stage_tensors, tensors);
+    if (s + 1 < p.stages.size())
+      costs.transfer = std::max(costs.transfer, p2p_s(hw, spec.boundary_bytes(st.end_layer, rows, T, 1), pp_across));
+  }
+  p.timeline = pipeline::simulate(p.schedule, costs);
+  if (p.timeline.deadlock) bad("the schedule " + name + " does not finish: " + p.timeline.deadlock->to_string());
+  double busy = 0, bubble = 0;
+  for (size_t r = 0; r < p.timeline.busy.size(); ++r) busy += p.timeline.busy[r], bubble += p.timeline.bubble[r];
+  p.bubble = p.timeline.busy.empty() ? 0 : bubble / static_cast<double>(p.timeline.busy.size());
+  p.compute_s = p.timeline.makespan;
+  if (shared) {
+    // Time-sharing: all ranks' work (the simulated pipeline's, for every dp x tp replica, each
+    // rank with its threads) over the cores.
+    p.compute_s = std::max(p.compute_s, busy * l.dp * l.tp * l.threads / hw.cores);
+  }
+  p.tp_comm_s = worst_tp;
+
+  // Data parallelism: the gradient buckets of the last micro-batch's backward.
+  if (l.dp > 1) {
+    const comm::OpKind op = l.zero >= 2 ? comm::OpKind::reduce_scatter : comm::OpKind::all_reduce;
+    const double bucket = static_cast<double>(std::max<int64_t>(4, l.bucket_bytes));
+    const double n_full = std::floor(stage_grad_bytes / bucket), rest = stage_grad_bytes - n_full * bucket;
+    const double all = n_full * collective_s(hw, op, bucket, l.dp, demand) + collective_s(hw, op, rest, l.dp, demand);
+    const double last = collective_s(hw, op, rest > 0 ? rest : bucket, l.dp, demand);
+    // Hidden behind backward where the device has room for it; a CPU whose cores the ranks fill
+    // does the copies and sums on the same cores.
+    p.dp_comm_s = shared && demand >= 1 ? all : std::max(last, all - worst_b);
+    if (l.zero >= 1) p.dp_comm_s += collective_s(hw, comm::OpKind::all_gather, stage_grad_bytes, l.dp, demand);
+  }
+  // Optimizer: read the parameter and its gradient, read and write the state, write the
+  // parameter (its slice under ZeRO); the gradient norm reads the gradients; zeroing writes them.
+  {
+    const double shard = stage_elems / (l.zero >= 1 ? l.dp : 1);
+    const double grads = stage_elems / (l.zero >= 2 ? l.dp : 1);
+    const double update = 4 * shard * (3 + 2.0 * l.optimizer_state), other = 4 * 2 * grads;
+    const double bw_update = bandwidth(hw, threads, "adamw", update), bw = bandwidth(hw, threads, "add", other);
+    p.optimizer_s = (bw_update > 0 ? update / bw_update : 0) + (bw > 0 ? other / bw : 0) +
+                    static_cast<double>(stage_tensors) * 3 * call_overhead(hw);
+    if (shared) p.optimizer_s *= std::max(1.0, demand);
+  }
+  p.step_s = p.compute_s + p.dp_comm_s + p.optimizer_s;
+  const double pp_comm = costs.transfer * 2 * l.microbatches;
+  p.comm_share = p.step_s > 0 ? std::min(1.0, (p.tp_comm_s + p.dp_comm_s + pp_comm) / p.step_s) : 0;
+  p.flops_per_step = spec.flops_per_sample(T) * static_cast<double>(l.batch);
+  p.samples_per_s = p.step_s > 0 ? static_cast<double>(l.batch) / p.step_s : 0;
+  p.tokens_per_s = p.samples_per_s * static_cast<double>(T);
+  const double peak_all = hw.peak_flops * (shared ? std::min<double>(hw.cores, world * l.threads) : world);
+  p.mfu = p.step_s > 0 && peak_all > 0 ? p.flops_per_step / p.step_s / peak_all : 0;
+  p.memory = predict_memory(spec, [&] {
+    Layout m = l;
+    m.stages = p.stages;
+    return m;
+  }());
+  for (const RankMemory& m : p.memory) p.peak_bytes = std::max(p.peak_bytes, m.total());
+  return p;
+}
+
+}  // namespace meshtrain::plan
