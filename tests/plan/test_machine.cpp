@@ -32,6 +32,8 @@ MachineProfile sample() {
   p.bf16_isa = "avx512_core_bf16";
   p.calibrate_seconds = 3.5;
   p.call_overhead_s = 2e-6;
+  p.llc_bytes = 32 << 20;
+  p.shared_core_efficiency = 0.8;
   p.gemm = {{"square_1024", 1024, 1024, 1024, "float32", 1, 95.5}, {"square_1024", 1024, 1024, 1024, "bf16", 2, 300}};
   p.elementwise = {{"add", 1 << 20, 1, 2.5e10}};
   p.attention = {{1, 256, 768, 12, 2, 40.25}};
@@ -224,9 +226,10 @@ TEST(Calibrate, ReportsProgressOncePerMeasurement) {
     EXPECT_EQ(pr[i].first, static_cast<int>(i + 1));
     EXPECT_EQ(pr[i].second, static_cast<int>(pr.size()));
   }
-  // gemm + add + attention per thread count, plus the threads link.
+  // gemm + element-wise kernels + attention per thread count, plus ranks sharing cores, the
+  // call overhead and the threads link.
   const MachineProfile& p = quick().p;
-  EXPECT_EQ(pr.size(), p.gemm.size() + p.elementwise.size() + p.attention.size() + 1);
+  EXPECT_EQ(pr.size(), p.gemm.size() + p.elementwise.size() + p.attention.size() + 3);
 }
 
 TEST(Calibrate, RefusesMoreThreadsThanCores) {

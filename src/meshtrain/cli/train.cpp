@@ -2,6 +2,8 @@
 // Bad input (unknown model, missing data file, impossible layout, corrupt checkpoint) exits 2
 // with the sentence the trainer raised; failures while training exit 1.
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -251,7 +253,16 @@ void add_train_command(CLI::App& app) {
       {  // the cost model's hardware (plan/cost.h): predicted against measured at the end
         std::string source;
         const bool mpi = comm::launched_by_mpirun();
-        if (auto m = plan::machine_for_run(*machine, !mpi, &source)) {
+        // The quick calibration runs as a child process (`meshtrain calibrate --quick`), so its
+        // buffers never count in this run's peak memory.
+        auto child = [](const std::string& out) {
+          std::error_code ec;
+          const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+          if (ec || self.empty() || self.find('\'') != std::string::npos || out.find('\'') != std::string::npos) return false;
+          const std::string cmd = "'" + self + "' calibrate --quick --overwrite --out '" + out + "' > /dev/null 2>&1";
+          return std::system(cmd.c_str()) == 0;
+        };
+        if (auto m = plan::machine_for_run(*machine, !mpi, &source, child)) {
           o.hardware = std::make_shared<const plan::Hardware>(plan::hardware_from_machine(*m, 0));
           o.hardware_source = source;
         }

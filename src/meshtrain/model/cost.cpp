@@ -22,4 +22,13 @@ double max_temp_bytes(const std::vector<OpCost>& ops) {
   return m;
 }
 
+double backward_peak_bytes(const std::vector<OpCost>& ops) {
+  double prefix = 0, peak = 0;
+  for (const OpCost& o : ops) {
+    prefix += o.saved_bytes;
+    peak = std::max(peak, prefix + o.temp_bytes);
+  }
+  return std::max(peak, prefix);
+}
+
 }  // namespace meshtrain::model

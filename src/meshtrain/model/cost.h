@@ -31,8 +31,12 @@ struct OpCost {
   std::string kernel = "add";
   double fwd_flops = 0, bwd_flops = 0;    // floating-point operations
   double fwd_bytes = 0, bwd_bytes = 0;    // bytes read and written by memory-bound work
-  double saved_bytes = 0;                 // activations kept from forward until backward
-  double temp_bytes = 0;                  // transient bytes alive while its backward runs
+  // Activations kept from forward until this op's backward (tensor storage: a tensor two
+  // layers save is counted once, on the first).
+  double saved_bytes = 0;
+  // Transient bytes alive while its backward runs (gradients of its input and output, and of
+  // the residual stream around it).
+  double temp_bytes = 0;
   // Tensor parallelism: bytes all-reduced over the tp group in forward and in backward.
   double tp_fwd_bytes = 0, tp_bwd_bytes = 0;
   bool unit_end = false;                  // the last op of a pipeline unit (block)
@@ -49,5 +53,9 @@ struct CostQuery {
 double total_flops(const std::vector<OpCost>& ops);        // forward + backward
 double total_saved_bytes(const std::vector<OpCost>& ops);  // saved by one forward
 double max_temp_bytes(const std::vector<OpCost>& ops);
+// The most a micro-batch's activations and its backward's transients hold at once: backward
+// runs the ops in reverse, releasing what each saved, so while op j runs the saved bytes of
+// ops 0..j and j's transients are alive: max over j of (sum_{k <= j} saved_k + temp_j).
+double backward_peak_bytes(const std::vector<OpCost>& ops);
 
 }  // namespace meshtrain::model

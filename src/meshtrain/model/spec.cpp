@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <fstream>
 #include <stdexcept>
@@ -79,9 +80,10 @@ std::vector<OpCost> GPTSpec::op_costs(const StageSpec& spec, const CostQuery& q)
     a.m = q.T, a.n = cfg_.n_embd / cfg_.n_head, a.k = static_cast<int64_t>(H / tp);
     a.fwd_flops = 2.0 * static_cast<double>(q.rows) * T * T * C / tp, a.bwd_flops = 2 * a.fwd_flops;
     a.saved_bytes = f * N * (4 * C + H) / tp;  // qkv, y, log-sum-exp
-    a.temp_bytes = f * N * 4 * C / tp;          // dqkv, dy
+    a.temp_bytes = f * N * (4 * C / tp + 2 * C);  // dqkv, dy and the residual gradients
     ops.push_back(a);
-    OpCost proj = gemm(b + ".attn.c_proj", n_tok, c, ct, f * N * C / tp);
+    // c_proj's saved input is the attention's output y, already counted (one storage).
+    OpCost proj = gemm(b + ".attn.c_proj", n_tok, c, ct, 0);
     proj.tp_fwd_bytes = tp > 1 ? f * N * C : 0;
     ops.push_back(proj);
     ops.push_back(memory(b + ".residual_1", 3 * f * Ns * C, 2 * f * Ns * C, 0));
@@ -90,7 +92,7 @@ std::vector<OpCost> GPTSpec::op_costs(const StageSpec& spec, const CostQuery& q)
     fc.tp_bwd_bytes = tp > 1 ? f * N * C : 0;
     ops.push_back(fc);
     OpCost g = memory(b + ".mlp.gelu", 2 * f * N * 4 * C / tp, 3 * f * N * 4 * C / tp, f * N * 4 * C / tp, "gelu");
-    g.temp_bytes = f * (N * 8 * C / tp + 3 * Ns * C);  // dg, dh and the residual gradients
+    g.temp_bytes = f * (N * 8 * C / tp + 2 * Ns * C);  // dg, dh and the residual gradients
     ops.push_back(g);
     OpCost mp = gemm(b + ".mlp.c_proj", n_tok, c, 4 * ct, f * N * 4 * C / tp);
     mp.tp_fwd_bytes = tp > 1 ? f * N * C : 0;
@@ -106,7 +108,7 @@ std::vector<OpCost> GPTSpec::op_costs(const StageSpec& spec, const CostQuery& q)
     h.tp_bwd_bytes = tp > 1 ? f * N * C : 0;
     ops.push_back(h);
     OpCost ce = memory("cross_entropy", 2 * f * N * V / tp, 2 * f * N * V / tp, f * N * (V / tp + 1), "gelu");
-    ce.temp_bytes = f * N * (V / tp + 2 * C);  // dlogits, dh
+    ce.temp_bytes = f * N * 2 * C;  // dlogits in place of the logits; dh
     if (tp > 1) ce.tp_fwd_bytes = 2 * f * N;    // the vocabulary shards' maximum and sum
     ops.push_back(ce);
   }
@@ -155,40 +157,53 @@ class CNNSpec : public ModelSpec {
   }
 
  private:
-  // Per unit, per image: the bytes its layers save in one forward (and the head's, on the
-  // last), measured once on a stage of that unit alone.
-  const std::vector<double>& saved_per_image() const;
+  // Per unit: the bytes its layers keep in one forward (and the head's, on the last), a
+  // constant and a part per image, measured once on a stage of that unit alone.
+  // What a stage of units [first, end) keeps in one forward, measured on such a stage: a
+  // constant part and a part per image (cached). A unit's share is the growth from the stage
+  // without it (units share storage across their boundary: one saves its output, the next
+  // its input).
+  std::pair<double, double> kept_by(int64_t first, int64_t end) const;
 
   CNNConfig cfg_;
   int64_t units_;
   std::vector<Shape> shapes_ = cnn_unit_shapes(cfg_);
   std::vector<double> flops_ = cnn_unit_flops(cfg_);
-  mutable std::once_flag probed_;
-  mutable std::vector<double> saved_;
+  mutable std::mutex probe_mutex_;
+  mutable std::map<std::pair<int64_t, int64_t>, std::pair<double, double>> probes_;
 };
 
-const std::vector<double>& CNNSpec::saved_per_image() const {
-  std::call_once(probed_, [&] {
-    const int64_t rows = 2;
-    for (int64_t u = 0; u < units_; ++u) {
-      CNNStage stage(cfg_, 0, u, u + 1, u == 0, u == units_ - 1);
-      Shape in = stage.input_shape(rows, 1);
-      Tensor x = Tensor::zeros(in);
-      std::vector<float> images(static_cast<size_t>(x.numel()), 0.f);
-      std::vector<int32_t> targets(static_cast<size_t>(rows), 0);
-      MicroBatch mb{.images = images.data(), .targets = targets.data(), .rows = rows};
-      nn::Context ctx(1, true);
+std::pair<double, double> CNNSpec::kept_by(int64_t first, int64_t end) const {
+  if (end <= first) return {0, 0};
+  std::lock_guard<std::mutex> lock(probe_mutex_);
+  if (auto it = probes_.find({first, end}); it != probes_.end()) return it->second;
+  CNNStage stage(cfg_, 0, first, end, first == 0, end == units_);
+  // The tensor memory the forward keeps (a storage two layers save counts once): what is live
+  // after it once the input and output handles are dropped (each counts when a layer keeps
+  // it). At 1 and 2 images: a constant part (per-channel statistics) and a part per image.
+  auto kept = [&](int64_t rows) {
+    const Shape in = stage.input_shape(rows, 1);
+    int64_t numel = 1;
+    for (int64_t d : in) numel *= d;
+    std::vector<float> images(static_cast<size_t>(numel), 0.f);
+    std::vector<int32_t> targets(static_cast<size_t>(rows), 0);
+    MicroBatch mb{.images = images.data(), .targets = targets.data(), .rows = rows};
+    const int64_t before = tensor_bytes_live_thread();
+    nn::Context ctx(1, true);
+    {
       StageResult r;
-      stage.forward(ctx, u == 0 ? Tensor() : x, mb, &r, nullptr);
-      saved_.push_back(static_cast<double>(ctx.peak_saved_bytes()) / rows);
+      Tensor x = first == 0 ? Tensor() : Tensor::zeros(in);
+      stage.forward(ctx, x, mb, &r, nullptr);
     }
-  });
-  return saved_;
+    return static_cast<double>(tensor_bytes_live_thread() - before);
+  };
+  const double one = kept(1), two = kept(2);
+  return probes_[{first, end}] = {2 * one - two, two - one};
 }
 
 // Per unit: its convolutions and linears as one product (FLOPs from cnn_unit_flops), its
 // batch norms, activations and pooling as memory traffic over the unit's output (about six
-// passes forward, ten backward), and what its layers save (measured, saved_per_image).
+// passes forward, ten backward), and what its layers keep (measured, kept_by).
 std::vector<OpCost> CNNSpec::op_costs(const StageSpec& spec, const CostQuery& q) const {
   const double tp = std::max(1, q.tp), rows = static_cast<double>(q.rows);
   const int64_t end = spec.end_layer < 0 ? units_ : spec.end_layer;
@@ -205,7 +220,9 @@ std::vector<OpCost> CNNSpec::op_costs(const StageSpec& spec, const CostQuery& q)
     o.k = o.m * o.n > 0 ? static_cast<int64_t>(o.fwd_flops / (2.0 * static_cast<double>(o.m) * static_cast<double>(o.n))) : 0;
     const double out_bytes = 4.0 * rows * positions * channels / tp;
     o.fwd_bytes = 6 * out_bytes, o.bwd_bytes = 10 * out_bytes;
-    o.saved_bytes = saved_per_image()[static_cast<size_t>(u)] * rows / tp;
+    const auto [c1, p1] = kept_by(spec.first_layer, u + 1);
+    const auto [c0, p0] = kept_by(spec.first_layer, u);
+    o.saved_bytes = (c1 - c0 + (p1 - p0) * rows) / tp;
     o.temp_bytes = 3 * out_bytes;
     o.unit_end = true;
     ops.push_back(o);

@@ -36,6 +36,7 @@
 #include "meshtrain/kernels/gelu.h"
 #include "meshtrain/kernels/layernorm.h"
 #include "meshtrain/kernels/gemm.h"
+#include "meshtrain/nn/linear.h"
 #include "meshtrain/plan/machine.h"
 
 #ifndef MESHTRAIN_GIT_COMMIT
@@ -77,6 +78,32 @@ std::string cpu_model() {
       if (!v.empty()) return v;
     }
   return "unknown";
+}
+
+// The largest cache level's size of cpu0 (sysfs "32768K"), 0 when unknown.
+int64_t llc_bytes() {
+  int64_t best = 0;
+  int best_level = 0;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream lf(dir + "level"), sf(dir + "size"), tf(dir + "type");
+    int level = 0;
+    std::string size, type;
+    if (!(lf >> level) || !(sf >> size)) continue;
+    tf >> type;
+    if (type == "Instruction" || size.empty()) continue;
+    int64_t n = 0;
+    try {
+      n = std::stoll(size);
+    } catch (const std::exception&) {
+      continue;
+    }
+    const char unit = size.back();
+    if (unit == 'K') n <<= 10;
+    else if (unit == 'M') n <<= 20;
+    if (level > best_level) best_level = level, best = n;
+  }
+  return best;
 }
 
 std::string utc_now() {
@@ -171,34 +198,64 @@ ElementwiseRate measure_kernel(const std::string& op, int threads, bool quick) {
     bytes = 12.0 * n;
     fn = [&] { kernels::add(y.data(), x.data(), dy.data(), n, threads); };
   }
-  const double t = best_seconds(fn, quick ? 3 : 5, quick ? 0.02 : 0.1);
+  const double t = best_seconds(fn, quick ? 5 : 10, quick ? 0.05 : 0.15);
   return {op, n, threads, bytes / t};
 }
 
 // ---- call overhead ----
-// One kernel call's fixed cost on one thread: the mean of a tiny GEMM (the library's dispatch)
-// and a tiny element-wise pass (an OpenMP region), best of the repetitions.
-double measure_call_overhead(bool quick) {
-  std::vector<float> a(64, 0.5f), b(64, 0.25f), c(64);
-  const kernels::GemmOptions opt(1, kernels::Precision::f32);
-  const int inner = 1000;
-  const double g = best_seconds(
-      [&] {
-        for (int i = 0; i < inner; ++i)
-          kernels::gemm(kernels::Trans::N, kernels::Trans::N, 8, 8, 8, 1.f, a.data(), 8, b.data(), 8, 0.f, c.data(), 8, opt);
-      },
-      quick ? 3 : 5, quick ? 0.02 : 0.1) / inner;
-  float* pa = a.data();
-  float* pc = c.data();
-  const double e = best_seconds(
+// A layer call's fixed cost: a linear layer of 8 x 8 on one row, forward and backward through
+// a Context (what every layer pays beyond its arithmetic: the output tensor, saving and taking
+// back its input, three kernel calls), per kernel call, on `threads` threads.
+double measure_call_overhead(int threads, bool quick) {
+  nn::Linear lin("calibrate", 8, 8);
+  Tensor x = Tensor::zeros({1, 8}), dy = Tensor::zeros({1, 8});
+  const int inner = 200;
+  const double t = best_seconds(
       [&] {
         for (int i = 0; i < inner; ++i) {
-#pragma omp parallel for num_threads(1) schedule(static)
-          for (int64_t j = 0; j < 64; ++j) pc[j] = pa[j] + pc[j];
+          nn::Context ctx(threads);
+          lin.forward(ctx, x);
+          lin.backward(ctx, dy);
         }
       },
       quick ? 3 : 5, quick ? 0.02 : 0.1) / inner;
-  return std::max(1e-9, (g + e) / 2);
+  return std::max(1e-9, t / 3);
+}
+
+// ---- ranks sharing cores ----
+// Ranks run as threads of one process: when they outnumber the cores they take turns, and a
+// rank that waits in a collective holds its core for a while before it sleeps. Measured as a
+// training step does it: each rank computes (GEMMs of 256 x 256 x 256, one thread) and then
+// all-reduces a small vector, `iters` times; `cores` ranks, then 2 x cores ranks doing the
+// same work each. The efficiency is (2 x the first time) / the second (1: perfect turns).
+double measure_shared_core_efficiency(int cores, bool quick) {
+  const int64_t n = 256;
+  const int iters = quick ? 20 : 60, products = 4;
+  auto run = [&](int ranks) {
+    double seconds = 0;
+    mc::run_world(mc::Backend::threads, ranks, [&](mc::Communicator& c) {
+      std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), out(n * n);
+      std::vector<float> v(256, 1.f);
+      const kernels::GemmOptions opt(1, kernels::Precision::f32);
+      c.barrier();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) {
+        for (int k = 0; k < products; ++k)
+          kernels::gemm(kernels::Trans::N, kernels::Trans::N, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, out.data(), n, opt);
+        c.all_reduce(v);
+      }
+      c.barrier();
+      if (c.rank() == 0) seconds = since(t0);
+    });
+    return seconds;
+  };
+  run(cores);  // warm-up
+  double best = 0;
+  for (int rep = 0; rep < (quick ? 2 : 3); ++rep) {
+    const double one = run(cores), two = run(2 * cores);
+    if (two > 0) best = std::max(best, std::min(1.0, 2 * one / two));
+  }
+  return std::max(0.05, best);
 }
 
 // ---- attention ----
@@ -324,6 +381,7 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
   p.host = host_name();
   p.cpu_model = cpu_model();
   p.cores = cores;
+  p.llc_bytes = llc_bytes();
   p.gemm_backend = kernels::gemm_backend();
   p.bf16_isa = kernels::bf16_isa();
   const bool bf16 = p.bf16_isa != "emulated";
@@ -411,8 +469,12 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
                ", " + std::to_string(a.nh) + " heads) threads " + std::to_string(t) + ": " + fmt("%.1f", a.gflops) +
                " GFLOP/s";
       });
+    tasks.push_back([&p, cores, q = o.quick] {
+      p.shared_core_efficiency = measure_shared_core_efficiency(cores, q);
+      return "ranks sharing cores (2 per core): " + fmt("%.0f", 100 * p.shared_core_efficiency) + "% efficient";
+    });
     tasks.push_back([&p, q = o.quick] {
-      p.call_overhead_s = measure_call_overhead(q);
+      p.call_overhead_s = measure_call_overhead(1, q);
       return "kernel call overhead: " + fmt("%.2f", p.call_overhead_s * 1e6) + " us";
     });
     tasks.push_back([&p, q = o.quick] {
@@ -499,7 +561,8 @@ std::string default_machine_path() {
   return "";
 }
 
-std::optional<MachineProfile> machine_for_run(const std::string& path, bool may_calibrate, std::string* source) {
+std::optional<MachineProfile> machine_for_run(const std::string& path, bool may_calibrate, std::string* source,
+                                              const std::function<bool(const std::string&)>& quick_calibration) {
   if (!path.empty()) {
     if (source) *source = "machine file " + path;
     return read_machine_file(path);
@@ -520,13 +583,22 @@ std::optional<MachineProfile> machine_for_run(const std::string& path, bool may_
   if (!may_calibrate) return std::nullopt;
   std::fprintf(stderr, "note: measuring this machine for the cost model (meshtrain calibrate --quick, about two seconds)%s\n",
                cached.empty() ? "" : ("; kept in " + cached + " for the next runs").c_str());
+  std::error_code dir_ec;
+  if (!cached.empty()) std::filesystem::create_directories(std::filesystem::path(cached).parent_path(), dir_ec);
+  if (quick_calibration && !cached.empty() && quick_calibration(cached)) {
+    try {
+      MachineProfile m = read_machine_file(cached);
+      if (source) *source = "quick calibration kept in " + cached;
+      return m;
+    } catch (const std::invalid_argument&) {  // measure here instead
+    }
+  }
   CalibrateOptions o;
   o.quick = true, o.mpi = false;
   MachineProfile m = calibrate(o);
   if (source) *source = "quick calibration" + (cached.empty() ? std::string() : " kept in " + cached);
   if (!cached.empty()) {
     try {
-      std::filesystem::create_directories(std::filesystem::path(cached).parent_path(), ec);
       write_machine_file(m, cached);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "note: could not keep the machine file (%s); the next run measures again\n", e.what());

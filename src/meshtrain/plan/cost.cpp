@@ -246,22 +246,32 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
     const double elems = spec.stage_param_elements(st, l.tp);
     const std::vector<model::OpCost> ops = spec.op_costs(st, q);
     m.params += 4 * elems / (l.zero >= 3 ? dp : 1);
-    m.grads += 4 * elems / (l.zero >= 2 ? dp : 1);
+    // ZeRO-2/3 as data_parallel.h runs them: the full gradient buckets live through backward
+    // (freed after the step) beside this rank's reduced slice.
+    m.grads += 4 * elems + (l.zero >= 2 && l.dp > 1 ? 4 * elems / dp : 0.0);
     m.optimizer += 4.0 * l.optimizer_state * elems / (l.zero >= 1 ? dp : 1);
     if (l.bf16) m.buffers += 2 * elems;
     const int f = std::max(1, in_flight[s % static_cast<size_t>(l.pp)]);
     m.in_flight = f;
     const double saved = model::total_saved_bytes(ops);
-    // Several chunks share the rank's in-flight count: charge each chunk its share.
+    // Several chunks share the rank's in-flight count: charge each chunk its share. One
+    // micro-batch is in backward (its saved bytes plus its transients, backward_peak_bytes);
+    // the others hold what they saved (with recomputation: their stage input only).
     const double share = static_cast<double>(f) / (l.pp > 1 ? l.chunks : 1);
-    if (l.recompute) {
-      const double input = spec.boundary_bytes(st.first_layer, rows, q.T, 1);
-      m.activations = std::max(m.activations, 0.0) + share * input;
-      m.temp = std::max(m.temp, saved + model::max_temp_bytes(ops));
-    } else {
-      m.activations += share * saved;
-      m.temp = std::max(m.temp, model::max_temp_bytes(ops));
+    const double held = l.recompute ? spec.boundary_bytes(st.first_layer, rows, q.T, 1) : saved;
+    m.activations += share * held;
+    // The executor posts every receive of the step at its start (pipeline/executor.cpp): a
+    // gradient buffer per micro-batch for a stage that sends on, an activation buffer per
+    // micro-batch for one that receives (those of the micro-batches in flight are the saved
+    // inputs counted above).
+    if (spans.size() > 1) {
+      const double mbs = l.microbatches;
+      if (s + 1 < spans.size()) m.buffers += mbs * spec.boundary_bytes(st.end_layer, rows, q.T, 1);
+      if (s > 0) m.buffers += std::max(0.0, mbs - share) * spec.boundary_bytes(st.first_layer, rows, q.T, 1);
     }
+    // The micro-batch in backward: beyond what it holds, its transients (recomputation: the
+    // whole forward's saved activations again).
+    m.temp = std::max(m.temp, model::backward_peak_bytes(ops) - (l.recompute ? 0.0 : saved));
     if (l.zero >= 3) {
       // The unit being computed and the next one prefetched, gathered whole.
       double largest = 0;
@@ -311,6 +321,17 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
     }
     if (l.recompute) B += fwd_compute, I += fwd_compute;
     const double elems = spec.stage_param_elements(st, l.tp);
+    // A CPU's last-level cache, shared by the process's ranks: when a micro-batch's saved
+    // activations and the stage's parameters and gradients do not fit in a rank's share, the
+    // forward writes the activations out to memory and the backward reads them back.
+    if (shared && hw.has_machine && hw.machine.llc_bytes > 0) {
+      const double saved = model::total_saved_bytes(ops);
+      const double share = static_cast<double>(hw.machine.llc_bytes) / std::max(1, std::min(world, hw.cores));
+      if (saved + 8 * elems > share) {
+        const double dram = bandwidth(hw, threads, "add", 1e12);
+        if (dram > 0) F += saved / dram, B += saved / dram, I += saved / dram;
+      }
+    }
     if (l.zero >= 3 && l.dp > 1) {
       // Every unit gathered before its forward and again before its backward, the next one
       // prefetched while this one computes: the first exposed, the rest hidden where the
@@ -350,7 +371,10 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
   if (shared) {
     // Time-sharing: all ranks' work (the simulated pipeline's, for every dp x tp replica, each
     // rank with its threads) over the cores.
-    p.compute_s = std::max(p.compute_s, busy * l.dp * l.tp * l.threads / hw.cores);
+    // Ranks that outnumber the cores also lose some of it taking turns (the machine file's
+    // measured efficiency at two ranks a core).
+    const double eff = demand > 1 && hw.has_machine ? hw.machine.shared_core_efficiency : 1.0;
+    p.compute_s = std::max(p.compute_s, busy * l.dp * l.tp * l.threads / hw.cores / eff);
   }
   p.tp_comm_s = worst_tp;
 

@@ -119,6 +119,8 @@ json to_json(const MachineProfile& p) {
   j["bf16_isa"] = p.bf16_isa;
   j["calibrate_seconds"] = p.calibrate_seconds;
   j["call_overhead_s"] = p.call_overhead_s;
+  j["llc_bytes"] = p.llc_bytes;
+  j["shared_core_efficiency"] = p.shared_core_efficiency;
   j["gemm"] = json::array();
   for (const auto& g : p.gemm)
     j["gemm"].push_back({{"shape", g.shape}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"precision", g.precision},
@@ -163,6 +165,8 @@ MachineProfile from_json(const json& j, const std::string& source) {
   p.bf16_isa = r.str("bf16_isa");
   p.calibrate_seconds = r.rate("calibrate_seconds");
   p.call_overhead_s = r.rate("call_overhead_s");
+  p.llc_bytes = r.integer("llc_bytes", 0);
+  p.shared_core_efficiency = r.rate("shared_core_efficiency");
 
   const json& gemm = r.array("gemm");
   for (std::size_t i = 0; i < gemm.size(); ++i) {

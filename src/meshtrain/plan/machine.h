@@ -92,6 +92,12 @@ struct MachineProfile {
   // The fixed cost of one kernel call on one thread (the mean of a tiny GEMM and a tiny
   // element-wise pass): what a layer costs beyond its FLOPs and bytes.
   double call_overhead_s = 0;
+  // The last-level cache of the CPU the process runs on (sysfs), shared by the ranks of one
+  // process; 0: unknown. Activations beyond it are written to and read back from memory.
+  int64_t llc_bytes = 0;
+  // Ranks that outnumber the cores (threads of one process) take turns: the share of the
+  // cores' work they still get done, measured at two ranks a core (1: no loss).
+  double shared_core_efficiency = 1;
   std::vector<GemmRate> gemm;
   std::vector<ElementwiseRate> elementwise;
   std::vector<AttentionRate> attention;
@@ -139,7 +145,11 @@ std::string default_machine_path();
 // was measured on this host, CPU model and number of cores; else, when `may_calibrate`, a
 // quick calibration (about two seconds), written there for the next run (a note on stderr; a
 // failed write is said and the run goes on). nullopt: none could be had. `source` says which.
-std::optional<MachineProfile> machine_for_run(const std::string& path, bool may_calibrate, std::string* source);
+// `quick_calibration(path)` makes the quick calibration and writes it to `path` (the program
+// runs it as a child process, so that its buffers never count in the run's memory); null: in
+// this process.
+std::optional<MachineProfile> machine_for_run(const std::string& path, bool may_calibrate, std::string* source,
+                                              const std::function<bool(const std::string&)>& quick_calibration = {});
 
 // The cores this process may run on (its affinity mask; hardware_concurrency without one).
 int usable_cores();

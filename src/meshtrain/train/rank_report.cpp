@@ -98,38 +98,20 @@ void RankTrainer::print_header() {
                 measured_gemm_gflops(1, kernels::Precision::bf16), measured_gemm_gflops(1));
   }
   {
-    // Training memory against the analytic sum: parameters, gradients, the optimizer's state
-    // (all float32) and the activations one micro-batch saves (model/config.h).
-    StateBytes s = sh_.res.state_bytes;
+    // This rank's tensor memory as the planner's memory model predicts it (plan/cost.h): the
+    // figure the end of the run compares with the peak each rank held.
     const double MiB = 1024.0 * 1024.0;
-    double act = 0;
-    if (sh_.images)  // each unit's output, about four times over (the layers inside it)
-      for (const Shape& u : model::cnn_unit_shapes(*sh_.spec.cnn()))
-        act += 16.0 * static_cast<double>(shape_numel(u) * (o_.batch / o_.dp / o_.microbatches));
-    else
-      act = cfg.activation_bytes(o_.batch / o_.dp / o_.microbatches, o_.seq);
-    // bf16: the weights' bf16 copies for the step (2 bytes a parameter held; at ZeRO-3 only
-    // the gathered units have them, for as long as they are gathered, left out here), and the
-    // thread-local operand buffers, 2 bytes an element: the GEMM's two, grown to the largest A
-    // and B it converts (kernels/gemm.cpp: an MLP product's, and on a rank holding the head
-    // the token table at evaluation), the linear layer's output gradient (kernels/linear.cpp,
-    // rows x 4C) and the head's (rows x vocabulary, model/stage.cpp), each converted once for
-    // its two products.
-    double bf16_buffers = 0;
-    if (o_.precision == kernels::Precision::bf16) {
-      const double N = static_cast<double>(o_.batch / o_.dp / o_.microbatches * o_.seq), C = cfg.n_embd,
-                   V = static_cast<double>(cfg.vocab_size) / o_.tp, H = 4.0 * C / o_.tp;
-      bool head = false;
-      for (auto& st : stages_) head |= st->last();
-      const double a = N * H, b = head ? std::max(V * C, H * C) : std::max(H * C, N * H);
-      const double once = N * H + (head ? N * V : 0.0);
-      bf16_buffers = 2.0 * (a + b + once) + (o_.zero >= 3 ? 0.0 : static_cast<double>(s.params) / 2);
+    try {
+      const std::vector<plan::RankMemory> mem = plan::predict_memory(sh_.spec, plan_layout(o_, spans_));
+      const plan::RankMemory& m = mem.at(static_cast<size_t>(mesh_.coord().pp));
+      std::printf("memory of rank 0 (memory model): params %.1f + grads %.1f + optimizer %.1f + activations %.1f "
+                  "(%d micro-batch(es) in flight) + backward transients %.1f%s = %.1f MiB of tensors\n",
+                  m.params / MiB, m.grads / MiB, m.optimizer / MiB, m.activations / MiB, m.in_flight, m.temp / MiB,
+                  m.buffers > 0 ? (" + buffers " + fmt_mib(m.buffers / MiB)).c_str() : "", m.total() / MiB);
+      analytic_mb_ = m.total() / MiB;
+    } catch (const std::invalid_argument& e) {
+      std::printf("memory model: no figure for this layout (%s)\n", e.what());
     }
-    const double total = static_cast<double>(s.params + s.grads + s.optimizer) + act + bf16_buffers;
-    std::printf("memory per rank (analytic): params %.1f + grads %.1f + optimizer %.1f + activations %.1f%s = %.1f MiB\n",
-                s.params / MiB, s.grads / MiB, s.optimizer / MiB, act / MiB,
-                bf16_buffers > 0 ? (" + bf16 weight copies and operand buffers " + fmt_mib(bf16_buffers / MiB)).c_str() : "", total / MiB);
-    analytic_mb_ = total / MiB;
   }
   if (o_.tp > 1) {
     // Tensor parallelism: this rank holds the replicated parameters whole and 1/tp of the split.

@@ -590,9 +590,9 @@ void RankTrainer::run() {
                 : loss_text + (final_acc ? " | test accuracy " + std::to_string(100.0 * *final_acc).substr(0, 5) + "%"
                                          : std::string());
     std::printf("done: %lld steps in %.1f s%s | peak RSS %.0f MiB "
-                "(%.2fx the analytic %.0f MiB%s)\n",
+                "(%.2fx the memory model's %.0f MiB of tensors%s)\n",
                 static_cast<long long>(res.steps.size()), res.wall_s, val.c_str(), rss,
-                rss / analytic_mb_, analytic_mb_, mesh_.world().size() > 1 ? " per rank; RSS counts the whole process" : "");
+                rss / analytic_mb_, analytic_mb_, mesh_.world().size() > 1 ? " of rank 0; RSS counts the whole process: every rank, the data and the libraries" : "");
     const char* wire = o_.comm_dtype == kernels::Precision::bf16 ? "bf16" : "fp32";
     auto per_step = [&](uint64_t StepRecord::*field) {
       double sent = 0;

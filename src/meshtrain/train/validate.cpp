@@ -226,14 +226,15 @@ int64_t local_ranks(const TrainOptions& o) {
   return static_cast<int64_t>(o.dp) * o.tp * o.pp + o.ps_servers;
 }
 
-void check_memory(const TrainOptions& o, const model::GPTConfig& cfg, const Machine& m) {
+void check_memory(const TrainOptions& o, const model::ModelSpec& spec, const Machine& m) {
   if (m.memory_bytes <= 0) return;
-  MemoryEstimate e = estimate_memory(o, cfg);
+  MemoryEstimate e = estimate_memory(o, spec);
   if (e.total() <= static_cast<double>(m.memory_bytes)) return;
   bad("this run needs at least " + format_bytes(e.total()) + " of memory in this process (" +
       std::to_string(e.ranks) + " rank(s): parameters " + format_bytes(e.params) + ", gradients " +
       format_bytes(e.grads) + ", optimizer state " + format_bytes(e.optimizer) + ", activations " +
-      format_bytes(e.activations) + ", tokens " + format_bytes(e.data) +
+      format_bytes(e.activations) + (spec.input() == model::InputKind::images ? ", images " : ", tokens ") +
+      format_bytes(e.data) +
       (e.eval > 0.01 * e.total() ? ", validation batches " + format_bytes(e.eval) : std::string()) +
       ") but the machine has " +
       format_bytes(static_cast<double>(m.memory_bytes)) + " available (" + m.memory_source +
@@ -262,38 +263,60 @@ Machine Machine::probe() {
 
 // ---- memory ----
 
-MemoryEstimate estimate_memory(const TrainOptions& o, const model::GPTConfig& cfg) {
-  // In double: a config can ask for more than int64 counts.
+// The parameter server's workers and servers, which the planner's layouts do not cover: the
+// analytic sum of what they hold (a GPT).
+MemoryEstimate estimate_ps_memory(const TrainOptions& o, const model::GPTConfig& cfg) {
   const double C = static_cast<double>(cfg.n_embd), L = static_cast<double>(cfg.n_layer);
   const double V = static_cast<double>(cfg.vocab_size), P = static_cast<double>(cfg.block_size);
   const double n = V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C;  // GPTConfig::num_params
   const double per_token = 4.0 * (L * (16 * C + static_cast<double>(cfg.n_head) + 4) + 2 * C + 2 + V + 1);
-  const double dp = std::max(1, o.dp), tp = std::max(1, o.tp);
+  const double dp = std::max(1, o.dp);
   const double B = static_cast<double>(std::max<int64_t>(o.batch, 1)), T = static_cast<double>(std::max<int64_t>(o.seq, 1));
   const double state = 4.0 * static_cast<double>(state_prefixes(o.optim).size());  // bytes a parameter
   MemoryEstimate e;
   e.ranks = static_cast<int>(std::min<int64_t>(local_ranks(o), std::numeric_limits<int>::max()));
-  const double ranks = e.ranks;
-  if (o.ps_servers > 0) {
-    // Workers hold the whole model's values and gradients; servers hold the values, gradients
-    // and optimizer state of their shards (all of the model over all servers).
-    const double workers = o.backend == "mpi" ? 1 : dp;
-    e.params = 4 * n * workers + (o.backend == "mpi" ? 0 : 4 * n);
-    e.grads = 4 * n * workers + (o.backend == "mpi" ? 0 : 4 * n);
-    e.optimizer = o.backend == "mpi" ? 0 : state * n;
-    e.activations = per_token * (B / dp) * T * workers;
+  // Workers hold the whole model's values and gradients; servers hold the values, gradients
+  // and optimizer state of their shards (all of the model over all servers).
+  const double workers = o.backend == "mpi" ? 1 : dp;
+  e.params = 4 * n * workers + (o.backend == "mpi" ? 0 : 4 * n);
+  e.grads = 4 * n * workers + (o.backend == "mpi" ? 0 : 4 * n);
+  e.optimizer = o.backend == "mpi" ? 0 : state * n;
+  e.activations = per_token * (B / dp) * T * workers;
+  e.eval = 8.0 * static_cast<double>(std::max<int64_t>(o.eval_batches, 1)) * (B / dp) * T * workers;
+  return e;
+}
+
+MemoryEstimate estimate_memory(const TrainOptions& o, const model::ModelSpec& spec) {
+  MemoryEstimate e;
+  if (o.ps_servers > 0 && spec.gpt()) {
+    e = estimate_ps_memory(o, *spec.gpt());
   } else {
-    e.params = 4 * n / tp / (o.zero >= 3 ? dp : 1) * ranks;
-    e.grads = 4 * n / tp / (o.zero >= 2 ? dp : 1) * ranks;
-    e.optimizer = state * n / tp / (o.zero >= 1 ? dp : 1) * ranks;
-    e.activations = per_token * (B / dp / std::max(1, o.microbatches)) * T / tp * ranks;
+    e.ranks = static_cast<int>(std::min<int64_t>(local_ranks(o), std::numeric_limits<int>::max()));
+    // The planner's memory model (plan/cost.h), per pipeline rank; the process holds every
+    // rank (threads: dp x tp of each pp position) or one (mpi: the largest).
+    const std::vector<plan::RankMemory> ranks = plan::predict_memory(spec, plan_layout(o, {}));
+    const double replicas = o.backend == "mpi" ? 1.0 : static_cast<double>(o.dp) * o.tp;
+    const plan::RankMemory* largest = &ranks.front();
+    for (const plan::RankMemory& r : ranks)
+      if (r.total() > largest->total()) largest = &r;
+    for (const plan::RankMemory& r : ranks) {
+      if (o.backend == "mpi" && &r != largest) continue;
+      e.params += replicas * r.params, e.grads += replicas * r.grads, e.optimizer += replicas * r.optimizer;
+      e.activations += replicas * (r.activations + r.temp + r.buffers);
+    }
+    // Validation holds the inputs and targets of all --eval-batches batches of its rows.
+    const double rows = static_cast<double>(std::max<int64_t>(o.batch, 1)) / std::max(1, o.dp);
+    Shape sample = spec.sample_shape();
+    double per_row = spec.input() == model::InputKind::images ? 4.0 : 8.0 * static_cast<double>(std::max<int64_t>(o.seq, 1));
+    for (int64_t d : sample) per_row *= static_cast<double>(d);
+    e.eval = static_cast<double>(std::max<int64_t>(o.eval_batches, 1)) * rows * per_row *
+             (o.backend == "mpi" ? 1.0 : static_cast<double>(o.dp) * o.tp * o.pp);
   }
-  // Validation holds the tokens and targets (int32) of all --eval-batches batches of its rows.
-  e.eval = 8.0 * static_cast<double>(std::max<int64_t>(o.eval_batches, 1)) * (B / dp) * T *
-           (o.ps_servers > 0 ? (o.backend == "mpi" ? 1 : dp) : ranks);
-  // The token file, held once per process as uint16 (a text file: one token per byte).
   std::error_code ec;
-  if (!o.data.empty() && fs::is_regular_file(o.data, ec)) {
+  if (spec.input() == model::InputKind::images) {
+    e.data = 55e6;  // Fashion-MNIST's 70,000 images of 28 x 28, held as bytes (train/images.h)
+  } else if (!o.data.empty() && fs::is_regular_file(o.data, ec)) {
+    // The token file, held once per process as uint16 (a text file: one token per byte).
     const double size = static_cast<double>(fs::file_size(o.data, ec));
     if (!ec) e.data = fs::path(o.data).extension() == ".bin" ? size : 2 * size;
   }
@@ -398,7 +421,7 @@ void validate_options(const TrainOptions& o, const model::GPTConfig& cfg, const 
     parallel::validate_tp(cfg, o.tp, {.sequence_parallel = o.sequence_parallel, .pad_vocab = o.pad_vocab}, o.seq);
   check_threads("--threads", o.threads, m, /*zero_means_auto=*/true);
   check_ranks(o.ps_servers > 0 ? "--dp and --ps-servers" : "--dp, --tp and --pp", local_ranks(o), o.threads, m);
-  check_memory(o, cfg, m);
+  check_memory(o, *model::gpt_spec(cfg), m);
   if (o.batch > (int64_t{1} << 24))
     bad("--batch " + std::to_string(o.batch) + " is more than the 16777216 rows per batch the data order supports");
   check_paths(o);
@@ -464,22 +487,7 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
   }
   check_threads("--threads", o.threads, m, /*zero_means_auto=*/true);
   check_ranks("--dp, --tp and --pp", local_ranks(o), o.threads, m);
-  if (m.memory_bytes > 0) {
-    // Parameters, gradients and the optimizer's state (two moments at most), per ZeRO stage,
-    // plus each unit's output a few times over per sample (its layers' saved activations) and
-    // the data set (Fashion-MNIST: 55 MB of pixels).
-    double n = 0, acts = 0;
-    for (const auto& [nm, s] : spec.param_shapes()) n += static_cast<double>(shape_numel(s));
-    for (const Shape& s : model::cnn_unit_shapes(*spec.cnn())) acts += 4.0 * 4.0 * static_cast<double>(shape_numel(s));
-    const double dp = o.dp, ranks = static_cast<double>(local_ranks(o));
-    const double state = 4 * n / (o.zero >= 3 ? dp : 1) + 4 * n / (o.zero >= 2 ? dp : 1) + 8 * n / (o.zero >= 1 ? dp : 1);
-    const double need = ranks * (state + acts * static_cast<double>(o.batch) / dp / o.microbatches) +
-                        8.0 * static_cast<double>(o.eval_batches) * static_cast<double>(o.batch) * acts / 16.0 + 60e6;
-    if (need > static_cast<double>(m.memory_bytes))
-      bad("this run needs at least " + format_bytes(need) + " of memory in this process but the machine has " +
-          format_bytes(static_cast<double>(m.memory_bytes)) + " available (" + m.memory_source +
-          "); lower --batch or --eval-batches, add --microbatches, or --zero to shard the state");
-  }
+  check_memory(o, spec, m);
   check_paths(o);
 }
 

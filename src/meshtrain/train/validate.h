@@ -9,9 +9,9 @@
 //     without --ps-servers, checkpoint flags without --checkpoint-dir, tensor-parallel shapes);
 //   - thread counts against the machine: at most kThreadsPerCore x cores kernel threads per
 //     rank, and at most kRanksPerCore x cores threads (ranks x kernel threads) in one process;
-//   - memory against the machine: the analytic bytes of the run per process (parameters,
-//     gradients, optimizer state, activations of one micro-batch, the token file) must fit in the
-//     available memory (MemAvailable in /proc/meminfo, lowered by a cgroup memory limit);
+//   - memory against the machine: the bytes of the run per process (estimate_memory: the
+//     planner's memory model for every rank in it, the data, the validation batches) must fit
+//     in the available memory (MemAvailable in /proc/meminfo, lowered by a cgroup memory limit);
 //   - output paths (train/outputs.h): --metrics and --trace must name a file in an existing
 //     directory, and --checkpoint-dir must not be (or lie under) a regular file; no output may
 //     be an input, another output, or a file the program did not write (without --overwrite).
@@ -41,14 +41,17 @@ struct Machine {
   static Machine probe();
 };
 
-// Analytic bytes one process of the run holds (all its ranks together), by part.
+// Bytes one process of the run holds (all its ranks together), by part: the planner's memory
+// model (plan/cost.h predict_memory: tensors per rank, activations including the backward's
+// transients and the pipeline's buffers) for every rank in the process, plus the data and the
+// validation batches; the parameter server's ranks by their own analytic sum.
 struct MemoryEstimate {
   double params = 0, grads = 0, optimizer = 0, activations = 0, data = 0;
   double eval = 0;  // the token and target rows of --eval-batches validation batches
   int ranks = 1;    // ranks in this process
   double total() const { return params + grads + optimizer + activations + data + eval; }
 };
-MemoryEstimate estimate_memory(const TrainOptions& o, const model::GPTConfig& cfg);
+MemoryEstimate estimate_memory(const TrainOptions& o, const model::ModelSpec& spec);
 
 // Checks `o` (batch and seq already resolved from the model; threads may still be 0 = auto)
 // against the model and the machine. Throws std::invalid_argument with a sentence.

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The cost model's step time and the memory model's peak tensor memory per rank, predicted
+against measured, over the layouts the tests run (docs/benchmarks.md, "The planner").
+
+  python3 bench/plan_accuracy.py [--models gpt-tiny,gpt-small] [--steps-tiny 30] [--steps-small 10]
+                                 [--machine FILE] [--layouts "dp 2;tp 2;..."] [--out table.md]
+
+The script first measures this machine (`meshtrain calibrate`, full mode, into a temporary
+machine file, unless --machine names one), then trains each model at each layout with
+`meshtrain train --machine FILE`, which prints the prediction at the start and, at the end,
+"predicted against measured" for the step time (the median of the steps after the first two)
+and for every rank's peak tensor memory (its largest error). It prints a markdown table and the
+mean absolute percentage error (MAPE) of the step time, and the largest memory error.
+
+Every layout runs the model's default global batch (gpt-tiny 12 x 64, gpt-small 8 x 256),
+AdamW, on data/corpus.txt (the set-up's corpus). Ranks are threads of one process; each gets
+cores / ranks kernel threads (at least 1), so a layout of more ranks than cores shares the cores,
+which the cost model knows (machine file: cores and the measured efficiency of ranks that take
+turns on them).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MESHTRAIN = os.environ.get("MESHTRAIN", os.path.join(ROOT, "build", "meshtrain"))
+
+LAYOUTS = [
+    "",
+    "--dp 2",
+    "--dp 4",
+    "--dp 2 --zero 1",
+    "--dp 2 --zero 2",
+    "--dp 2 --zero 3",
+    "--dp 4 --zero 3",
+    "--tp 2",
+    "--tp 4",
+    "--dp 2 --tp 2",
+    "--pp 2 --microbatches 4 --schedule gpipe",
+    "--pp 2 --microbatches 4 --schedule 1f1b",
+    "--pp 4 --microbatches 4 --schedule gpipe",
+    "--pp 4 --microbatches 4 --schedule 1f1b",
+    "--dp 2 --pp 2 --microbatches 2 --schedule 1f1b",
+    "--tp 2 --pp 2 --microbatches 4 --schedule 1f1b",
+    "--microbatches 4",
+]
+
+LINE = re.compile(r"predicted against measured: step ([\d.]+) ms vs ([\d.]+) ms .*?error ([+-][\d.]+)%"
+                  r"(?: \| peak tensor memory of rank (\d+) ([\d.]+) MiB vs ([\d.]+) MiB, error ([+-][\d.]+)%)?")
+
+
+def data_file():
+    for f in (os.path.join(ROOT, "data", "corpus.txt"), os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare.txt")):
+        if os.path.exists(f):
+            return f
+    sys.exit("plan_accuracy.py: no data/corpus.txt (run scripts/setup.sh)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="gpt-tiny,gpt-small")
+    ap.add_argument("--steps-tiny", type=int, default=30)
+    ap.add_argument("--steps-small", type=int, default=10)
+    ap.add_argument("--machine", default="")
+    ap.add_argument("--layouts", default="")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    layouts = [l.strip() for l in a.layouts.split(";")] if a.layouts else LAYOUTS
+    data = data_file()
+    tmp = tempfile.mkdtemp(prefix="plan_accuracy_")
+    machine = a.machine
+    if not machine:
+        machine = os.path.join(tmp, "machine.json")
+        print("measuring this machine (meshtrain calibrate) ...", file=sys.stderr)
+        subprocess.run([MESHTRAIN, "calibrate", "--out", machine], check=True, stdout=subprocess.DEVNULL)
+    rows, step_errors, mem_errors = [], [], []
+    for model in a.models.split(","):
+        steps = a.steps_tiny if model == "gpt-tiny" else a.steps_small
+        for layout in layouts:
+            cmd = [MESHTRAIN, "train", "--model", model, "--data", data, "--steps", str(steps), "--eval-every", "0",
+                   "--eval-batches", "1", "--log-every", "0", "--machine", machine] + layout.split()
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            name = layout or "(one rank)"
+            if p.returncode != 0:
+                last = (p.stderr.strip() or p.stdout.strip()).splitlines()[-1:]
+                print(f"{model} {name}: skipped ({' '.join(last)})", file=sys.stderr)
+                continue
+            m = LINE.search(p.stdout)
+            if not m:
+                print(f"{model} {name}: no prediction line", file=sys.stderr)
+                continue
+            pred, meas, err = float(m.group(1)), float(m.group(2)), float(m.group(3))
+            step_errors.append(abs(err))
+            row = f"| {model} | {name} | {pred:.2f} | {meas:.2f} | {err:+.1f}% |"
+            if m.group(4):
+                mem_errors.append(abs(float(m.group(7))))
+                row += f" {m.group(5)} | {m.group(6)} | {float(m.group(7)):+.1f}% (rank {m.group(4)}) |"
+            rows.append(row)
+            print(row, flush=True)
+    head = ("| model | layout | predicted step ms | measured step ms | error | predicted peak MiB | "
+            "measured peak MiB | error (worst rank) |\n|---|---|---|---|---|---|---|---|")
+    mape = sum(step_errors) / len(step_errors) if step_errors else float("nan")
+    summary = (f"\nstep time: MAPE {mape:.1f}% over {len(step_errors)} runs (largest {max(step_errors, default=0):.1f}%); "
+               f"peak tensor memory: largest error {max(mem_errors, default=0):.1f}%")
+    text = head + "\n" + "\n".join(rows) + "\n" + summary + "\n"
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
