@@ -139,17 +139,36 @@ struct Shape {
   int64_t m, n, k;
 };
 
-GemmRate measure_gemm(const Shape& s, kernels::Precision prec, int threads, bool quick) {
-  std::vector<float> a(s.m * s.k, 0.5f), b(s.k * s.n, 0.25f), c(s.m * s.n);
+// `cold`: the operands rotate through copies filling twice the last-level cache (at least
+// 64 MiB), so each product reads them from memory, as a layer of a model whose activations do
+// not fit in the caches does; the time is the mean over one pass of the copies.
+GemmRate measure_gemm(const Shape& s, kernels::Precision prec, int threads, bool quick, bool cold = false) {
   const kernels::GemmOptions opt(threads, prec);
-  const double t = best_seconds(
-      [&] {
-        kernels::gemm(kernels::Trans::N, kernels::Trans::N, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.n, 0.f,
-                      c.data(), s.n, opt);
-      },
-      quick ? 3 : 5, quick ? 0.05 : 0.3);
-  return {s.name, s.m, s.n, s.k, prec == kernels::Precision::bf16 ? "bf16" : "float32", threads,
-          2.0 * s.m * s.n * s.k / t / 1e9};
+  const int64_t per = s.m * s.k + s.k * s.n + s.m * s.n;
+  const int64_t span = std::max<int64_t>(int64_t{64} << 20, 2 * llc_bytes());
+  const int64_t copies = cold ? std::max<int64_t>(2, span / (4 * per)) : 1;
+  std::vector<float> buf(static_cast<size_t>(per * copies), 0.25f);
+  int64_t next = 0;
+  auto product = [&] {
+    float* a = buf.data() + (next++ % copies) * per;
+    float* b = a + s.m * s.k;
+    float* c = b + s.k * s.n;
+    kernels::gemm(kernels::Trans::N, kernels::Trans::N, s.m, s.n, s.k, 1.f, a, s.k, b, s.n, 0.f, c, s.n, opt);
+  };
+  double t = 0;
+  if (cold) {
+    for (int64_t i = 0; i < copies; ++i) product();  // first touch
+    const int passes = quick ? 1 : 2;
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < passes * copies; ++i) product();
+    t = since(t0) / static_cast<double>(passes * copies);
+  } else {
+    t = best_seconds(product, quick ? 3 : 5, quick ? 0.05 : 0.3);
+  }
+  GemmRate r{s.name, s.m, s.n, s.k, prec == kernels::Precision::bf16 ? "bf16" : "float32", threads,
+             2.0 * static_cast<double>(s.m * s.n * s.k) / t / 1e9};
+  r.cold = cold;
+  return r;
 }
 
 // ---- element-wise ----
@@ -167,12 +186,13 @@ ElementwiseRate measure_add(int64_t n, int threads, bool quick) {
   return {"add", n, threads, 12.0 * static_cast<double>(n) / t};
 }
 
-// The layers' own memory-bound kernels on 1M elements (4 MiB: the size of a small model's
-// activations, in the caches), with the bytes the cost model counts for them (model/cost.h):
+// The layers' own memory-bound kernels on n elements (1 Mi: 4 MiB, a small model's
+// activations, in the caches; 8 Mi: 32 MiB an array, from memory), with the bytes the cost
+// model counts for them (model/cost.h):
 // layernorm forward + backward 6 x 4 bytes an element, GELU forward + backward 5 x 4, AdamW
 // 7 x 4 (the parameter, gradient and two moments read; parameter and moments written), add 12.
-ElementwiseRate measure_kernel(const std::string& op, int threads, bool quick) {
-  const int64_t n = int64_t{1} << 20, C = 512, N = n / C;
+ElementwiseRate measure_kernel(const std::string& op, int64_t n, int threads, bool quick) {
+  const int64_t C = 512, N = n / C;
   std::vector<float> x(n, 0.3f), y(n), dx(n), dy(n, 0.01f), m(n, 0.f), v(n, 0.f), mean(N), rstd(N), w(C, 1.f), b(C),
       dw(C), db(C);
   double bytes = 0;
@@ -422,22 +442,28 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
 
   if (lead) {
     const std::vector<Shape> shapes =
-        o.quick ? std::vector<Shape>{{"square_1024", 1024, 1024, 1024}, {"mlp_up_bt512", 512, 3072, 768}, {"small_128", 128, 128, 128}}
+        o.quick ? std::vector<Shape>{{"square_1024", 1024, 1024, 1024}, {"mlp_up_bt512", 512, 3072, 768},
+                                     {"skinny_k128", 1024, 512, 128}, {"small_128", 128, 128, 128}}
                 : std::vector<Shape>{{"square_1024", 1024, 1024, 1024}, {"square_2048", 2048, 2048, 2048},
                                      {"mlp_up_bt512", 512, 3072, 768},   {"mlp_up_bt4096", 4096, 3072, 768},
-                                     {"mlp_down_bt4096", 4096, 768, 3072}, {"small_128", 128, 128, 128}};
+                                     {"mlp_down_bt4096", 4096, 768, 3072}, {"skinny_k128", 1024, 512, 128},
+                                     {"small_128", 128, 128, 128}};
     const auto threads = thread_counts(most, o.quick);
     std::vector<kernels::Precision> precs{kernels::Precision::f32};
     if (bf16) precs.push_back(kernels::Precision::bf16);
     for (auto prec : precs)
-      for (const auto& s : shapes)
-        for (int t : threads)
-          tasks.push_back([&p, s, prec, t, q = o.quick] {
-            p.gemm.push_back(measure_gemm(s, prec, t, q));
-            const auto& g = p.gemm.back();
-            return "gemm " + g.precision + " " + g.shape + " (" + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" +
-                   std::to_string(g.k) + ") threads " + std::to_string(t) + ": " + fmt("%.1f", g.gflops) + " GFLOP/s";
-          });
+      for (bool cold : {false, true}) {
+        if (cold && prec == kernels::Precision::bf16) continue;  // the cost model scales bf16 by float32's ratio
+        for (const auto& s : shapes)
+          for (int t : threads)
+            tasks.push_back([&p, s, prec, t, cold, q = o.quick] {
+              p.gemm.push_back(measure_gemm(s, prec, t, q, cold));
+              const auto& g = p.gemm.back();
+              return "gemm " + g.precision + " " + g.shape + " (" + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" +
+                     std::to_string(g.k) + ")" + (cold ? " from memory" : "") + " threads " + std::to_string(t) + ": " +
+                     fmt("%.1f", g.gflops) + " GFLOP/s";
+            });
+      }
     // 3 arrays of 128 MiB, far beyond the caches in both modes (smaller arrays partly fit the L3).
   const int64_t elements = int64_t{32} << 20;
     for (int t : threads)
@@ -447,12 +473,15 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
                fmt("%.2f", p.elementwise.back().bytes_per_s / 1e9) + " GB/s";
       });
     for (const char* op : {"add", "layernorm", "gelu", "adamw"})
-      for (int t : threads)
-        tasks.push_back([&p, op = std::string(op), t, q = o.quick] {
-          p.elementwise.push_back(measure_kernel(op, t, q));
-          return op + " 1048576 floats (in cache) threads " + std::to_string(t) + ": " +
-                 fmt("%.2f", p.elementwise.back().bytes_per_s / 1e9) + " GB/s";
-        });
+      for (int64_t n : {int64_t{1} << 20, int64_t{8} << 20}) {
+        if (std::string(op) == "add" && n > (int64_t{1} << 20)) continue;  // the 32 Mi row above
+        for (int t : threads)
+          tasks.push_back([&p, op = std::string(op), n, t, q = o.quick] {
+            p.elementwise.push_back(measure_kernel(op, n, t, q));
+            return op + " " + std::to_string(n) + " floats (" + (n > (int64_t{1} << 20) ? "from memory" : "in cache") +
+                   ") threads " + std::to_string(t) + ": " + fmt("%.2f", p.elementwise.back().bytes_per_s / 1e9) + " GB/s";
+          });
+      }
     // Head sizes 32 and 64 at short and long sequences (gpt-tiny's 64 x 32, gpt-small's 256 x
     // 64, GPT-2 small's 512 x 64): the kernel's rate depends on both.
     struct AttnShape {

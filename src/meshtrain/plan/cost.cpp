@@ -32,15 +32,23 @@ double by_threads(const std::vector<T>& rows, int threads, Rate rate) {
   return best;
 }
 
-double gemm_rate(const Hardware& hw, const model::OpCost& o, int threads, bool bf16) {
+// The measured rate for the op's shape: the shape classes of this precision and operand state
+// (in the caches, or `cold`: from memory) at the rank's thread count, interpolated in
+// log(m n k). bf16 from memory: bf16's rate in the caches x float32's ratio of the two states.
+double gemm_rate(const Hardware& hw, const model::OpCost& o, int threads, bool bf16, bool cold = false) {
   if (!hw.has_machine) return hw.gemm_flops;
   const std::string precision = bf16 && hw.machine.bf16_isa != "emulated" ? "bf16" : "float32";
-  // The measured shape classes at this thread count, nearest in log(m n k); between two, the
-  // rate interpolated in log(m n k).
+  bool have_cold = false;
+  for (const GemmRate& g : hw.machine.gemm) have_cold |= g.cold && g.precision == precision;
+  if (cold && !have_cold) {
+    if (precision == "float32") return gemm_rate(hw, o, threads, false, false);
+    const double f_hot = gemm_rate(hw, o, threads, false, false), f_cold = gemm_rate(hw, o, threads, false, true);
+    return gemm_rate(hw, o, threads, true, false) * (f_hot > 0 ? f_cold / f_hot : 1.0);
+  }
   const double size = std::log(std::max(1.0, static_cast<double>(o.m) * static_cast<double>(o.n) * static_cast<double>(o.k)));
   std::vector<std::pair<double, double>> pts;  // (log size, rate)
   for (const GemmRate& g : hw.machine.gemm) {
-    if (g.precision != precision) continue;
+    if (g.precision != precision || g.cold != cold) continue;
     const double r = by_threads(std::vector<GemmRate>{g}, threads, [](const GemmRate& x) { return x.gflops; });
     if (r <= 0) continue;
     pts.emplace_back(std::log(static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k)), r * 1e9);
@@ -80,22 +88,21 @@ double attention_rate(const Hardware& hw, const model::OpCost& o, int threads) {
   return 1e9 * by_threads(nearest, threads, [](const AttentionRate& a) { return a.gflops; });
 }
 
-// The measured rate of `kernel` (the "add" rows when it was not measured) at the size nearest
-// the op's bytes; the cluster's bandwidth without a machine file.
-double bandwidth(const Hardware& hw, int threads, const std::string& kernel = "add", double bytes = 4e6) {
+// The measured rate of `kernel` (the "add" rows when it was not measured): its largest size
+// (from memory) when `cold`, else its smallest (in the caches); the cluster's bandwidth without
+// a machine file.
+double bandwidth(const Hardware& hw, int threads, const std::string& kernel = "add", bool cold = false) {
   if (!hw.has_machine || hw.machine.elementwise.empty()) return hw.bytes_per_s;
   bool any = false;
   for (const ElementwiseRate& e : hw.machine.elementwise) any |= e.op == kernel;
   const std::string op = any ? kernel : "add";
-  double best_d = std::numeric_limits<double>::infinity();
-  std::vector<ElementwiseRate> nearest;
-  for (const ElementwiseRate& e : hw.machine.elementwise) {
-    if (e.op != op) continue;
-    const double d = std::abs(std::log(12.0 * static_cast<double>(e.elements)) - std::log(std::max(1.0, bytes)));
-    if (d < best_d - 1e-9) best_d = d, nearest.clear();
-    if (d <= best_d + 1e-9) nearest.push_back(e);
-  }
-  return by_threads(nearest, threads, [](const ElementwiseRate& e) { return e.bytes_per_s; });
+  int64_t pick = cold ? 0 : std::numeric_limits<int64_t>::max();
+  for (const ElementwiseRate& e : hw.machine.elementwise)
+    if (e.op == op) pick = cold ? std::max(pick, e.elements) : std::min(pick, e.elements);
+  std::vector<ElementwiseRate> rows;
+  for (const ElementwiseRate& e : hw.machine.elementwise)
+    if (e.op == op && e.elements == pick) rows.push_back(e);
+  return by_threads(rows, threads, [](const ElementwiseRate& e) { return e.bytes_per_s; });
 }
 
 double call_overhead(const Hardware& hw) {
@@ -105,7 +112,7 @@ double call_overhead(const Hardware& hw) {
 
 // Seconds of one op's forward (backward when `bwd`) on one rank; `part` of the backward: 0 all,
 // 1 the input gradient (I), 2 the weight gradient (W).
-double op_seconds(const Hardware& hw, const model::OpCost& o, int threads, bool bf16, bool bwd, int part = 0) {
+double op_seconds(const Hardware& hw, const model::OpCost& o, int threads, bool bf16, bool cold, bool bwd, int part = 0) {
   double flops = bwd ? o.bwd_flops : o.fwd_flops;
   double bytes = bwd ? o.bwd_bytes : o.fwd_bytes;
   int calls = bwd && o.cls == model::OpClass::gemm ? 2 : 1;
@@ -116,11 +123,12 @@ double op_seconds(const Hardware& hw, const model::OpCost& o, int threads, bool 
   }
   double t = calls * call_overhead(hw);
   if (flops > 0) {
-    const double rate = o.cls == model::OpClass::attention ? attention_rate(hw, o, threads) : gemm_rate(hw, o, threads, bf16);
+    const double rate =
+        o.cls == model::OpClass::attention ? attention_rate(hw, o, threads) : gemm_rate(hw, o, threads, bf16, cold);
     if (rate > 0) t += flops / rate;
   }
   if (bytes > 0) {
-    const double bw = bandwidth(hw, threads, o.kernel, o.fwd_bytes);
+    const double bw = bandwidth(hw, threads, o.kernel, cold);
     if (bw > 0) t += bytes / bw;
   }
   return t;
@@ -308,30 +316,28 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
   for (size_t s = 0; s < p.stages.size(); ++s) {
     const model::StageSpec st = stage_spec(p.stages, s);
     const std::vector<model::OpCost> ops = spec.op_costs(st, q);
+    const double elems = spec.stage_param_elements(st, l.tp);
+    // A CPU's last-level cache, shared by the process's ranks: when a micro-batch's saved
+    // activations and the stage's parameters, gradients and optimizer state do not fit in a
+    // rank's share, every layer reads its operands from memory (the machine file's rates "from
+    // memory": GEMMs with rotating operands, the kernels on arrays beyond the cache).
+    bool cold = false;
+    if (shared && hw.has_machine && hw.machine.llc_bytes > 0) {
+      const double share = static_cast<double>(hw.machine.llc_bytes) / std::max(1, std::min(world, hw.cores));
+      cold = model::total_saved_bytes(ops) + 4.0 * (2 + l.optimizer_state) * elems > share;
+    }
     double F = 0, B = 0, I = 0, W = 0, tp_s = 0, fwd_compute = 0;
     for (const model::OpCost& o : ops) {
-      const double f = op_seconds(hw, o, threads, l.bf16, false);
+      const double f = op_seconds(hw, o, threads, l.bf16, cold, false);
       fwd_compute += f;
-      F += f, B += op_seconds(hw, o, threads, l.bf16, true);
-      I += op_seconds(hw, o, threads, l.bf16, true, 1), W += op_seconds(hw, o, threads, l.bf16, true, 2);
+      F += f, B += op_seconds(hw, o, threads, l.bf16, cold, true);
+      I += op_seconds(hw, o, threads, l.bf16, cold, true, 1), W += op_seconds(hw, o, threads, l.bf16, cold, true, 2);
       const double tf = collective_s(hw, comm::OpKind::all_reduce, o.tp_fwd_bytes, l.tp, demand);
       const double tb = collective_s(hw, comm::OpKind::all_reduce, o.tp_bwd_bytes, l.tp, demand);
       F += tf, B += tb, I += tb, tp_s += tf + tb;
       (void)tp_across;
     }
     if (l.recompute) B += fwd_compute, I += fwd_compute;
-    const double elems = spec.stage_param_elements(st, l.tp);
-    // A CPU's last-level cache, shared by the process's ranks: when a micro-batch's saved
-    // activations and the stage's parameters and gradients do not fit in a rank's share, the
-    // forward writes the activations out to memory and the backward reads them back.
-    if (shared && hw.has_machine && hw.machine.llc_bytes > 0) {
-      const double saved = model::total_saved_bytes(ops);
-      const double share = static_cast<double>(hw.machine.llc_bytes) / std::max(1, std::min(world, hw.cores));
-      if (saved + 8 * elems > share) {
-        const double dram = bandwidth(hw, threads, "add", 1e12);
-        if (dram > 0) F += saved / dram, B += saved / dram, I += saved / dram;
-      }
-    }
     if (l.zero >= 3 && l.dp > 1) {
       // Every unit gathered before its forward and again before its backward, the next one
       // prefetched while this one computes: the first exposed, the rest hidden where the
@@ -396,7 +402,10 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
     const double shard = stage_elems / (l.zero >= 1 ? l.dp : 1);
     const double grads = stage_elems / (l.zero >= 2 ? l.dp : 1);
     const double update = 4 * shard * (3 + 2.0 * l.optimizer_state), other = 4 * 2 * grads;
-    const double bw_update = bandwidth(hw, threads, "adamw", update), bw = bandwidth(hw, threads, "add", other);
+    // From memory when the state does not fit in the rank's share of the cache.
+    const bool cold = shared && hw.has_machine && hw.machine.llc_bytes > 0 &&
+                      update + other > static_cast<double>(hw.machine.llc_bytes) / std::max(1, std::min(world, hw.cores));
+    const double bw_update = bandwidth(hw, threads, "adamw", cold), bw = bandwidth(hw, threads, "add", cold);
     p.optimizer_s = (bw_update > 0 ? update / bw_update : 0) + (bw > 0 ? other / bw : 0) +
                     static_cast<double>(stage_tensors) * 3 * call_overhead(hw);
     if (shared) p.optimizer_s *= std::max(1.0, demand);

@@ -41,6 +41,11 @@ class Reader {
     if (!v.is_string()) fail(name(key), "is " + std::string(v.type_name()) + ", not a string");
     return v.get<std::string>();
   }
+  bool boolean(const std::string& key) {
+    const json& v = take(key);
+    if (!v.is_boolean()) fail(name(key), "is " + std::string(v.type_name()) + ", not true or false");
+    return v.get<bool>();
+  }
   std::string word(const std::string& key, std::initializer_list<const char*> allowed) {
     const std::string s = str(key);
     std::string list;
@@ -124,7 +129,7 @@ json to_json(const MachineProfile& p) {
   j["gemm"] = json::array();
   for (const auto& g : p.gemm)
     j["gemm"].push_back({{"shape", g.shape}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"precision", g.precision},
-                         {"threads", g.threads}, {"gflops", g.gflops}});
+                         {"threads", g.threads}, {"gflops", g.gflops}, {"cold", g.cold}});
   j["elementwise"] = json::array();
   for (const auto& e : p.elementwise)
     j["elementwise"].push_back(
@@ -177,6 +182,7 @@ MachineProfile from_json(const json& j, const std::string& source) {
     x.precision = g.word("precision", {"float32", "bf16"});
     x.threads = static_cast<int>(g.integer("threads", 1));
     x.gflops = g.rate("gflops");
+    x.cold = g.boolean("cold");
     g.done();
     p.gemm.push_back(x);
   }

@@ -35,6 +35,10 @@ struct GemmRate {
   std::string precision;  // "float32", or "bf16" (bf16 operands, float32 accumulation)
   int threads = 1;
   double gflops = 0;
+  // Operands that come from memory: each product reads copies that rotate through more memory
+  // than the last-level cache (a layer of a model whose activations do not fit in it);
+  // otherwise the same operands every time (in the caches).
+  bool cold = false;
 };
 
 // Element-wise bandwidth: c = a + b over float32 arrays of `elements`; 12 bytes an element
