@@ -337,7 +337,7 @@ std::string advise(const model::ModelSpec& spec, const Cluster& c, const SearchO
   }
   if (!batches.empty()) s += "; " + batches;
   if (!more.empty()) s += "; " + more;
-  s += "; or give devices with at least " + bytes_text(lean) + " of memory";
+  s += std::string("; or give ") + (c.cpu() ? "nodes" : "devices") + " with at least " + bytes_text(lean) + " of memory";
   if (batches.empty() && more.empty()) s += " (more devices, up to 1024 x the nodes, do not make it fit)";
   return s;
 }
