@@ -27,6 +27,7 @@ void add_bench_comm_command(CLI::App& bench);  // cli/bench_comm.cpp: `meshtrain
 void add_checkpoint_command(CLI::App& app);  // cli/checkpoint.cpp: `meshtrain checkpoint convert`
 void add_eval_command(CLI::App& app);        // cli/eval.cpp: `meshtrain eval`, a classifier's test accuracy
 void add_calibrate_command(CLI::App& app);   // cli/calibrate.cpp: `meshtrain calibrate`, the machine file
+void add_plan_command(CLI::App& app);        // cli/plan.cpp: `meshtrain plan`, layouts ranked by predicted step time
 
 // A checkpoint's model (its index: names, shapes, where the pieces lie) with the config of its
 // index, checked against each other (every name and shape; cli/generate.cpp) before any tensor

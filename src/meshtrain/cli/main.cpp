@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   meshtrain::cli::add_checkpoint_command(app);
   meshtrain::cli::add_eval_command(app);
   meshtrain::cli::add_calibrate_command(app);
+  meshtrain::cli::add_plan_command(app);
   CLI::App* bench = app.add_subcommand("bench", "Measure kernels and communication");
   bench->require_subcommand(1);
   meshtrain::cli::add_bench_comm_command(*bench);

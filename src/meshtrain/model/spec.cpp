@@ -142,7 +142,12 @@ class CNNSpec : public ModelSpec {
   }
   std::vector<std::pair<std::string, Shape>> param_shapes() const override { return cnn_param_shapes(cfg_); }
   std::vector<std::pair<std::string, Shape>> buffer_shapes() const override { return cnn_buffer_shapes(cfg_); }
-  double flops_per_sample(int64_t) const override { return cnn_flops_per_image(cfg_); }
+  // The sum of cnn_unit_flops (cnn_flops_per_image), from the counts taken at construction.
+  double flops_per_sample(int64_t) const override {
+    double sum = 0;
+    for (double f : flops_) sum += f;
+    return sum;
+  }
   int64_t default_batch() const override { return cfg_.batch; }
   Shape sample_shape() const override { return {cfg_.channels, cfg_.height, cfg_.width}; }
   int64_t classes() const override { return cfg_.classes; }
@@ -157,13 +162,14 @@ class CNNSpec : public ModelSpec {
   }
 
  private:
-  // Per unit: the bytes its layers keep in one forward (and the head's, on the last), a
-  // constant and a part per image, measured once on a stage of that unit alone.
   // What a stage of units [first, end) keeps in one forward, measured on such a stage: a
   // constant part and a part per image (cached). A unit's share is the growth from the stage
   // without it (units share storage across their boundary: one saves its output, the next
   // its input).
   std::pair<double, double> kept_by(int64_t first, int64_t end) const;
+  // Per unit: its parameter elements, counted once on the built model (the planner asks
+  // for every stage of every layout it tries).
+  const std::vector<double>& params_per_unit() const;
 
   CNNConfig cfg_;
   int64_t units_;
@@ -171,6 +177,8 @@ class CNNSpec : public ModelSpec {
   std::vector<double> flops_ = cnn_unit_flops(cfg_);
   mutable std::mutex probe_mutex_;
   mutable std::map<std::pair<int64_t, int64_t>, std::pair<double, double>> probes_;
+  mutable std::once_flag counted_;
+  mutable std::vector<double> params_;
 };
 
 std::pair<double, double> CNNSpec::kept_by(int64_t first, int64_t end) const {
@@ -230,15 +238,25 @@ std::vector<OpCost> CNNSpec::op_costs(const StageSpec& spec, const CostQuery& q)
   return ops;
 }
 
+const std::vector<double>& CNNSpec::params_per_unit() const {
+  std::call_once(counted_, [&] {
+    auto all = build_cnn_units(cfg_, 0, *single_rank_cnn_layout());
+    for (const auto& unit : all) {
+      std::vector<nn::Param*> ps;
+      unit->collect_params(ps);
+      double n = 0;
+      for (nn::Param* p : ps) n += static_cast<double>(p->value.numel());
+      params_.push_back(n);
+    }
+  });
+  return params_;
+}
+
 double CNNSpec::stage_param_elements(const StageSpec& spec, int tp) const {
   const int64_t end = spec.end_layer < 0 ? units_ : spec.end_layer;
-  auto all = build_cnn_units(cfg_, 0, *single_rank_cnn_layout());
+  const std::vector<double>& per_unit = params_per_unit();
   double n = 0;
-  for (int64_t u = spec.first_layer; u < end; ++u) {
-    std::vector<nn::Param*> ps;
-    all[static_cast<size_t>(u)]->collect_params(ps);
-    for (nn::Param* p : ps) n += static_cast<double>(p->value.numel());
-  }
+  for (int64_t u = spec.first_layer; u < end; ++u) n += per_unit[static_cast<size_t>(u)];
   return n / std::max(1, tp);
 }
 

@@ -203,7 +203,9 @@ Hardware hardware_from_machine(const MachineProfile& m, double memory_bytes) {
   Hardware hw;
   hw.name = m.host + " (" + m.cpu_model + ")";
   hw.nodes = 1;
-  hw.devices_per_node = std::max(1, m.cores);
+  // Ranks are threads of one process on this machine: however many, they share one node (the
+  // trainer allows 16 a core).
+  hw.devices_per_node = 16 * std::max(1, m.cores);
   hw.cores = std::max(1, m.cores);
   hw.memory_bytes = memory_bytes;
   hw.has_machine = true;

@@ -11,88 +11,24 @@
 #include <stdexcept>
 
 #include "meshtrain/io/file.h"
+#include "meshtrain/plan/json_reader.h"
 
 namespace meshtrain::plan {
 
 namespace {
 using nlohmann::json;
 
-// ---- strict reading ----
-// A JSON object being read: each field is taken once by name, and done() refuses the rest.
-class Reader {
- public:
+// ---- strict reading (plan/json_reader.h) ----
+// A JSON object of a machine file being read: each field is taken once by name, and done()
+// refuses the rest.
+struct Reader : JsonReader {
   Reader(const json& j, std::string source, std::string where)
-      : j_(j), source_(std::move(source)), where_(std::move(where)) {
-    if (!j_.is_object()) fail(where_.empty() ? "the file" : where_, "is not a JSON object");
-  }
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw std::invalid_argument(source_ + ": " + field + " " + what +
-                                "; fix the field or write the file again with meshtrain calibrate");
-  }
-  std::string name(const std::string& key) const { return where_.empty() ? key : where_ + "." + key; }
-  const json& take(const std::string& key) {
-    auto it = j_.find(key);
-    if (it == j_.end()) fail(name(key), "is missing");
-    taken_.insert(key);
-    return *it;
-  }
-  std::string str(const std::string& key) {
-    const json& v = take(key);
-    if (!v.is_string()) fail(name(key), "is " + std::string(v.type_name()) + ", not a string");
-    return v.get<std::string>();
-  }
-  bool boolean(const std::string& key) {
-    const json& v = take(key);
-    if (!v.is_boolean()) fail(name(key), "is " + std::string(v.type_name()) + ", not true or false");
-    return v.get<bool>();
-  }
-  std::string word(const std::string& key, std::initializer_list<const char*> allowed) {
-    const std::string s = str(key);
-    std::string list;
-    for (const char* a : allowed) {
-      if (s == a) return s;
-      list += (list.empty() ? "" : ", ") + std::string(a);
-    }
-    fail(name(key), "is '" + s + "', not one of " + list);
-  }
-  int64_t integer(const std::string& key, int64_t lo) {
-    const json& v = take(key);
-    if (!v.is_number_integer()) fail(name(key), "is " + std::string(v.type_name()) + ", not an integer");
-    const int64_t x = v.get<int64_t>();
-    if (x < lo) fail(name(key), "is " + std::to_string(x) + ", less than " + std::to_string(lo));
-    return x;
-  }
-  // A number above 0 and finite (or at least 0 when `zero_ok`).
-  double rate(const std::string& key, bool zero_ok = false) {
-    const json& v = take(key);
-    if (!v.is_number()) fail(name(key), "is " + std::string(v.type_name()) + ", not a number");
-    const double x = v.get<double>();
-    if (!std::isfinite(x) || x < 0 || (x == 0 && !zero_ok)) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%g", x);
-      fail(name(key), std::string("is ") + buf + (zero_ok ? ", not a finite number of at least 0" : ", not a positive finite number"));
-    }
-    return x;
-  }
-  const json& array(const std::string& key) {
-    const json& v = take(key);
-    if (!v.is_array()) fail(name(key), "is " + std::string(v.type_name()) + ", not an array");
-    return v;
-  }
-  void done() const {
-    for (auto it = j_.begin(); it != j_.end(); ++it)
-      if (!taken_.count(it.key())) fail(name(it.key()), "is not a field of a machine file (version " +
-                                                            std::to_string(kMachineFileVersion) + ")");
-  }
-  const std::string& source() const { return source_; }
-
- private:
-  const json& j_;
-  std::string source_, where_;
-  std::set<std::string> taken_;
+      : JsonReader(j, std::move(source), std::move(where),
+                   {"a machine file (version " + std::to_string(kMachineFileVersion) + ")",
+                    "fix the field or write the file again with meshtrain calibrate"}) {}
 };
 
-std::string item(const std::string& list, std::size_t i) { return list + "[" + std::to_string(i) + "]"; }
+std::string item(const std::string& list, std::size_t i) { return json_item(list, i); }
 
 }  // namespace
 

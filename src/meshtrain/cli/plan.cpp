@@ -1,0 +1,190 @@
+// `meshtrain plan (--model NAME | --config FILE) --cluster FILE.json --global-batch B [--seq T]
+// [--top K] [--svg best.svg] [--optimizer adamw|sgd|lamb] [--overwrite]`: the fastest layouts
+// of a model on a cluster, predicted without running anything.
+//
+// Reads the cluster file (plan/cluster.h), enumerates the layouts its devices can run
+// (plan/search.h: dp x tp x pp, micro-batches, schedule, ZeRO, recomputation), predicts each
+// with the cost and memory models (plan/cost.h), drops those that do not fit in memory and
+// prints the K fastest: layout, step time, tokens/s (images/s), MFU, peak memory per rank,
+// pipeline bubble, communication share. --svg draws the best layout's predicted step as a
+// swimlane (pipeline/svg.h). A progress line goes to stderr when the search takes more than a
+// second.
+//
+// Bad input exits 2 with one sentence (UsageError): a bad cluster file (the reader names the
+// field), a model that fits no layout (what would make it fit: plan::advise), --top below 1,
+// a missing --cluster or --global-batch, paths the output policy refuses (train/outputs.h).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "meshtrain/cli/commands.h"
+#include "meshtrain/cli/options.h"
+#include "meshtrain/pipeline/svg.h"
+#include "meshtrain/plan/cluster.h"
+#include "meshtrain/plan/search.h"
+#include "meshtrain/train/outputs.h"
+#include "meshtrain/train/validate.h"
+
+namespace meshtrain::cli {
+
+namespace {
+
+struct PlanArgs {
+  std::string model, config, cluster, svg, optimizer = "adamw";
+  int64_t batch = 0, seq = 0;
+  int top = 10;
+  bool overwrite = false;
+};
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// 0.00123 -> "1.23 ms"
+std::string seconds_text(double s) {
+  if (s >= 1) return fmt("%.3g s", s);
+  if (s >= 1e-3) return fmt("%.3g ms", s * 1e3);
+  return fmt("%.3g us", s * 1e6);
+}
+
+// 1234567 -> "1.23M"
+std::string rate_text(double x) {
+  if (x >= 1e9) return fmt("%.3gG", x / 1e9);
+  if (x >= 1e6) return fmt("%.3gM", x / 1e6);
+  if (x >= 1e3) return fmt("%.3gk", x / 1e3);
+  return fmt("%.3g", x);
+}
+
+std::string train_flags(const plan::Layout& l, const model::ModelSpec& spec, const PlanArgs& a, bool cpu) {
+  std::string s = "--batch " + std::to_string(l.batch);
+  if (spec.gpt()) s += " --seq " + std::to_string(l.seq);
+  s += " --dp " + std::to_string(l.dp) + " --tp " + std::to_string(l.tp) + " --pp " + std::to_string(l.pp);
+  s += " --microbatches " + std::to_string(l.microbatches);
+  if (l.pp > 1) s += " --schedule " + l.schedule + (l.chunks > 1 ? " --chunks " + std::to_string(l.chunks) : "");
+  if (l.zero > 0) s += " --zero " + std::to_string(l.zero);
+  if (l.recompute) s += " --recompute";
+  if (spec.gpt() && l.tp > 1 && spec.gpt()->vocab_size % l.tp != 0) s += " --pad-vocab";
+  s += " --optimizer " + a.optimizer;
+  if (cpu) s += " --threads " + std::to_string(l.threads);
+  return s;
+}
+
+// The best layout's predicted step: the simulated pipeline, then the exposed data-parallel
+// communication and the optimizer step on every rank.
+void draw(const plan::Prediction& p, const std::string& path, const std::string& what) {
+  pipeline::Swimlane lane = pipeline::swimlane_of(p.schedule, p.timeline, what + ": " + p.layout.describe() +
+                                                                              ", step " + seconds_text(p.step_s) +
+                                                                              " (predicted)");
+  double t = p.timeline.makespan;
+  for (int r = 0; r < p.layout.pp; ++r) {
+    if (p.dp_comm_s > 0) lane.blocks.push_back({r, t, t + p.dp_comm_s, "comm", "dp", "data-parallel gradients (exposed)"});
+    if (p.optimizer_s > 0)
+      lane.blocks.push_back({r, t + p.dp_comm_s, t + p.dp_comm_s + p.optimizer_s, "optimizer", "opt", "optimizer step"});
+  }
+  lane.axis_caption = "time (s, predicted by the cost model; one rank of each pipeline stage)";
+  lane.boundaries = {0, p.step_s};
+  pipeline::write_svg(lane, path);
+}
+
+void run_plan(const PlanArgs& a) {
+  // ---- the inputs, refused in words ----
+  if (a.cluster.empty())
+    throw UsageError("plan needs --cluster FILE.json, the hardware to plan for (examples/clusters/ holds examples; "
+                     "docs/planner.md lists the fields)");
+  if (a.model.empty() == a.config.empty()) throw UsageError("plan needs one of --model NAME or --config FILE");
+  if (a.batch < 1) throw UsageError("plan needs --global-batch B, the samples of one step (at least 1)");
+  std::shared_ptr<const model::ModelSpec> spec;
+  plan::Cluster cluster;
+  try {
+    spec = a.model.empty() ? model::model_spec_from_file(a.config) : model::model_spec(a.model);
+    cluster = plan::read_cluster_file(a.cluster);
+    train::PathPlan paths(a.overwrite);
+    paths.input_file("--cluster", a.cluster);
+    paths.input_file("--config", a.config);
+    paths.input_file("the cluster's machine file", cluster.machine_path);
+    paths.output_file("--svg", a.svg, train::OutputKind::svg);
+    paths.check();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  plan::SearchOptions o;
+  o.batch = a.batch;
+  o.optimizer_state = a.optimizer == "sgd" ? 1 : 2;  // SGD's momentum (0.9 by default); AdamW and LAMB two moments
+  if (const model::GPTConfig* g = spec->gpt()) {
+    o.seq = a.seq > 0 ? a.seq : g->seq;
+    if (o.seq > g->block_size)
+      throw UsageError("--seq " + std::to_string(o.seq) + " is more than " + spec->name() + "'s " +
+                       std::to_string(g->block_size) + " positions (block_size); give at most that");
+  } else if (a.seq > 1) {
+    throw UsageError(spec->name() + " is an image model: --seq is the sequence length of token models; drop it");
+  }
+
+  // ---- the search ----
+  const plan::Hardware& hw = cluster.hardware;
+  std::fprintf(stderr, "meshtrain plan: %s on %s (%d node%s x %d %s%s)\n", spec->name().c_str(), cluster.name.c_str(),
+               hw.nodes, hw.nodes == 1 ? "" : "s", hw.devices_per_node, cluster.cpu() ? "ranks" : "devices",
+               cluster.cpu() ? (" as threads on " + std::to_string(hw.cores) + " cores").c_str() : "");
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  double last_line = 0;
+  const plan::SearchResult r = plan::search_layouts(*spec, cluster, o, [&](int64_t done, int64_t total) {
+    const double t = elapsed();
+    if (t < 1 || t - last_line < 1) return;
+    last_line = t;
+    std::fprintf(stderr, "plan: predicted %lld of %lld layouts (%.0f%%, %.0f s)\n", static_cast<long long>(done),
+                 static_cast<long long>(total), 100.0 * static_cast<double>(done) / static_cast<double>(total), t);
+    std::fflush(stderr);
+  });
+  const double took = elapsed();
+  if (r.ranked.empty()) throw UsageError(plan::advise(*spec, cluster, o, r));
+
+  // ---- the report: the best layout drawn first, so a failed write leaves no half report ----
+  plan::Prediction best = plan::predict(*spec, r.ranked.front().layout, hw);
+  if (!a.svg.empty()) draw(best, a.svg, spec->name() + " on " + cluster.name);
+  const bool tokens = spec->gpt() != nullptr;
+  std::printf("%s on %s: global batch %lld%s, %s; %s memory %s\n", spec->name().c_str(), cluster.name.c_str(),
+              static_cast<long long>(o.batch), tokens ? (", seq " + std::to_string(o.seq)).c_str() : "",
+              a.optimizer.c_str(), cluster.cpu() ? "node" : "device",
+              train::format_bytes(hw.memory_bytes).c_str());
+  std::printf("tried %lld layouts in %.1f s: %lld refused by the cost model, %lld too big for memory, %lld with "
+              "recomputation that fit without it, %zu ranked\n\n",
+              static_cast<long long>(r.tried), took, static_cast<long long>(r.refused), static_cast<long long>(r.too_big),
+              static_cast<long long>(r.dominated), r.ranked.size());
+  std::printf("%3s  %-48s %10s %11s %6s %11s %7s %6s\n", "#", "layout", "step", tokens ? "tokens/s" : "images/s", "MFU",
+              "mem/rank", "bubble", "comm");
+  const size_t k = std::min(r.ranked.size(), static_cast<size_t>(a.top));
+  for (size_t i = 0; i < k; ++i) {
+    const plan::Prediction& p = r.ranked[i];
+    std::printf("%3zu  %-48s %10s %11s %5.1f%% %11s %6.1f%% %5.1f%%\n", i + 1, p.layout.describe().c_str(),
+                seconds_text(p.step_s).c_str(), rate_text(tokens ? p.tokens_per_s : p.samples_per_s).c_str(),
+                100 * p.mfu, train::format_bytes(p.peak_bytes).c_str(), 100 * p.bubble, 100 * p.comm_share);
+  }
+  std::printf("\nbest as train flags: %s\n", train_flags(best.layout, *spec, a, cluster.cpu()).c_str());
+  if (!a.svg.empty()) std::printf("swimlane: %s\n", a.svg.c_str());
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto a = std::make_shared<PlanArgs>();
+  CLI::App* c = app.add_subcommand("plan", "Rank the layouts of a model on a cluster by predicted step time");
+  c->add_option("--model", a->model, "A named model (gpt-tiny, gpt-small, gpt2-124m, cnn-small, ...)");
+  c->add_option("--config", a->config, "A model config file (JSON), as train reads it");
+  c->add_option("--cluster", a->cluster, "The cluster file (JSON; examples/clusters/, docs/planner.md)");
+  c->add_option("--global-batch", a->batch, "Samples per step, all data-parallel ranks together")
+      ->check(integer<int64_t>(1));
+  c->add_option("--seq", a->seq, "Sequence length (default: the model's)")->check(integer<int64_t>(1));
+  c->add_option("--top", a->top, "How many layouts to print")->check(integer<int>(1))->capture_default_str();
+  c->add_option("--svg", a->svg, "Draw the best layout's predicted step into this SVG file");
+  c->add_option("--optimizer", a->optimizer, "adamw, sgd or lamb (its state's memory)")
+      ->check(CLI::IsMember({"adamw", "sgd", "lamb"}))
+      ->capture_default_str();
+  c->add_flag("--overwrite", a->overwrite, "Let --svg replace an existing file meshtrain did not write");
+  c->callback([a] { run_plan(*a); });
+}
+
+}  // namespace meshtrain::cli

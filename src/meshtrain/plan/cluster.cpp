@@ -1,0 +1,131 @@
+// The cluster file's strict reading and its conversion to the cost model's Hardware
+// (plan/cluster.h).
+#include "meshtrain/plan/cluster.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "meshtrain/plan/json_reader.h"
+
+namespace meshtrain::plan {
+
+namespace {
+using nlohmann::json;
+
+struct Reader : JsonReader {
+  Reader(const json& j, std::string source, std::string where)
+      : JsonReader(j, std::move(source), std::move(where),
+                   {"a cluster file (version " + std::to_string(kClusterFileVersion) + ")",
+                    "fix the field (docs/planner.md lists the cluster file's fields)"}) {}
+};
+
+// {"bandwidth_gbps": GB/s per device and direction, "latency_us": one message's latency}
+Link read_link(Reader& parent, const std::string& key) {
+  Reader r(parent.take(key), parent.source(), parent.name(key));
+  Link l;
+  l.beta_s_per_byte = 1.0 / (r.rate("bandwidth_gbps") * 1e9);
+  l.alpha_s = r.rate("latency_us") * 1e-6;
+  r.done();
+  return l;
+}
+
+// "links" of a device cluster: intra_node always, inter_node when there are several nodes
+// (allowed with one). A machine cluster: inter_node only.
+void read_links(Reader& top, Hardware& hw, bool machine) {
+  const bool needed = !machine || hw.nodes > 1;
+  if (!needed && !top.has("links")) return;
+  Reader l(top.take("links"), top.source(), "links");
+  if (machine) {
+    if (l.has("intra_node"))
+      l.fail("links.intra_node", "is given, but the machine file measured the link inside the node; drop it");
+  } else {
+    hw.intra = read_link(l, "intra_node");
+  }
+  if (hw.nodes > 1 || l.has("inter_node")) hw.inter = read_link(l, "inter_node");
+  l.done();
+}
+
+void read_device(Reader& top, Hardware& hw) {
+  Reader d(top.take("device"), top.source(), "device");
+  hw.peak_flops = d.rate("peak_tflops") * 1e12;
+  hw.gemm_flops = d.rate("gemm_tflops") * 1e12;
+  hw.attention_flops = d.rate("attention_tflops") * 1e12;
+  hw.memory_bytes = d.rate("memory_gb") * 1e9;
+  hw.bytes_per_s = d.rate("memory_bandwidth_gbps") * 1e9;
+  hw.call_overhead_s = d.rate("kernel_overhead_us") * 1e-6;
+  d.done();
+  if (hw.gemm_flops > hw.peak_flops) d.fail("device.gemm_tflops", "is above device.peak_tflops (a sustained rate cannot pass the peak)");
+  if (hw.attention_flops > hw.peak_flops)
+    d.fail("device.attention_tflops", "is above device.peak_tflops (a sustained rate cannot pass the peak)");
+}
+
+Hardware read_machine(Reader& top, const std::string& base_dir, std::string* path_out) {
+  const std::string given = top.str("machine");
+  if (given.empty()) top.fail("machine", "is empty; give the path of a file meshtrain calibrate wrote");
+  std::filesystem::path p(given);
+  if (p.is_relative() && !base_dir.empty()) p = std::filesystem::path(base_dir) / p;
+  *path_out = p.lexically_normal().string();
+  MachineProfile m;
+  try {
+    m = read_machine_file(*path_out);
+  } catch (const std::invalid_argument& e) {
+    top.fail("machine", "names " + *path_out + ", which cannot be used (" + e.what() + ")");
+  }
+  return hardware_from_machine(m, top.rate("memory_gb") * 1e9);
+}
+
+}  // namespace
+
+Cluster cluster_from_json(const json& j, const std::string& source, const std::string& base_dir) {
+  Reader r(j, source, "");
+  if (r.str("kind") != kClusterFileKind) r.fail("kind", std::string("is not '") + kClusterFileKind + "'");
+  const int64_t version = r.integer("version", 1);
+  if (version != kClusterFileVersion)
+    r.fail("version", "is " + std::to_string(version) + " but this meshtrain reads version " +
+                          std::to_string(kClusterFileVersion));
+  Cluster c;
+  c.name = r.str("name");
+  if (r.has("note")) c.note = r.str("note");
+  const int nodes = static_cast<int>(r.integer("nodes", 1));
+  const bool machine = r.has("machine");
+  if (machine && r.has("device")) r.fail("device", "is given beside machine; give one of them");
+  if (!machine && !r.has("device"))
+    r.fail("device", "is missing; give a device object (rates by hand) or machine (a file meshtrain calibrate wrote)");
+  if (machine) {
+    c.hardware = read_machine(r, base_dir, &c.machine_path);
+    const int cores = c.hardware.cores;
+    // Ranks are threads of one process per node; each node has the machine's cores.
+    c.hardware.devices_per_node =
+        r.has("devices_per_node") ? static_cast<int>(r.integer("devices_per_node", 1)) : kCpuRanksPerCore * cores;
+    c.hardware.cores = cores * nodes;
+  } else {
+    c.hardware.devices_per_node = static_cast<int>(r.integer("devices_per_node", 1));
+    read_device(r, c.hardware);
+  }
+  c.hardware.nodes = nodes;
+  c.hardware.name = c.name;
+  read_links(r, c.hardware, machine);
+  r.done();
+  return c;
+}
+
+Cluster read_cluster_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw std::invalid_argument(path + " is a directory; give a cluster file (JSON, docs/planner.md)");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::invalid_argument(path + ": cannot open the cluster file; give the path of a JSON cluster file (docs/planner.md)");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    throw std::invalid_argument(path + ": not JSON (" + e.what() + "); fix the file (docs/planner.md lists its fields)");
+  }
+  return cluster_from_json(j, path, std::filesystem::path(path).parent_path().string());
+}
+
+}  // namespace meshtrain::plan

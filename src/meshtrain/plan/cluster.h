@@ -1,0 +1,54 @@
+// The cluster file: the hardware `meshtrain plan` plans for, as JSON (docs/planner.md lists
+// every field and where the example files' figures come from). Two ways to describe a device:
+//
+//   - "device" + "links": rates given by hand (a GPU's datasheet, a benchmark): peak and
+//     sustained GEMM rate, attention's rate, memory and its bandwidth, the fixed cost of a
+//     kernel launch, and the links inside and across nodes (bandwidth per device and
+//     direction, latency). Converted as beta = 1 / bandwidth (s per byte), alpha = latency.
+//   - "machine": a machine file `meshtrain calibrate` wrote (path relative to the cluster
+//     file), whose measured rates the cost model reads by shape and thread count
+//     (hardware_from_machine, plan/cost.h). Its ranks are threads of one process per node
+//     that share the node's cores, so a node holds up to "devices_per_node" ranks (default
+//     kCpuRanksPerCore x the machine's cores) and "memory_gb" is the node's, shared by them;
+//     Hardware::cores is the cores of all nodes. "links" may then hold "inter_node" only (the
+//     machine file measured the link inside the node) and must when "nodes" is above 1.
+//
+// The reader is strict, as the machine file's (plan/json_reader.h): an unknown or missing
+// field, a value of the wrong type, a rate that is not a positive finite number, both or
+// neither of "device" and "machine", a sustained rate above the peak, or another version is
+// refused with std::invalid_argument naming the file and the field ("c.json: devices_per_node
+// is 0, less than 1; ...").
+//
+// Limits: one kind of device and two link classes (inside a node, across nodes); no
+// topology beyond that (rails, oversubscribed spines), no per-node differences.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/plan/cost.h"
+
+namespace meshtrain::plan {
+
+inline constexpr int kClusterFileVersion = 1;
+inline constexpr const char* kClusterFileKind = "meshtrain cluster";
+// Ranks per core a machine-file cluster runs at most by default (threads of one process:
+// beyond a few per core, time-sharing only adds switching).
+inline constexpr int kCpuRanksPerCore = 4;
+
+struct Cluster {
+  std::string name;
+  std::string note;          // free text ("" when the file has none)
+  std::string machine_path;  // the machine file read, resolved ("" for a "device" cluster)
+  Hardware hardware;
+  bool cpu() const { return hardware.cores > 0; }
+};
+
+// `source` names the file in messages; `base_dir` is where a relative "machine" path starts
+// (the cluster file's directory). Throws std::invalid_argument.
+Cluster cluster_from_json(const nlohmann::json& j, const std::string& source, const std::string& base_dir);
+// Reads and parses a cluster file (and the machine file it names); throws std::invalid_argument.
+Cluster read_cluster_file(const std::string& path);
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,175 @@
+// `meshtrain plan` end to end: the printed table holds only layouts the trainer can run on the
+// cluster (dp x tp x pp within its devices, tp dividing the heads, the batch dividing into dp x
+// micro-batches), ranked by step time; --svg draws the best; bad input exits 2 with a
+// sentence naming what to change, before anything is planned.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_run.h"
+#include "meshtrain/model/spec.h"
+#include "meshtrain/pipeline/svg.h"
+#include "meshtrain/plan/cluster.h"
+#include "temp_dir.h"
+
+namespace {
+using meshtrain::testing::run_cli;
+
+std::string example(const std::string& name) {
+  return (std::filesystem::path(MESHTRAIN_SOURCE_DIR) / "examples" / "clusters" / name).string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+struct Row {
+  int rank = 0, dp = 0, tp = 0, pp = 0, m = 0;
+  std::string layout;
+  double step_s = 0;
+};
+
+// The table's rows: "  1  dp=2 tp=1 pp=3 m=4 1f1b zero=1   12.5 ms ...".
+std::vector<Row> rows(const std::string& out) {
+  static const std::regex row(R"(^\s*(\d+)\s+(dp=(\d+) tp=(\d+) pp=(\d+) m=(\d+)[^\n]*?)\s+([0-9.e+]+) (s|ms|us)\s)");
+  std::vector<Row> r;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!std::regex_search(line, m, row)) continue;
+    const double unit = m[8] == "s" ? 1 : m[8] == "ms" ? 1e-3 : 1e-6;
+    r.push_back({std::stoi(m[1]), std::stoi(m[3]), std::stoi(m[4]), std::stoi(m[5]), std::stoi(m[6]), m[2],
+                 std::stod(m[7]) * unit});
+  }
+  return r;
+}
+
+TEST(CliPlan, PrintsValidLayoutsFastestFirst) {
+  const auto spec = meshtrain::model::model_spec("gpt-small");
+  const int heads = static_cast<int>(spec->gpt()->n_head);
+  for (const auto& [cluster, batch] : {std::pair<std::string, int>{"this-machine.json", 8}, {"h100-node.json", 48}}) {
+    const int devices = meshtrain::plan::read_cluster_file(example(cluster)).hardware.devices();
+    const auto r = run_cli("plan --model gpt-small --cluster " + example(cluster) + " --global-batch " +
+                               std::to_string(batch) + " --top 6",
+                           120);
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::smatch tried;
+    ASSERT_TRUE(std::regex_search(r.output, tried, std::regex(R"(tried (\d+) layouts)"))) << r.output;
+    EXPECT_GT(std::stol(tried[1]), 6);
+    const std::vector<Row> table = rows(r.output);
+    ASSERT_EQ(table.size(), 6u) << r.output;
+    for (size_t i = 0; i < table.size(); ++i) {
+      const Row& x = table[i];
+      EXPECT_EQ(x.rank, static_cast<int>(i + 1));
+      EXPECT_LE(x.dp * x.tp * x.pp, devices) << x.layout;
+      EXPECT_EQ(heads % x.tp, 0) << x.layout;
+      EXPECT_EQ(batch % (x.dp * x.m), 0) << x.layout;
+      EXPECT_LE(x.pp, spec->num_units()) << x.layout;
+      if (i > 0) {
+        EXPECT_LE(table[i - 1].step_s, x.step_s) << x.layout;
+      }
+    }
+    // The best as train flags: the first row's layout.
+    const Row& best = table.front();
+    EXPECT_NE(r.output.find("--dp " + std::to_string(best.dp) + " --tp " + std::to_string(best.tp) + " --pp " +
+                            std::to_string(best.pp) + " --microbatches " + std::to_string(best.m)),
+              std::string::npos)
+        << r.output;
+  }
+}
+
+TEST(CliPlan, ImageModelsPrintImagesPerSecond) {
+  const auto r = run_cli("plan --model resnet-small --cluster " + example("h100-node.json") + " --global-batch 32 --top 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("images/s"), std::string::npos) << r.output;
+  for (const Row& x : rows(r.output)) EXPECT_EQ(x.tp, 1) << x.layout;
+  EXPECT_EQ(rows(r.output).size(), 2u) << r.output;
+}
+
+TEST(CliPlan, SvgDrawsTheBestLayout) {
+  meshtrain::testing::TempDir dir("plan_cli");
+  const std::string svg = dir.file("best.svg");
+  const std::string args = "plan --model gpt-small --cluster " + example("h100-node.json") + " --global-batch 16 --top 1 --svg ";
+  auto r = run_cli(args + svg);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<Row> table = rows(r.output);
+  ASSERT_EQ(table.size(), 1u) << r.output;
+  const std::string text = slurp(svg);
+  EXPECT_NE(text.find("<svg"), std::string::npos);
+  EXPECT_NE(text.find(meshtrain::pipeline::kSvgMark), std::string::npos);
+  EXPECT_NE(text.find("class=\"block\""), std::string::npos);
+  EXPECT_NE(text.find(table.front().layout.substr(0, table.front().layout.find_last_not_of(' ') + 1)), std::string::npos)
+      << "the title names the layout";
+  // One lane per pipeline rank of the best layout.
+  for (int p = 0; p < table.front().pp; ++p)
+    EXPECT_NE(text.find("rank " + std::to_string(p)), std::string::npos) << p;
+  EXPECT_NE(r.output.find("swimlane: " + svg), std::string::npos);
+
+  // Its own file is replaced; a file meshtrain did not write is kept unless --overwrite.
+  EXPECT_EQ(run_cli(args + svg).code, 0);
+  const std::string mine = dir.file("mine.svg");
+  std::ofstream(mine) << "<svg>my drawing</svg>\n";
+  r = run_cli(args + mine);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--overwrite"), std::string::npos) << r.output;
+  EXPECT_EQ(slurp(mine), "<svg>my drawing</svg>\n");
+  EXPECT_EQ(run_cli(args + mine + " --overwrite").code, 0);
+  EXPECT_NE(slurp(mine).find(meshtrain::pipeline::kSvgMark), std::string::npos);
+}
+
+TEST(CliPlan, BadInputExits2WithASentence) {
+  meshtrain::testing::TempDir dir("plan_cli");
+  // A cluster file with a field the reader does not know.
+  nlohmann::json j;
+  std::ifstream(example("h100-node.json")) >> j;
+  j["colour"] = "blue";
+  std::ofstream(dir.file("typo.json")) << j.dump();
+  // A cluster whose devices hold a kilobyte.
+  std::ifstream(example("h100-node.json")) >> j;
+  j["device"]["memory_gb"] = 1e-6;
+  std::ofstream(dir.file("tiny.json")) << j.dump();
+  const std::string h100 = " --cluster " + example("h100-node.json");
+  struct Case {
+    std::string args;
+    std::vector<std::string> words;
+  };
+  const std::vector<Case> cases = {
+      {"plan --model gpt-small --global-batch 8", {"--cluster"}},
+      {"plan --model gpt-small --global-batch 8 --cluster " + dir.file("typo.json"), {"typo.json", "colour is not a field"}},
+      {"plan --model gpt-small --global-batch 8 --cluster " + dir.file("absent.json"), {"absent.json"}},
+      {"plan --model gpt-small --global-batch 8 --cluster " + dir.file("tiny.json"),
+       {"fits no layout", "recomputation", "ZeRO", "devices"}},
+      {"plan --model gpt-small --global-batch 8 --top 0" + h100, {"--top"}},
+      {"plan --model gpt-small --global-batch 8 --top -1" + h100, {"--top"}},
+      {"plan --model gpt-small" + h100, {"--global-batch"}},
+      {"plan --model gpt-small --global-batch 0" + h100, {"--global-batch"}},
+      {"plan --global-batch 8" + h100, {"--model"}},
+      {"plan --model gpt-small --config x.json --global-batch 8" + h100, {"--model", "--config"}},
+      {"plan --model gpt-huge --global-batch 8" + h100, {"gpt-huge"}},
+      {"plan --model gpt-small --global-batch 8 --seq 100000" + h100, {"--seq", "block_size"}},
+      {"plan --model resnet-small --global-batch 8 --seq 16" + h100, {"--seq"}},
+      {"plan --model gpt-small --global-batch 8 --optimizer adam" + h100, {"--optimizer"}},
+      {"plan --model gpt-small --global-batch 8 --svg " + dir.file("no/such/dir/x.svg") + h100, {"--svg"}},
+      {"plan --model gpt-small --global-batch 8 --svg " + example("h100-node.json") + h100, {"--svg"}},
+  };
+  for (const Case& c : cases) {
+    const auto r = run_cli(c.args, 60);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
+    for (const std::string& w : c.words) EXPECT_NE(r.output.find(w), std::string::npos) << c.args << ": " << w << "\n" << r.output;
+    EXPECT_EQ(r.output.find("tried "), std::string::npos) << "planned before refusing: " << c.args;
+  }
+  // The cluster file the --svg case pointed at is untouched.
+  nlohmann::json again;
+  std::ifstream(example("h100-node.json")) >> again;
+  EXPECT_EQ(again["name"], "h100-node");
+}
+
+}  // namespace
