@@ -34,6 +34,7 @@ MachineProfile sample() {
   p.call_overhead_s = 2e-6;
   p.llc_bytes = 32 << 20;
   p.shared_core_efficiency = 0.8;
+  p.oversubscribed_handoff_s = 5e-5;
   p.gemm = {{"square_1024", 1024, 1024, 1024, "float32", 1, 95.5}, {"square_1024", 1024, 1024, 1024, "bf16", 2, 300}};
   p.elementwise = {{"add", 1 << 20, 1, 2.5e10}};
   p.attention = {{1, 256, 768, 12, 2, 40.25}};

@@ -55,6 +55,9 @@ std::vector<OpCost> GPTSpec::op_costs(const StageSpec& spec, const CostQuery& q)
     o.name = std::move(name), o.cls = OpClass::gemm, o.m = m, o.n = n, o.k = k;
     o.fwd_flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
     o.bwd_flops = 2 * o.fwd_flops;
+    // The bias (kernels/linear.cpp): written into the output before the product, and its
+    // gradient summed over the output gradient's rows.
+    o.fwd_bytes = o.bwd_bytes = 4.0 * static_cast<double>(m) * static_cast<double>(n);
     o.saved_bytes = saved;
     return o;
   };

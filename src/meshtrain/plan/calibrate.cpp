@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -278,6 +279,44 @@ double measure_shared_core_efficiency(int cores, bool quick) {
   return std::max(0.05, best);
 }
 
+// A pipeline's hand-over when ranks outnumber the cores: `cores` ranks compute without a pause
+// (GEMMs of 256 x 256 x 256) while `cores` others pass a token round a ring, each computing a
+// little (a GEMM of 128 x 128 x 128) when it holds it and sleeping in its receive otherwise. The
+// time of a hop beyond that compute is what a woken rank waits for a core the busy ranks hold.
+double measure_oversubscribed_handoff(int cores, bool quick) {
+  const int ring = std::max(2, cores), rounds = quick ? 10 : 30;
+  std::atomic<bool> done{false};
+  double per_hop = 0, compute = 0;
+  mc::run_world(mc::Backend::threads, cores + ring, [&](mc::Communicator& c) {
+    const int64_t n = c.rank() < cores ? 256 : 128;
+    std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), out(n * n), token(16, 1.f);
+    const kernels::GemmOptions opt(1, kernels::Precision::f32);
+    auto work = [&] {
+      kernels::gemm(kernels::Trans::N, kernels::Trans::N, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, out.data(), n, opt);
+    };
+    c.barrier();
+    if (c.rank() < cores) {  // busy
+      while (!done.load()) work();
+    } else {
+      const int r = c.rank() - cores, next = cores + (r + 1) % ring, prev = cores + (r + ring - 1) % ring;
+      const auto t0 = Clock::now();
+      for (int i = 0; i < rounds; ++i) {
+        if (r != 0 || i > 0) c.recv(token, prev);
+        work();
+        c.send(token, next);
+      }
+      if (r == 0) {
+        c.recv(token, prev);
+        per_hop = since(t0) / (static_cast<double>(rounds) * ring);
+        done.store(true);
+      }
+    }
+    c.barrier();
+    if (c.rank() == cores) compute = best_seconds(work, 20, 0.01);
+  });
+  return std::max(1e-7, per_hop - compute);
+}
+
 // ---- attention ----
 AttentionRate measure_attention(int64_t B, int64_t T, int64_t C, int64_t NH, int threads, bool quick) {
   std::vector<float> qkv(B * T * 3 * C), out(B * T * C), lse(B * NH * T), dout(B * T * C, 0.01f), dqkv(B * T * 3 * C);
@@ -500,7 +539,9 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
       });
     tasks.push_back([&p, cores, q = o.quick] {
       p.shared_core_efficiency = measure_shared_core_efficiency(cores, q);
-      return "ranks sharing cores (2 per core): " + fmt("%.0f", 100 * p.shared_core_efficiency) + "% efficient";
+      p.oversubscribed_handoff_s = measure_oversubscribed_handoff(cores, q);
+      return "ranks sharing cores (2 per core): " + fmt("%.0f", 100 * p.shared_core_efficiency) +
+             "% efficient, a pipeline hand-over " + fmt("%.1f", 1e6 * p.oversubscribed_handoff_s) + " us";
     });
     tasks.push_back([&p, q = o.quick] {
       p.call_overhead_s = measure_call_overhead(1, q);

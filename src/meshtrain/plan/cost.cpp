@@ -311,6 +311,7 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
   const bool tp_across = l.tp > hw.devices_per_node;
   const bool pp_across = world > hw.devices_per_node;
 
+  const std::vector<int> in_flight = pipeline::peak_in_flight(p.schedule);
   pipeline::Costs costs;
   double worst_tp = 0, worst_b = 0, stage_grad_bytes = 0, stage_elems = 0;
   int64_t stage_tensors = 0;
@@ -323,10 +324,13 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
     // activations and the stage's parameters, gradients and optimizer state do not fit in a
     // rank's share, every layer reads its operands from memory (the machine file's rates "from
     // memory": GEMMs with rotating operands, the kernels on arrays beyond the cache).
+    // The micro-batches in flight count (each holds its activations), and half the cache:
+    // the rest holds what the step touches besides (buffers, the other ranks' data, code).
     bool cold = false;
     if (shared && hw.has_machine && hw.machine.llc_bytes > 0) {
-      const double share = static_cast<double>(hw.machine.llc_bytes) / std::max(1, std::min(world, hw.cores));
-      cold = model::total_saved_bytes(ops) + 4.0 * (2 + l.optimizer_state) * elems > share;
+      const double share = static_cast<double>(hw.machine.llc_bytes) / 2 / std::max(1, std::min(world, hw.cores));
+      const int flight = std::max(1, in_flight.at(s % static_cast<size_t>(l.pp)));
+      cold = model::total_saved_bytes(ops) * flight + 4.0 * (2 + l.optimizer_state) * elems > share;
     }
     double F = 0, B = 0, I = 0, W = 0, tp_s = 0, fwd_compute = 0;
     for (const model::OpCost& o : ops) {
@@ -370,6 +374,9 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
     if (s + 1 < p.stages.size())
       costs.transfer = std::max(costs.transfer, p2p_s(hw, spec.boundary_bytes(st.end_layer, rows, T, 1), pp_across));
   }
+  // Ranks that outnumber the cores: a stage waiting for its input sleeps, and waking it costs
+  // the measured hand-over on top of the message.
+  if (shared && demand > 1 && hw.has_machine) costs.transfer += hw.machine.oversubscribed_handoff_s;
   p.timeline = pipeline::simulate(p.schedule, costs);
   if (p.timeline.deadlock) bad("the schedule " + name + " does not finish: " + p.timeline.deadlock->to_string());
   double busy = 0, bubble = 0;

@@ -62,6 +62,7 @@ json to_json(const MachineProfile& p) {
   j["call_overhead_s"] = p.call_overhead_s;
   j["llc_bytes"] = p.llc_bytes;
   j["shared_core_efficiency"] = p.shared_core_efficiency;
+  j["oversubscribed_handoff_s"] = p.oversubscribed_handoff_s;
   j["gemm"] = json::array();
   for (const auto& g : p.gemm)
     j["gemm"].push_back({{"shape", g.shape}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"precision", g.precision},
@@ -108,6 +109,7 @@ MachineProfile from_json(const json& j, const std::string& source) {
   p.call_overhead_s = r.rate("call_overhead_s");
   p.llc_bytes = r.integer("llc_bytes", 0);
   p.shared_core_efficiency = r.rate("shared_core_efficiency");
+  p.oversubscribed_handoff_s = r.rate("oversubscribed_handoff_s");
 
   const json& gemm = r.array("gemm");
   for (std::size_t i = 0; i < gemm.size(); ++i) {

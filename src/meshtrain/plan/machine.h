@@ -102,6 +102,9 @@ struct MachineProfile {
   // Ranks that outnumber the cores (threads of one process) take turns: the share of the
   // cores' work they still get done, measured at two ranks a core (1: no loss).
   double shared_core_efficiency = 1;
+  // At two ranks a core, the time a pipeline hand-over takes beyond the message: the receiving
+  // rank, asleep in its receive, waking and being given a core.
+  double oversubscribed_handoff_s = 0;
   std::vector<GemmRate> gemm;
   std::vector<ElementwiseRate> elementwise;
   std::vector<AttentionRate> attention;
