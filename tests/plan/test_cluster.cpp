@@ -31,7 +31,7 @@ meshtrain::plan::MachineProfile machine(int cores) {
   meshtrain::plan::MachineProfile p;
   p.mode = "quick", p.date = "2025-01-31T12:00:00Z", p.meshtrain_commit = "abc", p.host = "h";
   p.cpu_model = "Test CPU", p.cores = cores, p.gemm_backend = "dnnl", p.bf16_isa = "emulated";
-  p.calibrate_seconds = 1, p.call_overhead_s = 1e-6;
+  p.calibrate_seconds = 1, p.call_overhead_s = 1e-6, p.oversubscribed_handoff_s = 1e-4;
   p.gemm = {{"square_1024", 1024, 1024, 1024, "float32", cores, 50.0 * cores}};
   p.elementwise = {{"add", 1 << 20, 1, 2e10}};
   return p;

@@ -161,9 +161,15 @@ TEST(Calibrate, QuickGivesPositiveFiniteRatesForEveryThreadCount) {
   EXPECT_EQ(gemm_threads, want);
   EXPECT_EQ(add_threads, want);
   EXPECT_EQ(att_threads, want);
-  // 3 shapes x thread counts x precisions.
+  // 4 shapes x thread counts x (float32 in the caches and from memory, bf16 in the caches).
   const bool bf16 = meshtrain::kernels::bf16_isa() != "emulated";
-  EXPECT_EQ(p.gemm.size(), 3 * want.size() * (bf16 ? 2 : 1));
+  EXPECT_EQ(p.gemm.size(), 4 * want.size() * (bf16 ? 3 : 2));
+  size_t cold = 0;
+  for (const auto& g : p.gemm) cold += g.cold;
+  EXPECT_EQ(cold, 4 * want.size());
+  EXPECT_GT(p.shared_core_efficiency, 0);
+  EXPECT_LE(p.shared_core_efficiency, 1);
+  EXPECT_TRUE(positive(p.oversubscribed_handoff_s));
   EXPECT_TRUE(positive(p.calibrate_seconds));
   EXPECT_TRUE(positive(p.call_overhead_s));
   // It round-trips through the strict reader.

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "meshtrain/cli/commands.h"
@@ -37,7 +38,49 @@ struct PlanArgs {
   int top = 10;
   bool overwrite = false;
   bool oversubscribe = false;
+  std::string layout;   // --layout: predict this one layout instead of searching
+  int64_t devices = 0;  // --devices: use this many of the cluster's devices (whole nodes)
 };
+
+// "dp=4 tp=8 pp=12 m=128 1f1b zero=1 recompute" (Layout::describe's words) -> a Layout.
+plan::Layout parse_layout(const std::string& text) {
+  plan::Layout l;
+  std::istringstream in(text);
+  std::string w;
+  auto number = [&](const std::string& word, const std::string& value) {
+    try {
+      size_t used = 0;
+      const int v = std::stoi(value, &used);
+      if (used == value.size() && v >= 0) return v;
+    } catch (const std::exception&) {
+    }
+    throw UsageError("--layout: '" + word + "' needs a whole number after '='");
+  };
+  while (in >> w) {
+    const auto eq = w.find('=');
+    if (eq != std::string::npos) {
+      const std::string k = w.substr(0, eq), v = w.substr(eq + 1);
+      if (k == "dp") l.dp = number(w, v);
+      else if (k == "tp") l.tp = number(w, v);
+      else if (k == "pp") l.pp = number(w, v);
+      else if (k == "m") l.microbatches = number(w, v);
+      else if (k == "zero") l.zero = number(w, v);
+      else if (k == "v") l.chunks = number(w, v);
+      else throw UsageError("--layout: unknown '" + k + "=' in '" + text + "' (dp=, tp=, pp=, m=, zero=, v=)");
+    } else if (w == "gpipe" || w == "1f1b" || w == "interleaved" || w == "zb" || w == "naive") {
+      l.schedule = w;
+      if (w == "interleaved" && l.chunks == 1) l.chunks = 2;
+    } else if (w == "recompute") {
+      l.recompute = true;
+    } else if (w == "sp") {
+      l.sequence_parallel = true;
+    } else {
+      throw UsageError("--layout: unknown word '" + w + "' in '" + text +
+                       "' (dp=N tp=N pp=N m=N zero=N v=N, a schedule, recompute, sp)");
+    }
+  }
+  return l;
+}
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -91,6 +134,41 @@ void draw(const plan::Prediction& p, const std::string& path, const std::string&
   pipeline::write_svg(lane, path);
 }
 
+// --layout: the prediction of one layout, as a row of the table, with its memory against the
+// device's, and the model's FLOP rate per device.
+void predict_one(const PlanArgs& a, const model::ModelSpec& spec, const plan::Cluster& cluster, const plan::SearchOptions& o) {
+  const plan::Hardware& hw = cluster.hardware;
+  plan::Layout l = parse_layout(a.layout);
+  l.batch = o.batch, l.seq = o.seq, l.optimizer_state = o.optimizer_state;
+  if (l.world() > hw.devices())
+    throw UsageError("--layout " + a.layout + " needs " + std::to_string(l.world()) + " devices; " + cluster.name +
+                     " has " + std::to_string(hw.devices()) + (cluster.cpu() ? " (--oversubscribe for more ranks than cores)" : ""));
+  if (cluster.cpu()) l.threads = std::max(1, hw.cores / std::max(1, l.world()));
+  plan::Prediction p;
+  try {
+    p = plan::predict(spec, l, hw);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--layout: ") + e.what());
+  }
+  const double need = plan::memory_need(p.memory, p.layout, hw);
+  if (!a.svg.empty()) draw(p, a.svg, spec.name() + " on " + cluster.name);
+  const bool tokens = spec.gpt() != nullptr;
+  std::printf("%s on %s (%d devices): global batch %lld%s\n", spec.name().c_str(), cluster.name.c_str(), hw.devices(),
+              static_cast<long long>(o.batch), tokens ? (", seq " + std::to_string(o.seq)).c_str() : "");
+  std::printf("%-48s %10s %11s %6s %11s %7s %6s %14s\n", "layout", "step", tokens ? "tokens/s" : "images/s", "MFU",
+              "mem/rank", "bubble", "comm", "TFLOP/s/device");
+  std::printf("%-48s %10s %11s %5.1f%% %11s %6.1f%% %5.1f%% %14.1f\n", p.layout.describe().c_str(),
+              seconds_text(p.step_s).c_str(), rate_text(tokens ? p.tokens_per_s : p.samples_per_s).c_str(), 100 * p.mfu,
+              train::format_bytes(p.peak_bytes).c_str(), 100 * p.bubble, 100 * p.comm_share,
+              p.flops_per_step / p.step_s / l.world() / 1e12);
+  std::printf("memory: %s per %s against %s: %s\n", train::format_bytes(need).c_str(), cluster.cpu() ? "node" : "device",
+              train::format_bytes(hw.memory_bytes).c_str(), need <= hw.memory_bytes ? "fits" : "does NOT fit");
+  std::printf("step: compute %s (tensor-parallel %s), exposed data-parallel %s, optimizer %s\n",
+              seconds_text(p.compute_s).c_str(), seconds_text(p.tp_comm_s).c_str(), seconds_text(p.dp_comm_s).c_str(),
+              seconds_text(p.optimizer_s).c_str());
+  if (!a.svg.empty()) std::printf("swimlane: %s\n", a.svg.c_str());
+}
+
 void run_plan(const PlanArgs& a) {
   // ---- the inputs, refused in words ----
   if (a.cluster.empty())
@@ -124,6 +202,22 @@ void run_plan(const PlanArgs& a) {
     throw UsageError(spec->name() + " is an image model: --seq is the sequence length of token models; drop it");
   }
 
+  if (a.devices > 0) {  // fewer devices than the cluster file holds: whole nodes of it
+    plan::Hardware& h = cluster.hardware;
+    if (a.devices > h.devices())
+      throw UsageError("--devices " + std::to_string(a.devices) + " is more than the " + std::to_string(h.devices()) +
+                       " devices of " + a.cluster);
+    if (a.devices % h.devices_per_node != 0 && a.devices > h.devices_per_node)
+      throw UsageError("--devices " + std::to_string(a.devices) + " is not a whole number of nodes of " +
+                       std::to_string(h.devices_per_node) + "; give a multiple of it");
+    if (cluster.cpu()) h.cores = h.cores / h.nodes * static_cast<int>(std::max<int64_t>(1, a.devices / h.devices_per_node));
+    if (a.devices < h.devices_per_node) h.devices_per_node = static_cast<int>(a.devices), h.nodes = 1;
+    else h.nodes = static_cast<int>(a.devices / h.devices_per_node);
+  }
+  if (!a.layout.empty()) {
+    predict_one(a, *spec, cluster, o);
+    return;
+  }
   // A CPU cluster: ranks beyond the cores add the same work and the hand-overs of ranks taking
   // turns, which the cost model counts but underestimates (docs/benchmarks.md, "The planner");
   // they are tried only when asked for.
@@ -190,6 +284,11 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::IsMember({"adamw", "sgd", "lamb"}))
       ->capture_default_str();
   c->add_flag("--overwrite", a->overwrite, "Let --svg replace an existing file meshtrain did not write");
+  c->add_option("--layout", a->layout,
+                 "Predict this one layout instead of searching: \"dp=4 tp=8 pp=12 m=128 1f1b recompute\" "
+                 "(also zero=N, v=N chunks, sp)");
+  c->add_option("--devices", a->devices, "Plan for this many of the cluster's devices (whole nodes)")
+      ->check(integer<int64_t>(1));
   c->add_flag("--oversubscribe", a->oversubscribe,
               "A CPU cluster: also try more ranks than cores (threads taking turns on them)");
   c->callback([a] { run_plan(*a); });

@@ -286,6 +286,9 @@ MemoryEstimate estimate_ps_memory(const TrainOptions& o, const model::GPTConfig&
   return e;
 }
 
+// More units than any real model has (GPT-3: 96 blocks; a 1T-parameter GPT: 128).
+constexpr int64_t kMaxWalkedUnits = 100000;
+
 MemoryEstimate estimate_memory(const TrainOptions& o, const model::ModelSpec& spec) {
   MemoryEstimate e;
   if (o.ps_servers > 0 && spec.gpt()) {
@@ -293,8 +296,25 @@ MemoryEstimate estimate_memory(const TrainOptions& o, const model::ModelSpec& sp
   } else {
     e.ranks = static_cast<int>(std::min<int64_t>(local_ranks(o), std::numeric_limits<int>::max()));
     // The planner's memory model (plan/cost.h), per pipeline rank; the process holds every
-    // rank (threads: dp x tp of each pp position) or one (mpi: the largest).
-    const std::vector<plan::RankMemory> ranks = plan::predict_memory(spec, plan_layout(o, {}));
+    // rank (threads: dp x tp of each pp position) or one (mpi: the largest). It walks every
+    // layer; a model of more units than any real one (a hostile config of a million blocks)
+    // is bounded from below instead by its first unit's layers times the units, on one rank.
+    std::vector<plan::RankMemory> ranks;
+    if (spec.num_units() > kMaxWalkedUnits) {
+      const plan::Layout l = plan_layout(o, {});
+      const model::CostQuery q{std::max<int64_t>(1, o.batch / std::max(1, o.dp) / std::max(1, o.microbatches)),
+                               std::max<int64_t>(1, o.seq), std::max(1, o.tp), o.sequence_parallel};
+      const double units = static_cast<double>(spec.num_units());
+      const double elems = spec.stage_param_elements({0, 1, false, false}, l.tp) * units;
+      plan::RankMemory m;
+      m.params = 4 * elems / (l.zero >= 3 ? l.dp : 1);
+      m.grads = 4 * elems;
+      m.optimizer = 4.0 * l.optimizer_state * elems / (l.zero >= 1 ? l.dp : 1);
+      m.activations = model::total_saved_bytes(spec.op_costs({0, 1, false, false}, q)) * units / std::max(1, o.pp);
+      ranks.push_back(m);
+    } else {
+      ranks = plan::predict_memory(spec, plan_layout(o, {}));
+    }
     const double replicas = o.backend == "mpi" ? 1.0 : static_cast<double>(o.dp) * o.tp;
     const plan::RankMemory* largest = &ranks.front();
     for (const plan::RankMemory& r : ranks)
