@@ -173,3 +173,54 @@ TEST(CliPlan, BadInputExits2WithASentence) {
 }
 
 }  // namespace
+
+// `meshtrain train` with a machine file: the prediction at the start, predicted against
+// measured at the end, and the figures in every metrics line; a bad machine file exits 2.
+TEST(CliTrainPrediction, PrintsPredictedAgainstMeasuredAndWritesItInTheMetrics) {
+  meshtrain::testing::TempDir tmp("train_prediction");
+  const std::string corpus = tmp.file("corpus.txt");
+  {
+    std::ofstream f(corpus);
+    for (int i = 0; i < 3000; ++i) f << "the quick brown fox jumps over the lazy dog " << i << "\n";
+  }
+  const std::string metrics = tmp.file("m.jsonl");
+  const std::string machine = example("this-machine.machine.json");
+  auto r = run_cli("train --model gpt-tiny --data " + corpus + " --steps 6 --batch 4 --seq 32 --eval-every 0 "
+                   "--eval-batches 1 --pp 2 --microbatches 2 --threads 1 --metrics " + metrics + " --machine " + machine,
+                   300);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::regex start(R"(predicted \(cost model, machine file [^)]*\): step ([\d.]+) ms)");
+  const std::regex end(R"(predicted against measured: step ([\d.]+) ms vs ([\d.]+) ms \(median of steps 3-6\), error ([+-][\d.]+)% \| peak tensor memory of rank (\d) ([\d.]+) MiB vs ([\d.]+) MiB)");
+  std::smatch s, e;
+  ASSERT_TRUE(std::regex_search(r.output, s, start)) << r.output;
+  ASSERT_TRUE(std::regex_search(r.output, e, end)) << r.output;
+  EXPECT_EQ(s[1].str(), e[1].str());  // the same prediction at both ends
+  const double predicted = std::stod(e[1].str()), measured = std::stod(e[2].str());
+  EXPECT_GT(predicted, 0);
+  EXPECT_GT(measured, 0);
+  EXPECT_NEAR(std::stod(e[3].str()), 100 * (predicted - measured) / measured, 0.11);
+  EXPECT_LT(std::stoi(e[4].str()), 2);  // one of the two ranks
+  // Every line carries the prediction and rank 0's peak so far (never falling).
+  std::ifstream f(metrics);
+  std::string line;
+  int lines = 0;
+  double last_peak = 0;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_NEAR(j.at("predicted_step_ms").get<double>(), predicted, 0.01 * predicted + 0.01);
+    EXPECT_GT(j.at("predicted_peak_tensor_bytes").get<double>(), 0);
+    const double peak = j.at("peak_tensor_bytes").get<double>();
+    EXPECT_GE(peak, last_peak);
+    last_peak = peak;
+    ++lines;
+  }
+  EXPECT_EQ(lines, 6);
+
+  // A machine file that is not one: exit 2 naming it, before any step.
+  const std::string bad = tmp.file("bad.json");
+  std::ofstream(bad) << "{\"kind\": \"meshtrain machine\"}\n";
+  r = run_cli("train --model gpt-tiny --data " + corpus + " --steps 2 --machine " + bad, 120);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(bad), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step    1"), std::string::npos) << r.output;
+}

@@ -376,7 +376,13 @@ void RankTrainer::run() {
   }
 
   const double flops_per_step = sh_.spec.flops_per_sample(T) * static_cast<double>(B);
-  const double peak_gflops = measured_gemm_gflops(o_.threads, o_.precision) * mesh_.world().size();
+  // MFU's peak: the GEMM rate of a rank's threads times the ranks that can run at once (threads
+  // of one process share its cores: at most cores / threads of them compute together).
+  const int concurrent = o_.backend == "mpi" ? mesh_.world().size()
+                                             : std::max(1, std::min(mesh_.world().size(),
+                                                                    static_cast<int>(std::thread::hardware_concurrency()) /
+                                                                        std::max(1, o_.threads)));
+  const double peak_gflops = measured_gemm_gflops(o_.threads, o_.precision) * concurrent;
   if (lead_ && o_.hardware) {
     try {
       res.predicted = plan::predict(sh_.spec, plan_layout(o_, spans_), *o_.hardware);
