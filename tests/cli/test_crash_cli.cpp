@@ -388,6 +388,28 @@ TEST(StopCli, ASignalStopsAtAStepWithACheckpointAndTheResumeIsBitExact) {
   }
 }
 
+// `meshtrain launch` forwards SIGTERM to its job: the job stops at a step with a checkpoint and
+// exits 0, and so does the launcher (no restart).
+TEST(StopCli, LaunchForwardsASignalToItsJob) {
+  meshtrain::testing::TempDir tmp("stop_cli");
+  const std::string ck = tmp.file("ck"), m = tmp.file("m.jsonl"), events = tmp.file("events.jsonl");
+  std::vector<std::string> args;
+  std::istringstream words("launch --events " + events + " -- train --data " + corpus_in(tmp) +
+                           " --batch 4 --seq 16 --eval-batches 1 --threads 1 --eval-every 0 --log-every 1 --warmup 0 "
+                           "--lr 0.001 --min-lr 0.001 --steps 1000000 --checkpoint-dir " + ck + " --metrics " + m);
+  for (std::string w; words >> w;) args.push_back(w);
+  Child child(args);
+  ASSERT_TRUE(child.started());
+  const auto deadline = Clock::now() + std::chrono::seconds(120);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(child.next_event(deadline)) << child.output();
+  child.send(SIGTERM);
+  ASSERT_EQ(child.wait_exit(deadline), 0) << child.output();
+  const int64_t n = static_cast<int64_t>(metric_lines(m).size());
+  EXPECT_TRUE(has(child.output(), "stopped at step " + std::to_string(n) + " by SIGTERM")) << child.output();
+  EXPECT_EQ(train::open_checkpoint(ck).step, n);
+  EXPECT_FALSE(has(child.output(), "\"restart\"")) << child.output();
+}
+
 // A second signal ends the process at once with 128 + the signal (130 for SIGINT, 143 for SIGTERM), and
 // `latest` still names a complete checkpoint, from which --resume reaches the uninterrupted end.
 TEST(StopCli, ASecondSignalExitsAtOnceAndLeavesTheLastCheckpoint) {

@@ -19,6 +19,13 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown by a subcommand that ends with a given exit code and has said why already
+// (`meshtrain launch` passes on its job's code); main exits with it and prints nothing.
+struct LaunchExit : std::runtime_error {
+  explicit LaunchExit(int c) : std::runtime_error("exit " + std::to_string(c)), code(c) {}
+  int code;
+};
+
 void add_train_command(CLI::App& app);       // cli/train.cpp
 void add_generate_command(CLI::App& app);    // cli/generate.cpp
 void add_schedule_command(CLI::App& app);    // cli/schedule.cpp: the ideal pipeline schedule
@@ -28,6 +35,7 @@ void add_checkpoint_command(CLI::App& app);  // cli/checkpoint.cpp: `meshtrain c
 void add_eval_command(CLI::App& app);        // cli/eval.cpp: `meshtrain eval`, a classifier's test accuracy
 void add_calibrate_command(CLI::App& app);   // cli/calibrate.cpp: `meshtrain calibrate`, the machine file
 void add_plan_command(CLI::App& app);        // cli/plan.cpp: `meshtrain plan`, layouts ranked by predicted step time
+void add_launch_command(CLI::App& app);      // cli/launch.cpp: `meshtrain launch`, a supervised, resuming job
 
 // A checkpoint's model (its index: names, shapes, where the pieces lie) with the config of its
 // index, checked against each other (every name and shape; cli/generate.cpp) before any tensor

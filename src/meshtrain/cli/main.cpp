@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   meshtrain::cli::add_eval_command(app);
   meshtrain::cli::add_calibrate_command(app);
   meshtrain::cli::add_plan_command(app);
+  meshtrain::cli::add_launch_command(app);
   CLI::App* bench = app.add_subcommand("bench", "Measure kernels and communication");
   bench->require_subcommand(1);
   meshtrain::cli::add_bench_comm_command(*bench);
@@ -79,6 +80,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "meshtrain: %s\nRun 'meshtrain --help' (or '<subcommand> --help') for the options.\n",
                  e.what());
     return 2;
+  } catch (const meshtrain::cli::LaunchExit& e) {
+    return e.code;
   } catch (const meshtrain::cli::UsageError& e) {
     std::fprintf(stderr, "meshtrain: %s\n", e.what());
     return 2;

@@ -131,6 +131,11 @@ void add_train_command(CLI::App& app) {
   c->add_option("--eval-batches", opt->eval_batches, "Batches averaged for the validation loss")->check(integer<int64_t>(1))->capture_default_str();
   c->add_option("--metrics", opt->metrics, "Write one JSON line per step to this file");
   c->add_option("--trace", opt->trace, "Write a Chrome trace (Perfetto) of every rank to this file");
+  c->add_option("--fail-rank", opt->fail_rank,
+                 "Test fault injection: this world rank fails at the start of --fail-at-step (a lost rank)")
+      ->group("");
+  c->add_option("--fail-at-step", opt->fail_at_step, "Test fault injection: the step (0-based) --fail-rank fails at")
+      ->group("");
   c->add_option("--machine", *machine,
                 "The machine file (meshtrain calibrate) of the cost model's prediction, printed against the measured "
                 "step time and memory; default: the cached one, measured quickly on first use (docs/planner.md)");
@@ -267,6 +272,11 @@ void add_train_command(CLI::App& app) {
           o.hardware_source = source;
         }
       }
+      if ((o.fail_rank >= 0) != (o.fail_at_step >= 0))
+        throw std::invalid_argument("--fail-rank and --fail-at-step inject a failure together; give both or neither");
+      if (o.fail_rank >= o.dp * o.tp * o.pp)
+        throw std::invalid_argument("--fail-rank " + std::to_string(o.fail_rank) + " is not a rank of the " +
+                                    std::to_string(o.dp * o.tp * o.pp) + " of this layout");
       train::configure_allocator();
       // SIGINT and SIGTERM stop at the end of the step in flight, with a checkpoint (train/stop.h);
       // the parameter server's ranks run free of steps in common, so it keeps the default.

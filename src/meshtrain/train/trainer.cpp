@@ -399,6 +399,10 @@ void RankTrainer::run() {
   int stopped = 0;  // the signal a stop was agreed on (train/stop.h)
   auto last_save_time = Clock::now();  // --checkpoint-every-s counts from the start or the last save
   for (int64_t step = start; step < o_.steps; ++step) {
+    if (step == o_.fail_at_step && mesh_.rank() == o_.fail_rank)
+      throw std::runtime_error("rank " + std::to_string(o_.fail_rank) + " failed: injected at step " +
+                               std::to_string(step + 1) + " (--fail-rank " +
+                               std::to_string(o_.fail_rank) + " --fail-at-step " + std::to_string(o_.fail_at_step) + ")");
     auto t0 = Clock::now();
     reset_tensor_bytes_peak_thread();  // this step's peak, without the last one's evaluation or save
     comm::CommStats c0 = mesh_.dp_group().stats(), tp0 = mesh_.tp_group().stats();

@@ -89,6 +89,11 @@ struct TrainOptions {
   // end prints them against what it measured. Null: no prediction (library calls).
   std::shared_ptr<const plan::Hardware> hardware;
   std::string hardware_source;  // where the hardware came from, for the message
+  // Test fault injection (--fail-rank R --fail-at-step N): world rank R throws at the start of
+  // step N (0-based), as a rank lost mid-run; the other ranks fail at their next collective and
+  // the run exits 1 naming rank R. -1: off.
+  int fail_rank = -1;
+  int64_t fail_at_step = -1;
   int64_t log_every = 1;  // progress line every N steps (0: none)
   bool quiet = false;     // no progress output at all
 };
