@@ -17,7 +17,8 @@
 //   - --events FILE: one JSON line per event (start, failure with the lost ranks and the
 //     checkpoint step resumed from, restart with the new layout, seconds lost, done or give-up).
 //   - It gives up with exit 1 and a sentence after K restarts (--max-restarts, default 3) or
-//     when fewer than R ranks survive (--min-ranks, default 1).
+//     when fewer than R ranks survive (--min-ranks, default 1); with exit 2 when no layout of
+//     the survivors takes the job's global batch (the sentence says what would).
 // Bad input (exit 2): no train arguments, --min-ranks above the job's ranks, restarts without
 // --checkpoint-dir to resume from.
 //
@@ -291,7 +292,7 @@ int run_launch(LaunchArgs a) {
       std::fprintf(stderr, "launch: no layout of at most %d rank(s) takes the global batch %lld with %d micro-batches; "
                            "giving up (a batch divisible by more rank counts would let it go on)\n",
                    survivors, static_cast<long long>(batch), micro);
-      return 1;
+      return 2;  // the job's batch, not the machine, stops it: what to change is said
     }
     shape = *next;
     set_flag(args, "--dp", std::to_string(shape.dp));
