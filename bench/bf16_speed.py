@@ -66,7 +66,7 @@ def meshtrain(model, B, T, precision):
         sys.exit(f"failed: {' '.join(cmd)}\n{r.stdout[-1000:]}{r.stderr[-2000:]}")
     lines = [json.loads(l) for l in open(metrics)][warm:]
     rate = re.search(r"bf16 GEMM rate ([\d.]+) GFLOP/s", r.stdout)
-    rss = re.search(r"peak RSS (\d+) MiB \(([\d.]+)x the memory model's (\d+) MiB", r.stdout)
+    rss = re.search(r"peak RSS (\d+) MiB, ([\d.]+)x the predicted (\d+) MiB", r.stdout)
     return {"tokens_per_s": B * T / (statistics.median(l["step_ms"] for l in lines) / 1e3),
             "mfu": statistics.median(l["mfu"] for l in lines),
             "bf16_gemm_gflops": float(rate.group(1)) if rate else None,

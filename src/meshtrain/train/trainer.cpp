@@ -599,10 +599,17 @@ void RankTrainer::run() {
         stopped ? std::string(" (stopped early, not evaluated)")
                 : loss_text + (final_acc ? " | test accuracy " + std::to_string(100.0 * *final_acc).substr(0, 5) + "%"
                                          : std::string());
-    std::printf("done: %lld steps in %.1f s%s | peak RSS %.0f MiB "
-                "(%.2fx the memory model's %.0f MiB of tensors%s)\n",
-                static_cast<long long>(res.steps.size()), res.wall_s, val.c_str(), rss,
-                rss / analytic_mb_, analytic_mb_, mesh_.world().size() > 1 ? " of rank 0; RSS counts the whole process: every rank, the data and the libraries" : "");
+    // The process's peak against its prediction: what it held before training (libraries, the
+    // program) plus the start-up check's estimate of this process (every rank's tensors by the
+    // memory model, the data, the validation batches).
+    const double MiB = 1024.0 * 1024.0;
+    const MemoryEstimate est = estimate_memory(o_, sh_.spec);
+    const double predicted = sh_.res.start_rss_mb + est.total() / MiB;
+    std::printf("done: %lld steps in %.1f s%s | peak RSS %.0f MiB, %.2fx the predicted %.0f MiB (the process at start "
+                "%.0f + tensors of its %d rank(s) %.0f + data %.0f + validation batches %.0f)\n",
+                static_cast<long long>(res.steps.size()), res.wall_s, val.c_str(), rss, rss / predicted, predicted,
+                sh_.res.start_rss_mb, est.ranks, (est.params + est.grads + est.optimizer + est.activations) / MiB,
+                est.data / MiB, est.eval / MiB);
     const char* wire = o_.comm_dtype == kernels::Precision::bf16 ? "bf16" : "fp32";
     auto per_step = [&](uint64_t StepRecord::*field) {
       double sent = 0;
@@ -713,6 +720,7 @@ ImageDataset open_images(const TrainOptions& o, const model::ModelSpec& spec) {
 
 TrainResult train(TrainOptions o) {
   TrainResult res;
+  res.start_rss_mb = current_rss_mb();
   const std::shared_ptr<const model::ModelSpec> spec =
       o.config_file.empty() ? model::model_spec(o.model) : model::model_spec_from_file(o.config_file);
   res.model = spec->name();

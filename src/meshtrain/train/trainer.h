@@ -168,6 +168,7 @@ struct TrainResult {
   std::vector<int64_t> peak_tensor_bytes;
   // The cost model's prediction for this run (with TrainOptions::hardware).
   std::optional<plan::Prediction> predicted;
+  double start_rss_mb = 0;      // the process's resident memory when train() began
   double measured_step_s = 0;  // the median step time (steps after the first two when there are 5 or more)
 };
 
