@@ -35,15 +35,15 @@ std::string corpus(const meshtrain::testing::TempDir& tmp) {
   return p;
 }
 
-const char* kJob = " --model gpt-tiny --steps 10 --batch 12 --seq 32 --eval-every 0 --eval-batches 1 --threads 1 "
-                   "--quiet --comm-timeout 20";
+const std::string kJob = " --model gpt-tiny --steps 10 --batch 12 --seq 32 --eval-every 0 --eval-batches 1 --threads 1 "
+                        "--comm-timeout 20";
 
 }  // namespace
 
 TEST(CliLaunch, ResumesOnTheSurvivorsOnTheSingleRankCurve) {
   meshtrain::testing::TempDir tmp("launch_cli");
   const std::string data = corpus(tmp), events = tmp.file("events.jsonl"), metrics = tmp.file("m.jsonl");
-  auto r = run_cli("launch --events " + events + " -- train --data " + data + kJob +
+  auto r = run_cli("launch --events " + events + " -- train --data " + data + kJob + " --log-every 5" +
                        " --dp 2 --pp 2 --microbatches 2 --checkpoint-dir " + tmp.file("ck") +
                        " --checkpoint-every 2 --metrics " + metrics + " --fail-rank 3 --fail-at-step 6",
                    300);
@@ -51,12 +51,15 @@ TEST(CliLaunch, ResumesOnTheSurvivorsOnTheSingleRankCurve) {
   const auto ev = lines_of(events);
   std::vector<std::string> kinds;
   for (const json& e : ev) kinds.push_back(e.at("event"));
-  ASSERT_EQ(kinds, (std::vector<std::string>{"start", "failure", "restart", "done"})) << r.output;
+  ASSERT_EQ(kinds, (std::vector<std::string>{"start", "failure", "restart", "resumed", "done"})) << r.output;
   EXPECT_EQ(ev[1].at("lost_ranks"), json::array({3}));
   EXPECT_EQ(ev[1].at("checkpoint"), "step_00000006");
   EXPECT_EQ(ev[2].at("layout"), "dp=3 tp=1 pp=1");
   EXPECT_EQ(ev[2].at("survivors"), 3);
-  EXPECT_EQ(ev[3].at("layout"), "dp=3 tp=1 pp=1");
+  EXPECT_GE(ev[1].at("work_lost_s").get<double>(), 0.0);
+  EXPECT_LE(ev[1].at("work_lost_s").get<double>(), ev[1].at("seconds_run").get<double>());
+  EXPECT_GT(ev[3].at("restart_s").get<double>(), 0.0);
+  EXPECT_EQ(ev[4].at("layout"), "dp=3 tp=1 pp=1");
 
   // The uninterrupted single-rank run.
   const std::string ref = tmp.file("ref.jsonl");

@@ -147,8 +147,13 @@ struct ChildResult {
   std::string tail;     // its last stderr bytes
 };
 
-// Runs `meshtrain ARGS` with stdout passed through and stderr passed through and kept.
-ChildResult run_child(const std::vector<std::string>& args) {
+// Runs `meshtrain ARGS` with its stdout and stderr passed through; keeps the end of its stderr
+// and the moment its stdout first said it resumed ("resumed from") or began (its model line).
+struct Started {
+  std::optional<Clock::time_point> at;
+};
+
+ChildResult run_child(const std::vector<std::string>& args, Started* started) {
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) throw std::runtime_error("launch: cannot find its own program (/proc/self/exe)");
@@ -157,38 +162,59 @@ ChildResult run_child(const std::vector<std::string>& args) {
   std::vector<char*> argv;
   for (auto& s : full) argv.push_back(s.data());
   argv.push_back(nullptr);
-  int pipefd[2];
-  if (pipe(pipefd) != 0) throw std::runtime_error("launch: cannot make a pipe for the child's stderr");
+  int err_pipe[2], out_pipe[2];
+  if (pipe(err_pipe) != 0 || pipe(out_pipe) != 0) throw std::runtime_error("launch: cannot make pipes for the child");
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, pipefd[1], 2);
-  posix_spawn_file_actions_addclose(&fa, pipefd[0]);
+  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
+  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
+  posix_spawn_file_actions_addclose(&fa, err_pipe[0]);
+  posix_spawn_file_actions_addclose(&fa, out_pipe[0]);
   pid_t pid = 0;
   const int rc = posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
-  close(pipefd[1]);
+  close(err_pipe[1]);
+  close(out_pipe[1]);
   if (rc != 0) {
-    close(pipefd[0]);
+    close(err_pipe[0]);
+    close(out_pipe[0]);
     throw std::runtime_error("launch: cannot start " + self + " (posix_spawn error " + std::to_string(rc) + ")");
   }
   g_child.store(pid);
   ChildResult r;
-  std::thread reader([&] {
+  std::thread err_reader([&] {
     char buf[4096];
     ssize_t n;
-    while ((n = read(pipefd[0], buf, sizeof buf)) > 0) {
+    while ((n = read(err_pipe[0], buf, sizeof buf)) > 0) {
       fwrite(buf, 1, static_cast<size_t>(n), stderr);
       fflush(stderr);
       r.tail.append(buf, static_cast<size_t>(n));
       if (r.tail.size() > 65536) r.tail.erase(0, r.tail.size() - 65536);
     }
   });
+  std::thread out_reader([&] {
+    char buf[4096];
+    ssize_t n;
+    std::string seen;
+    while ((n = read(out_pipe[0], buf, sizeof buf)) > 0) {
+      fwrite(buf, 1, static_cast<size_t>(n), stdout);
+      fflush(stdout);
+      if (started && !started->at) {
+        seen.append(buf, static_cast<size_t>(n));
+        if (seen.find("resumed from") != std::string::npos || seen.find("model ") != std::string::npos)
+          started->at = Clock::now();
+        if (seen.size() > 65536) seen.erase(0, seen.size() - 4096);
+      }
+    }
+  });
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   g_child.store(0);
-  reader.join();
-  close(pipefd[0]);
+  err_reader.join();
+  out_reader.join();
+  close(err_pipe[0]);
+  close(out_pipe[0]);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
 }
@@ -249,10 +275,19 @@ int run_launch(LaunchArgs a) {
 
   Events events(a.events);
   events.write({{"event", "start"}, {"layout", shape.str()}, {"args", args}});
+  if (const auto every_s = flag_value(args, "--checkpoint-every-s"))
+    std::printf("launch: checkpoints every %s s: a failure loses about half that on average, plus the restart "
+                "(measured at each restart: the events' restart_s)\n",
+                every_s->c_str());
   int restarts = 0;
+  std::optional<Clock::time_point> restart_at;  // set while a restarted child has not yet begun its steps
   for (;;) {
     const auto t0 = Clock::now();
-    const ChildResult r = run_child(args);
+    Started started;
+    const ChildResult r = run_child(args, &started);
+    if (restart_at && started.at)  // the restart's cost: from the failure until the job resumed
+      events.write({{"event", "resumed"}, {"restart_s", std::chrono::duration<double>(*started.at - *restart_at).count()}});
+    restart_at.reset();
     if (r.code == 0 || r.code == 2 || g_signals.load() > 0) {
       events.write({{"event", r.code == 0 ? "done" : "exit"}, {"code", r.code}, {"layout", shape.str()}});
       return r.code;
@@ -265,14 +300,25 @@ int run_launch(LaunchArgs a) {
       if (std::find(lost.begin(), lost.end(), rank) == lost.end()) lost.push_back(rank);
     }
     std::string resumed = "none (from the start)";
+    // The work the failure loses: the time since the checkpoint it resumes from was committed
+    // (`latest` written), or since the child started when there is none.
+    double work_lost_s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (dir) {
-      std::ifstream latest(std::filesystem::path(*dir) / "latest");
+      const auto latest_path = std::filesystem::path(*dir) / "latest";
+      std::ifstream latest(latest_path);
       std::string step;
-      if (latest >> step) resumed = step;
+      if (latest >> step) {
+        resumed = step;
+        std::error_code ec;
+        const auto written = std::filesystem::last_write_time(latest_path, ec);
+        if (!ec)
+          work_lost_s = std::max(0.0, std::chrono::duration<double>(std::filesystem::file_time_type::clock::now() - written).count());
+      }
     }
-    const double lost_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto failed_at = Clock::now();
+    const double run_s = std::chrono::duration<double>(failed_at - t0).count();
     events.write({{"event", "failure"}, {"code", r.code}, {"lost_ranks", lost}, {"layout", shape.str()},
-                  {"checkpoint", resumed}, {"seconds_run", lost_s}});
+                  {"checkpoint", resumed}, {"seconds_run", run_s}, {"work_lost_s", work_lost_s}});
     if (restarts >= a.max_restarts) {
       events.write({{"event", "give_up"}, {"reason", "restarts"}});
       std::fprintf(stderr, "launch: the job failed %d time(s) and --max-restarts is %d; giving up (the last "
@@ -305,6 +351,7 @@ int run_launch(LaunchArgs a) {
     ++restarts;
     events.write({{"event", "restart"}, {"restart", restarts}, {"layout", shape.str()}, {"survivors", survivors},
                   {"from", resumed}});
+    restart_at = failed_at;
   }
 }
 
