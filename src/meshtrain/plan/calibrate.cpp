@@ -653,6 +653,14 @@ std::optional<MachineProfile> machine_for_run(const std::string& path, bool may_
   if (!may_calibrate) return std::nullopt;
   std::fprintf(stderr, "note: measuring this machine for the cost model (meshtrain calibrate --quick, about two seconds)%s\n",
                cached.empty() ? "" : ("; kept in " + cached + " for the next runs").c_str());
+  {  // other work on the cores lowers every rate measured now, and the file is kept
+    std::ifstream avg("/proc/loadavg");
+    double load = 0;
+    if (avg >> load && load > 0.5 * usable_cores())
+      std::fprintf(stderr, "note: the machine is busy (load average %.1f on %d cores): the rates measured now will be "
+                           "low; measure again on a quiet machine (meshtrain calibrate --out %s --overwrite)\n",
+                   load, usable_cores(), cached.empty() ? "machine.json" : cached.c_str());
+  }
   std::error_code dir_ec;
   if (!cached.empty()) std::filesystem::create_directories(std::filesystem::path(cached).parent_path(), dir_ec);
   if (quick_calibration && !cached.empty() && quick_calibration(cached)) {

@@ -261,6 +261,13 @@ void RankTrainer::report_prediction() {
                 static_cast<double>(res.peak_tensor_bytes[r]) / MiB, 100 * worst, res.peak_tensor_bytes.size());
   }
   std::printf("\n");
+  // A prediction off by more than half its measurement: most likely rates measured while other
+  // work held the cores (a quick calibration on a busy machine is cached for the next runs).
+  if (res.measured_step_s > 0 && std::abs(p.step_s - res.measured_step_s) > 0.5 * res.measured_step_s)
+    std::printf("note: the predicted step is %.1fx the measured one; the machine file (%s) was probably measured "
+                "while other work used the cores, or this run shared them: measure again on a quiet machine with "
+                "meshtrain calibrate --out FILE and pass --machine FILE (or delete the cached file)\n",
+                p.step_s / res.measured_step_s, o_.hardware_source.c_str());
 }
 
 }  // namespace meshtrain::train::detail
