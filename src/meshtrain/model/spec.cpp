@@ -29,9 +29,8 @@ class GPTSpec : public ModelSpec {
   const GPTConfig* gpt() const override { return &cfg_; }
   std::vector<OpCost> op_costs(const StageSpec& spec, const CostQuery& q) const override;
   double stage_param_elements(const StageSpec& spec, int tp) const override;
-  double boundary_bytes(int64_t, int64_t rows, int64_t T, int tp) const override {
-    // (rows, T, C) between blocks; a T split over tp under sequence parallelism is not assumed.
-    (void)tp;
+  // (rows, T, C) between blocks, whole on every tp rank (the stages exchange full activations).
+  double boundary_bytes(int64_t, int64_t rows, int64_t T, int) const override {
     return 4.0 * static_cast<double>(rows * T * cfg_.n_embd);
   }
 

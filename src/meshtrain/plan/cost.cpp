@@ -308,7 +308,6 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
   const bool shared = hw.cores > 0;
   const double demand = shared ? static_cast<double>(world) * l.threads / hw.cores : 1.0;
   const int threads = l.threads;
-  const bool tp_across = l.tp > hw.devices_per_node;
   const bool pp_across = world > hw.devices_per_node;
 
   const std::vector<int> in_flight = pipeline::peak_in_flight(p.schedule);
@@ -341,7 +340,6 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
       const double tf = collective_s(hw, comm::OpKind::all_reduce, o.tp_fwd_bytes, l.tp, demand);
       const double tb = collective_s(hw, comm::OpKind::all_reduce, o.tp_bwd_bytes, l.tp, demand);
       F += tf, B += tb, I += tb, tp_s += tf + tb;
-      (void)tp_across;
     }
     if (l.recompute) B += fwd_compute, I += fwd_compute;
     if (l.zero >= 3 && l.dp > 1) {
