@@ -210,8 +210,11 @@ TEST(CliTrainPrediction, PrintsPredictedAgainstMeasuredAndWritesItInTheMetrics) 
   while (std::getline(f, line)) {
     const auto j = nlohmann::json::parse(line);
     EXPECT_NEAR(j.at("predicted_step_ms").get<double>(), predicted, 0.01 * predicted + 0.01);
-    EXPECT_GT(j.at("predicted_peak_tensor_bytes").get<double>(), 0);
-    const double peak = j.at("peak_tensor_bytes").get<double>();
+    const double step_ms = j.at("step_ms").get<double>(), peak = j.at("peak_tensor_bytes").get<double>();
+    const double pred_peak = j.at("predicted_peak_tensor_bytes").get<double>();
+    EXPECT_GT(pred_peak, 0);
+    EXPECT_NEAR(j.at("predicted_step_error").get<double>(), (j.at("predicted_step_ms").get<double>() - step_ms) / step_ms, 1e-9);
+    EXPECT_NEAR(j.at("predicted_peak_error").get<double>(), (pred_peak - peak) / peak, 1e-9);
     EXPECT_GE(peak, last_peak);
     last_peak = peak;
     ++lines;

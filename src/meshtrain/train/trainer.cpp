@@ -499,9 +499,12 @@ void RankTrainer::run() {
       }
       if (r.val_loss) line["val_loss"] = *r.val_loss;
       line["peak_tensor_bytes"] = step_peak_;  // rank 0's, so far
-      if (res.predicted) {
-        line["predicted_step_ms"] = 1e3 * res.predicted->step_s;
-        line["predicted_peak_tensor_bytes"] = res.predicted->peak_bytes;
+      if (res.predicted) {  // rank 0's prediction against rank 0's measurement, with the error
+        const double pred_ms = 1e3 * res.predicted->step_s, pred_peak = res.predicted->memory.at(0).total();
+        line["predicted_step_ms"] = pred_ms;
+        line["predicted_step_error"] = r.step_ms > 0 ? (pred_ms - r.step_ms) / r.step_ms : 0.0;
+        line["predicted_peak_tensor_bytes"] = pred_peak;
+        line["predicted_peak_error"] = step_peak_ > 0 ? (pred_peak - static_cast<double>(step_peak_)) / static_cast<double>(step_peak_) : 0.0;
       }
       if (images()) line["images_per_s"] = r.tokens_per_s;  // T is 1: samples per second
       if (r.accuracy) line["accuracy"] = *r.accuracy;
