@@ -628,7 +628,11 @@ std::string default_machine_path() {
   if (const char* f = std::getenv("MESHTRAIN_MACHINE_FILE"); f && *f) return f;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/meshtrain/machine.json";
   if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/meshtrain/machine.json";
-  return "";
+  // No home (a service, a bare container): the temporary directory, one file per user.
+  std::error_code ec;
+  const auto tmp = std::filesystem::temp_directory_path(ec);
+  if (ec) return "";
+  return (tmp / ("meshtrain-" + std::to_string(getuid())) / "machine.json").string();
 }
 
 std::optional<MachineProfile> machine_for_run(const std::string& path, bool may_calibrate, std::string* source,

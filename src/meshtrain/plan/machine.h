@@ -145,7 +145,8 @@ std::string summary_table(const MachineProfile& p);
 
 // ---- the machine file a run uses ----
 // $MESHTRAIN_MACHINE_FILE when set, else $XDG_CACHE_HOME/meshtrain/machine.json, else
-// $HOME/.cache/meshtrain/machine.json ("" when none of them is set).
+// $HOME/.cache/meshtrain/machine.json, else meshtrain-UID/machine.json in the temporary
+// directory ("" when there is none).
 std::string default_machine_path();
 // The machine file of `meshtrain train`'s cost model: `path` when given (read; a bad file
 // throws std::invalid_argument naming it); else the file at default_machine_path() when it
