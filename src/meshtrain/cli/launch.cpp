@@ -123,8 +123,7 @@ std::optional<Shape> survivors_layout(int ranks, const Shape& was, int64_t batch
         if (w % (tp * pp) != 0) continue;
         const int dp = w / (tp * pp);
         if (heads % tp != 0 || pp > units) continue;
-        if (batch % (static_cast<int64_t>(dp) * (pp > 1 ? micro : 1)) != 0) continue;
-        if (pp > 1 && batch / dp % micro != 0) continue;
+        if (batch % (static_cast<int64_t>(dp) * micro) != 0) continue;  // train's rule: dp x micro-batches
         candidates.push_back({dp, tp, pp});
       }
     if (!candidates.empty()) return candidates.front();  // the most tp, then pp, kept
@@ -264,7 +263,13 @@ int run_launch(LaunchArgs a) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  if (const auto b = flag_value(args, "--batch")) batch = std::stoll(*b);
+  if (const auto b = flag_value(args, "--batch")) {
+    try {
+      batch = std::stoll(*b);
+    } catch (const std::exception&) {
+      throw UsageError("--batch must be a whole number of samples, not '" + *b + "'");
+    }
+  }
   const int micro = int_flag(args, "--microbatches", 1);
 
   struct sigaction sa {};
