@@ -410,6 +410,45 @@ TEST(StopCli, LaunchForwardsASignalToItsJob) {
   EXPECT_FALSE(has(child.output(), "\"restart\"")) << child.output();
 }
 
+// The same through the launcher of an MPI job (--np 2, mpirun): SIGTERM to `launch` reaches
+// every rank as mpirun's SIGUSR1, the job stops at a step with a checkpoint, all exit 0, and a
+// resume continues from it. (Signals are taken by a thread of their own: under MPI the main
+// thread computes, and a handler run in a GEMM kernel's thread was seen to corrupt the heap.)
+TEST(StopCli, LaunchStopsAnMpiJobAtAStepBoundary) {
+#ifndef MESHTRAIN_HAVE_MPI
+  GTEST_SKIP() << "this build has no MPI backend";
+#endif
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+  setenv("OMPI_MCA_hwloc_base_binding_policy", "none", 1);
+  setenv("OMPI_MCA_btl", "vader,self", 1);
+  meshtrain::testing::TempDir tmp("stop_cli");
+  const std::string ck = tmp.file("ck"), m = tmp.file("m.jsonl"), events = tmp.file("events.jsonl");
+  const std::string job = " -- train --data " + corpus_in(tmp) +
+                          " --batch 4 --seq 16 --eval-batches 1 --threads 1 --eval-every 0 --log-every 1 --warmup 0 "
+                          "--lr 0.001 --min-lr 0.001 --dp 2 --checkpoint-dir " + ck + " --metrics " + m;
+  std::vector<std::string> args;
+  std::istringstream words("launch --np 2 --events " + events + job + " --steps 1000000");
+  for (std::string w; words >> w;) args.push_back(w);
+  Child child(args);
+  ASSERT_TRUE(child.started());
+  const auto deadline = Clock::now() + std::chrono::seconds(120);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(child.next_event(deadline)) << child.output();
+  child.send(SIGTERM);
+  ASSERT_EQ(child.wait_exit(deadline), 0) << child.output();
+  const int64_t n = static_cast<int64_t>(metric_lines(m).size());
+  EXPECT_TRUE(has(child.output(), "stopped at step " + std::to_string(n) + " by SIGUSR1")) << child.output();
+  EXPECT_EQ(train::open_checkpoint(ck).step, n);
+  EXPECT_FALSE(has(child.output(), "\"restart\"")) << child.output();
+  // On from there, two more steps.
+  const auto r = run_cli("launch --np 2" + job + " --resume --steps " + std::to_string(n + 2), 120);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto lines = metric_lines(m);
+  ASSERT_EQ(static_cast<int64_t>(lines.size()), n + 2) << r.output;
+  for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i].at("step"), static_cast<int64_t>(i + 1));
+}
+
 // A second signal ends the process at once with 128 + the signal (130 for SIGINT, 143 for SIGTERM), and
 // `latest` still names a complete checkpoint, from which --resume reaches the uninterrupted end.
 TEST(StopCli, ASecondSignalExitsAtOnceAndLeavesTheLastCheckpoint) {

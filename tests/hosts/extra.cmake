@@ -19,3 +19,12 @@ if(MESHTRAIN_HAVE_MPI)
         PASS_REGULAR_EXPRESSION "HOST FAULT OK" SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
   endforeach()
 endif()
+# launch_hosts.sh: `meshtrain launch --hosts --grow` across the two hosts; host b's link cut
+# mid-run, the job goes on on host a within the deadline plus the restart, and when the link
+# is back the job grows to both hosts again, every step on the single-rank curve.
+if(MESHTRAIN_HAVE_MPI)
+  add_test(NAME hosts_launch_cut_and_grow
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/launch_hosts.sh $<TARGET_FILE:meshtrain> ${MESHTRAIN_MPIRUN})
+  set_tests_properties(hosts_launch_cut_and_grow PROPERTIES TIMEOUT 400 LABELS hosts
+      PASS_REGULAR_EXPRESSION "LAUNCH HOSTS OK" SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+endif()

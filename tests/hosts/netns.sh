@@ -5,7 +5,8 @@
 # namespaces cannot be made.
 #
 # After `hosts_up MPIRUN`: $ns_a/$ns_b (namespaces), $ip_a/$ip_b, $veth_b (host b's end),
-# $dir (a scratch directory), and the array launch=(... mpirun with every option ...).
+# $dir (a scratch directory), the array launch=(... mpirun with every option ...) and the array
+# mpi_env=(OMPI_...=...) holding those options as OpenMPI's environment variables.
 skip() { echo "SKIP: $*"; exit 77; }
 
 hosts_down() {
@@ -66,6 +67,13 @@ AGENT
           --host "$ip_a:1,$ip_b:1" -np 2 --mca plm_rsh_agent "$dir/agent"
           --mca btl tcp,self --mca btl_tcp_if_include "10.231.$net.0/24" --mca oob_tcp_if_include "10.231.$net.0/24"
           --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3)
+
+  # The same settings as OpenMPI's environment variables, for a program that starts mpirun
+  # itself (`meshtrain launch --hosts`): `env "${mpi_env[@]}" ...`.
+  mpi_env=(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+           OMPI_MCA_hwloc_base_binding_policy=none OMPI_MCA_plm_rsh_agent="$dir/agent" OMPI_MCA_btl=tcp,self
+           OMPI_MCA_btl_tcp_if_include="10.231.$net.0/24" OMPI_MCA_oob_tcp_if_include="10.231.$net.0/24"
+           OMPI_MCA_oob_tcp_keepalive_time=5 OMPI_MCA_oob_tcp_keepalive_intvl=2 OMPI_MCA_oob_tcp_keepalive_probes=3)
 
   # Prove the placement: each rank prints the address of the namespace it runs in.
   timeout 120 "${launch[@]}" /bin/sh -c \

@@ -1,30 +1,41 @@
-// `meshtrain launch [--max-restarts K] [--min-ranks R] [--events FILE] -- train ARGS...`: runs
-// `meshtrain train ARGS` as a child process (its ranks threads of that process), watches it, and
-// when it fails resumes it on the ranks that survive.
+// `meshtrain launch [--np N | --hosts FILE] [--max-restarts K] [--min-ranks R] [--grow]
+// [--events FILE] -- train ARGS...`: runs `meshtrain train ARGS`, watches it, and when it fails
+// resumes it on the ranks and hosts that survive (docs/launch.md).
 //
-//   - SIGINT and SIGTERM go to the child, whose graceful stop (train/stop.h) saves a checkpoint
-//     at the next step boundary and exits 0; a second signal stops it at once (128 + signal),
-//     and the launcher exits with the child's code.
+//   - Where the ranks run. With neither --np nor --hosts, as threads of one child process (as
+//     `train` runs them). With --np N, as N MPI processes of this machine, and with --hosts FILE
+//     (OpenMPI's hostfile syntax: a host name per line, `slots=N`) as MPI processes across those
+//     hosts: the child is then OpenMPI's mpirun (--mpirun), given the hosts and slots, and
+//     mpirun's own settings come from its environment (OMPI_MCA_*).
+//   - SIGINT and SIGTERM stop the job gracefully: the threads child gets the signal, an MPI job
+//     SIGUSR1 (mpirun passes it on to every rank); train saves a checkpoint at the next step
+//     boundary and exits 0. A second signal stops it at once (the threads child gets it again,
+//     mpirun a SIGTERM), and the launcher exits with the child's code.
 //   - The child exits 0: done. 2 (bad input): exit 2, a restart would be refused alike.
-//   - Any other exit is a failure. The ranks it lost are those its last words name ("rank R
-//     failed": the threads backend's report of the first rank that failed); the survivors are
-//     the world without them. The launcher picks the largest layout the survivors can hold at
-//     the same global batch (so the loss curve stays the single-rank one): the most ranks,
-//     keeping tp and pp where they still fit, dp and the micro-batches dividing the batch, tp
-//     dividing the heads, pp at most the model's units; and restarts with --resume from the
-//     newest checkpoint that verifies (train picks it), or from the start when none was saved.
-//     An injected failure (--fail-rank/--fail-at-step, a test flag) is dropped on restart.
-//   - --events FILE: one JSON line per event (start, failure with the lost ranks and the
-//     checkpoint step resumed from, restart with the new layout, seconds lost, done or give-up).
+//   - Any other exit is a failure. The ranks lost are those that failed by themselves (the job's
+//     "rank R failed: ..." that is not a deadline or a peer's failure, or mpirun's "process
+//     rank R ... exited on signal"), and every rank of a host that no longer answers (each host
+//     is asked with a one-process mpirun, under --probe-timeout-s). Their slots are held back.
+//     The launcher picks the largest layout the remaining slots hold at the same global batch
+//     (so the loss curve stays the single-rank one): the most ranks, keeping tp and pp where
+//     they still fit, dp and the micro-batches dividing the batch, tp dividing the heads, pp at
+//     most the model's units; and restarts with --resume from the newest checkpoint that
+//     verifies (train picks it), or from the start when none was saved. An injected failure
+//     (--fail-rank/--fail-at-step, a test flag) is dropped on restart.
+//   - --grow: while the job runs smaller than it started, a lost host that answers again (or a
+//     host added to the hosts file) and the slot of a rank that failed on a host that still
+//     answers (once the job has committed a checkpoint since) are taken back: the job is
+//     stopped at its next step boundary, where it writes a checkpoint, and resumed at the
+//     larger layout.
+//   - --events FILE: one JSON line per event (start, failure with the lost ranks and hosts and
+//     the checkpoint resumed from, restart with the new layout and hosts, resumed with the
+//     restart's seconds, grow, done or give-up).
 //   - It gives up with exit 1 and a sentence after K restarts (--max-restarts, default 3) or
 //     when fewer than R ranks survive (--min-ranks, default 1); with exit 2 when no layout of
 //     the survivors takes the job's global batch (the sentence says what would).
 // Bad input (exit 2): no train arguments, --min-ranks above the job's ranks, restarts without
-// --checkpoint-dir to resume from.
-//
-// Limits: threads only (one child process; ranks of an MPI job through mpirun are not
-// supervised yet); a lost rank is one the child names, so a child killed from outside (SIGKILL)
-// is restarted at the same layout.
+// --checkpoint-dir to resume from, --np and --hosts together, --np unlike the job's ranks, a
+// hosts file that does not parse or names no host, fewer slots than the job's ranks.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -34,12 +45,17 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
+#include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,6 +77,12 @@ using Clock = std::chrono::steady_clock;
 struct LaunchArgs {
   int max_restarts = 3;
   int min_ranks = 1;
+  int np = 0;
+  std::string hosts_file;
+  std::string mpirun = "mpirun";
+  bool grow = false;
+  double probe_every_s = 5;
+  double probe_timeout_s = 30;
   std::string events;
   std::vector<std::string> train;  // the arguments after `--` (starting with "train")
 };
@@ -131,60 +153,187 @@ std::optional<Shape> survivors_layout(int ranks, const Shape& was, int64_t batch
   return std::nullopt;
 }
 
-// ---- the child ----
-std::atomic<pid_t> g_child{0};
-std::atomic<int> g_signals{0};
+// ---- hosts ----
+struct Host {
+  std::string name;
+  int slots = 1;
+  bool up = true;  // answered the last probe (a host not yet probed is down)
+  int held = 0;    // slots held back after their rank failed while the host answered
+  int usable() const { return up ? std::max(0, slots - held) : 0; }
+};
 
-void forward(int sig) {
-  g_signals.fetch_add(1);
-  const pid_t c = g_child.load();
-  if (c > 0) kill(c, sig);
+// OpenMPI's hostfile syntax, the part a launcher needs: `NAME [slots=N]` per line, `#` comments.
+std::vector<Host> read_hosts(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw UsageError("cannot read the hosts file '" + path + "': give a file with one host per line, e.g. `node1 slots=4`");
+  static const std::regex name_re(R"([A-Za-z0-9][A-Za-z0-9._-]*)");
+  std::vector<Host> hosts;
+  std::string line;
+  for (int n = 1; std::getline(f, line); ++n) {
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    std::istringstream words(line);
+    std::string name, w;
+    if (!(words >> name)) continue;
+    const std::string where = "the hosts file '" + path + "', line " + std::to_string(n) + ": ";
+    if (!std::regex_match(name, name_re))
+      throw UsageError(where + "'" + name + "' is not a host name (letters, digits, '.', '-', '_')");
+    Host h{name};
+    while (words >> w) {
+      static const std::regex slots_re(R"(slots=(\d{1,5}))");
+      std::smatch m;
+      if (!std::regex_match(w, m, slots_re) || std::stoi(m[1].str()) < 1)
+        throw UsageError(where + "'" + w + "' is not understood; a line is a host name and optionally slots=N (N at least 1)");
+      h.slots = std::stoi(m[1].str());
+    }
+    for (const Host& o : hosts)
+      if (o.name == h.name) throw UsageError(where + "host '" + h.name + "' is listed twice; give it once with its slots");
+    hosts.push_back(h);
+  }
+  if (f.bad()) throw UsageError("could not read the hosts file '" + path + "'");
+  if (hosts.empty())
+    throw UsageError("the hosts file '" + path + "' names no host: write one host per line, e.g. `node1 slots=4`");
+  return hosts;
 }
 
-struct ChildResult {
-  int code = 0;         // exit code, or 128 + signal
-  std::string tail;     // its last stderr bytes
+int capacity(const std::vector<Host>& hosts) {
+  int n = 0;
+  for (const Host& h : hosts) n += h.usable();
+  return n;
+}
+
+std::string hosts_text(const std::vector<Host>& hosts) {
+  std::string s;
+  for (const Host& h : hosts)
+    if (h.usable() > 0) s += (s.empty() ? "" : ",") + h.name + ":" + std::to_string(h.usable());
+  return s;
+}
+
+// ---- child processes ----
+struct Spawned {
+  pid_t pid = -1;
+  int out = -1, err = -1;  // read ends of its stdout and stderr (-1: sent to /dev/null)
 };
 
-// Runs `meshtrain ARGS` with its stdout and stderr passed through; keeps the end of its stderr
-// and the moment its stdout first said it resumed ("resumed from") or began (its model line).
-struct Started {
-  std::optional<Clock::time_point> at;
-};
-
-ChildResult run_child(const std::vector<std::string>& args, Started* started) {
-  std::error_code ec;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  if (ec) throw std::runtime_error("launch: cannot find its own program (/proc/self/exe)");
-  std::vector<std::string> full{self};
+Spawned spawn(const std::string& program, const std::vector<std::string>& args, bool capture) {
+  std::vector<std::string> full{program};
   full.insert(full.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& s : full) argv.push_back(s.data());
   argv.push_back(nullptr);
-  int err_pipe[2], out_pipe[2];
-  if (pipe(err_pipe) != 0 || pipe(out_pipe) != 0) throw std::runtime_error("launch: cannot make pipes for the child");
+  int err_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
-  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
-  posix_spawn_file_actions_addclose(&fa, err_pipe[0]);
-  posix_spawn_file_actions_addclose(&fa, out_pipe[0]);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(err_pipe[1]);
-  close(out_pipe[1]);
-  if (rc != 0) {
-    close(err_pipe[0]);
-    close(out_pipe[0]);
-    throw std::runtime_error("launch: cannot start " + self + " (posix_spawn error " + std::to_string(rc) + ")");
+  if (capture) {
+    if (pipe(err_pipe) != 0 || pipe(out_pipe) != 0) throw std::runtime_error("launch: cannot make pipes for the child");
+    posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
+    posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
+    posix_spawn_file_actions_addclose(&fa, err_pipe[0]);
+    posix_spawn_file_actions_addclose(&fa, out_pipe[0]);
+  } else {
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
   }
-  g_child.store(pid);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  // Its own process group, so a terminal's Ctrl-C reaches the launcher alone (which passes it on
+  // as the graceful stop) and a probe left behind can be killed whole.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, program.c_str(), &fa, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (capture) {
+    close(err_pipe[1]);
+    close(out_pipe[1]);
+  }
+  if (rc != 0) {
+    if (capture) {
+      close(err_pipe[0]);
+      close(out_pipe[0]);
+    }
+    throw UsageError("launch: cannot start '" + program + "' (" + std::strerror(rc) + ")" +
+                     (program.find("mpirun") != std::string::npos ? "; install OpenMPI (Debian: openmpi-bin) or give --mpirun PATH" : ""));
+  }
+  return {pid, capture ? out_pipe[0] : -1, capture ? err_pipe[0] : -1};
+}
+
+int wait_code(pid_t pid) {
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Whether `host` answers: a one-process mpirun there that runs `true`, within `timeout_s`.
+bool probe(const std::string& mpirun, const std::string& host, double timeout_s) {
+  Spawned p;
+  try {
+    p = spawn(mpirun, {"--host", host + ":1", "-np", "1", "true"}, /*capture=*/false);
+  } catch (const std::exception&) {
+    return false;
+  }
+  const auto until = Clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    int status = 0;
+    const pid_t w = waitpid(p.pid, &status, WNOHANG);
+    if (w == p.pid) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (w < 0 && errno != EINTR) return false;
+    if (Clock::now() > until) {
+      kill(-p.pid, SIGKILL);
+      wait_code(p.pid);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// Asks every host in `which` at once; returns whether each answered.
+std::vector<bool> probe_all(const std::string& mpirun, const std::vector<std::string>& which, double timeout_s) {
+  std::vector<char> ok(which.size(), 0);
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < which.size(); ++i)
+    ts.emplace_back([&, i] { ok[i] = probe(mpirun, which[i], timeout_s) ? 1 : 0; });
+  for (auto& t : ts) t.join();
+  return {ok.begin(), ok.end()};
+}
+
+std::atomic<pid_t> g_child{0};
+std::atomic<bool> g_child_is_mpirun{false};
+std::atomic<int> g_signals{0};
+
+// The first signal stops the job gracefully, a later one at once (see the header).
+void forward(int sig) {
+  const int n = g_signals.fetch_add(1) + 1;
+  const pid_t c = g_child.load();
+  if (c <= 0) return;
+  if (g_child_is_mpirun.load()) kill(c, n == 1 ? SIGUSR1 : SIGTERM);
+  else kill(c, sig);
+}
+
+struct ChildResult {
+  int code = 0;          // exit code, or 128 + signal
+  std::string tail;      // its last stderr bytes
+  std::string out_tail;  // its last stdout bytes
+};
+
+// Runs the job with its stdout and stderr passed through and keeps the end of both; sets
+// `started` (and calls on_start) when world rank 0 writes the status file (train/trainer.h:
+// its steps began).
+ChildResult run_child(const std::string& program, const std::vector<std::string>& args, bool mpirun,
+                      const std::string& status_file, std::atomic<bool>* started, const std::function<void()>& on_start) {
+  std::error_code ec;
+  std::filesystem::remove(status_file, ec);
+  const Spawned p = spawn(program, args, /*capture=*/true);
+  g_child_is_mpirun.store(mpirun);
+  g_child.store(p.pid);
+  if (g_signals.load() > 0) kill(p.pid, mpirun ? SIGUSR1 : SIGTERM);  // a stop asked while it started
   ChildResult r;
   std::thread err_reader([&] {
     char buf[4096];
     ssize_t n;
-    while ((n = read(err_pipe[0], buf, sizeof buf)) > 0) {
+    while ((n = read(p.err, buf, sizeof buf)) > 0) {
       fwrite(buf, 1, static_cast<size_t>(n), stderr);
       fflush(stderr);
       r.tail.append(buf, static_cast<size_t>(n));
@@ -194,28 +343,56 @@ ChildResult run_child(const std::vector<std::string>& args, Started* started) {
   std::thread out_reader([&] {
     char buf[4096];
     ssize_t n;
-    std::string seen;
-    while ((n = read(out_pipe[0], buf, sizeof buf)) > 0) {
+    while ((n = read(p.out, buf, sizeof buf)) > 0) {
       fwrite(buf, 1, static_cast<size_t>(n), stdout);
       fflush(stdout);
-      if (started && !started->at) {
-        seen.append(buf, static_cast<size_t>(n));
-        if (seen.find("resumed from") != std::string::npos || seen.find("model ") != std::string::npos)
-          started->at = Clock::now();
-        if (seen.size() > 65536) seen.erase(0, seen.size() - 4096);
-      }
+      r.out_tail.append(buf, static_cast<size_t>(n));
+      if (r.out_tail.size() > 8192) r.out_tail.erase(0, r.out_tail.size() - 4096);
     }
   });
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  std::atomic<bool> ended{false};
+  std::thread start_watch([&] {
+    while (!ended.load()) {
+      std::error_code e;
+      if (std::filesystem::exists(status_file, e)) {
+        started->store(true);
+        on_start();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  r.code = wait_code(p.pid);
+  ended.store(true);
+  start_watch.join();
   g_child.store(0);
   err_reader.join();
   out_reader.join();
-  close(err_pipe[0]);
-  close(out_pipe[0]);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  close(p.err);
+  close(p.out);
   return r;
+}
+
+// The world ranks a failed job's output says failed by themselves (see the header).
+std::vector<int> lost_ranks(const std::string& tail) {
+  std::vector<int> lost;
+  auto add = [&](int r) {
+    if (std::find(lost.begin(), lost.end(), r) == lost.end()) lost.push_back(r);
+  };
+  // meshtrain's report of a rank's failure: a deadline or a peer's failure names a rank that
+  // noticed, not one that failed.
+  static const std::regex named(R"(rank (\d+) failed: ([^\n]*))");
+  for (std::sregex_iterator it(tail.begin(), tail.end(), named), end; it != end; ++it) {
+    const std::string what = (*it)[2].str();
+    if (what.find("(timeout)") != std::string::npos || what.find("(peer failed)") != std::string::npos) continue;
+    if (what.find("terminated by the launcher") != std::string::npos) continue;
+    add(std::stoi((*it)[1].str()));
+  }
+  // mpirun's word for a process that died of a signal.
+  static const std::regex died(R"(process rank (\d+) with PID \d+ on node \S+ exited on signal)");
+  for (std::sregex_iterator it(tail.begin(), tail.end(), died), end; it != end; ++it) add(std::stoi((*it)[1].str()));
+  std::sort(lost.begin(), lost.end());
+  return lost;
 }
 
 class Events {
@@ -223,7 +400,8 @@ class Events {
   explicit Events(const std::string& path) : path_(path) {
     if (!path_.empty()) std::ofstream(path_, std::ios::trunc);
   }
-  void write(nlohmann::json j) {
+  void write(nlohmann::json j) {  // from the launcher's threads: one line at a time
+    std::lock_guard g(m_);
     j["time_s"] = std::chrono::duration<double>(Clock::now() - start_).count();
     std::printf("launch: %s\n", j.dump().c_str());
     std::fflush(stdout);
@@ -237,141 +415,372 @@ class Events {
  private:
   std::string path_;
   Clock::time_point start_ = Clock::now();
+  std::mutex m_;
 };
 
-int run_launch(LaunchArgs a) {
-  if (a.train.empty() || a.train.front() != "train")
-    throw UsageError("launch supervises a training job: give `meshtrain launch [options] -- train ARGS...`");
-  std::vector<std::string> args = a.train;
-  Shape shape{int_flag(args, "--dp", 1), int_flag(args, "--tp", 1), int_flag(args, "--pp", 1)};
-  if (a.min_ranks < 1 || a.min_ranks > shape.world())
-    throw UsageError("--min-ranks " + std::to_string(a.min_ranks) + " must be from 1 to the job's " +
-                     std::to_string(shape.world()) + " ranks (" + shape.str() + ")");
-  if (a.max_restarts < 0) throw UsageError("--max-restarts must be 0 or more");
-  const auto dir = flag_value(args, "--checkpoint-dir");
-  if (a.max_restarts > 0 && !dir)
-    throw UsageError("launch resumes a failed job from its checkpoints: give train --checkpoint-dir DIR "
-                     "(or --max-restarts 0 to only supervise)");
-  // The model's heads and units bound the layouts the survivors can take.
-  int64_t heads = 1, units = 1, batch = 0;
+// The step `latest` names in a checkpoint directory (-1: none).
+int64_t latest_step(const std::optional<std::string>& dir) {
+  if (!dir) return -1;
+  std::ifstream f(std::filesystem::path(*dir) / "latest");
+  std::string name;
+  if (!(f >> name)) return -1;
+  const auto digits = name.find_first_of("0123456789");
+  if (digits == std::string::npos) return -1;
   try {
-    const auto cfg = flag_value(args, "--config");
-    const auto spec = cfg ? model::model_spec_from_file(*cfg) : model::model_spec(flag_value(args, "--model").value_or("gpt-tiny"));
-    heads = spec->gpt() ? spec->gpt()->n_head : 1;
-    units = spec->num_units();
-    batch = spec->default_batch();
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
-  if (const auto b = flag_value(args, "--batch")) {
-    try {
-      batch = std::stoll(*b);
-    } catch (const std::exception&) {
-      throw UsageError("--batch must be a whole number of samples, not '" + *b + "'");
-    }
-  }
-  const int micro = int_flag(args, "--microbatches", 1);
-
-  struct sigaction sa {};
-  sa.sa_handler = forward;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-
-  Events events(a.events);
-  events.write({{"event", "start"}, {"layout", shape.str()}, {"args", args}});
-  if (const auto every_s = flag_value(args, "--checkpoint-every-s"))
-    std::printf("launch: checkpoints every %s s: a failure loses about half that on average, plus the restart "
-                "(measured at each restart: the events' restart_s)\n",
-                every_s->c_str());
-  int restarts = 0;
-  std::optional<Clock::time_point> restart_at;  // set while a restarted child has not yet begun its steps
-  for (;;) {
-    const auto t0 = Clock::now();
-    Started started;
-    const ChildResult r = run_child(args, &started);
-    if (restart_at && started.at)  // the restart's cost: from the failure until the job resumed
-      events.write({{"event", "resumed"}, {"restart_s", std::chrono::duration<double>(*started.at - *restart_at).count()}});
-    restart_at.reset();
-    if (r.code == 0 || r.code == 2 || g_signals.load() > 0) {
-      events.write({{"event", r.code == 0 ? "done" : "exit"}, {"code", r.code}, {"layout", shape.str()}});
-      return r.code;
-    }
-    // A failure: which ranks it names, and where it can resume.
-    std::vector<int> lost;
-    static const std::regex named(R"(rank (\d+) failed)");
-    for (std::sregex_iterator it(r.tail.begin(), r.tail.end(), named), end; it != end; ++it) {
-      const int rank = std::stoi((*it)[1].str());
-      if (std::find(lost.begin(), lost.end(), rank) == lost.end()) lost.push_back(rank);
-    }
-    std::string resumed = "none (from the start)";
-    // The work the failure loses: the time since the checkpoint it resumes from was committed
-    // (`latest` written), or since the child started when there is none.
-    double work_lost_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (dir) {
-      const auto latest_path = std::filesystem::path(*dir) / "latest";
-      std::ifstream latest(latest_path);
-      std::string step;
-      if (latest >> step) {
-        resumed = step;
-        std::error_code ec;
-        const auto written = std::filesystem::last_write_time(latest_path, ec);
-        if (!ec)
-          work_lost_s = std::max(0.0, std::chrono::duration<double>(std::filesystem::file_time_type::clock::now() - written).count());
-      }
-    }
-    const auto failed_at = Clock::now();
-    const double run_s = std::chrono::duration<double>(failed_at - t0).count();
-    events.write({{"event", "failure"}, {"code", r.code}, {"lost_ranks", lost}, {"layout", shape.str()},
-                  {"checkpoint", resumed}, {"seconds_run", run_s}, {"work_lost_s", work_lost_s}});
-    if (restarts >= a.max_restarts) {
-      events.write({{"event", "give_up"}, {"reason", "restarts"}});
-      std::fprintf(stderr, "launch: the job failed %d time(s) and --max-restarts is %d; giving up (the last "
-                           "checkpoint stays in %s)\n",
-                   restarts + 1, a.max_restarts, dir ? dir->c_str() : "no directory");
-      return 1;
-    }
-    const int survivors = shape.world() - static_cast<int>(lost.size());
-    if (survivors < a.min_ranks) {
-      events.write({{"event", "give_up"}, {"reason", "min_ranks"}, {"survivors", survivors}});
-      std::fprintf(stderr, "launch: %d rank(s) survive, fewer than --min-ranks %d; giving up\n", survivors, a.min_ranks);
-      return 1;
-    }
-    const auto next = survivors_layout(survivors, shape, batch, micro, heads, units);
-    if (!next) {
-      events.write({{"event", "give_up"}, {"reason", "no_layout"}, {"survivors", survivors}});
-      std::fprintf(stderr, "launch: no layout of at most %d rank(s) takes the global batch %lld with %d micro-batches; "
-                           "giving up (a batch divisible by more rank counts would let it go on)\n",
-                   survivors, static_cast<long long>(batch), micro);
-      return 2;  // the job's batch, not the machine, stops it: what to change is said
-    }
-    shape = *next;
-    set_flag(args, "--dp", std::to_string(shape.dp));
-    set_flag(args, "--tp", std::to_string(shape.tp));
-    set_flag(args, "--pp", std::to_string(shape.pp));
-    if (shape.pp == 1) drop_flag(args, "--schedule", true);
-    drop_flag(args, "--fail-rank", true);
-    drop_flag(args, "--fail-at-step", true);
-    if (resumed != "none (from the start)" && !has_flag(args, "--resume")) args.push_back("--resume");
-    ++restarts;
-    events.write({{"event", "restart"}, {"restart", restarts}, {"layout", shape.str()}, {"survivors", survivors},
-                  {"from", resumed}});
-    restart_at = failed_at;
+    return std::stoll(name.substr(digits));
+  } catch (const std::exception&) {
+    return -1;
   }
 }
+
+class Launcher {
+ public:
+  explicit Launcher(LaunchArgs a) : a_(std::move(a)) {}
+
+  int run() {
+    if (a_.train.empty() || a_.train.front() != "train")
+      throw UsageError("launch supervises a training job: give `meshtrain launch [options] -- train ARGS...`");
+    args_ = a_.train;
+    shape_ = {int_flag(args_, "--dp", 1), int_flag(args_, "--tp", 1), int_flag(args_, "--pp", 1)};
+    check_args();
+    set_up_hosts();
+
+    struct sigaction sa {};
+    sa.sa_handler = forward;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+
+    Events events(a_.events);
+    events_ = &events;
+    nlohmann::json start = {{"event", "start"}, {"layout", shape_.str()}, {"args", args_}};
+    if (mpi()) start["hosts"] = hosts_text(hosts_);
+    events.write(start);
+    if (const auto every_s = flag_value(args_, "--checkpoint-every-s"))
+      std::printf("launch: checkpoints every %s s: a failure loses about half that on average, plus the restart "
+                  "(measured at each restart: the events' restart_s)\n",
+                  every_s->c_str());
+    struct Cleanup {
+      std::string path;
+      ~Cleanup() {
+        std::error_code ec;
+        std::filesystem::remove(path, ec);
+      }
+    } cleanup{status_file_};
+    return loop();
+  }
+
+ private:
+  bool mpi() const { return !hosts_.empty(); }
+  bool probed() const { return !a_.hosts_file.empty(); }  // --np runs on this machine, which answers
+
+  void check_args() {
+    if (a_.min_ranks < 1 || a_.min_ranks > shape_.world())
+      throw UsageError("--min-ranks " + std::to_string(a_.min_ranks) + " must be from 1 to the job's " +
+                       std::to_string(shape_.world()) + " ranks (" + shape_.str() + ")");
+    if (a_.max_restarts < 0) throw UsageError("--max-restarts must be 0 or more");
+    if (a_.np != 0 && !a_.hosts_file.empty())
+      throw UsageError("give --np N (processes on this machine) or --hosts FILE (processes across hosts), not both");
+    if (a_.np < 0) throw UsageError("--np must be at least 1");
+    if (a_.np > 0 && a_.np != shape_.world())
+      throw UsageError("--np " + std::to_string(a_.np) + " differs from the job's " + std::to_string(shape_.world()) +
+                       " ranks (" + shape_.str() + "): give train --dp/--tp/--pp whose product is " + std::to_string(a_.np));
+    if (a_.probe_every_s <= 0 || a_.probe_timeout_s <= 0)
+      throw UsageError("--probe-every-s and --probe-timeout-s must be above 0 seconds");
+    dir_ = flag_value(args_, "--checkpoint-dir");
+    if ((a_.max_restarts > 0 || a_.grow) && !dir_)
+      throw UsageError("launch resumes a job from its checkpoints: give train --checkpoint-dir DIR "
+                       "(or --max-restarts 0 without --grow to only supervise)");
+    // The model's heads and units bound the layouts the survivors can take.
+    try {
+      const auto cfg = flag_value(args_, "--config");
+      const auto spec = cfg ? model::model_spec_from_file(*cfg)
+                            : model::model_spec(flag_value(args_, "--model").value_or("gpt-tiny"));
+      heads_ = spec->gpt() ? spec->gpt()->n_head : 1;
+      units_ = spec->num_units();
+      batch_ = spec->default_batch();
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    if (const auto b = flag_value(args_, "--batch")) {
+      try {
+        batch_ = std::stoll(*b);
+      } catch (const std::exception&) {
+        throw UsageError("--batch must be a whole number of samples, not '" + *b + "'");
+      }
+    }
+    micro_ = int_flag(args_, "--microbatches", 1);
+  }
+
+  void set_up_hosts() {
+    if (!a_.hosts_file.empty()) {
+      hosts_ = read_hosts(a_.hosts_file);
+      int slots = 0;
+      for (const Host& h : hosts_) slots += h.slots;
+      if (slots < shape_.world())
+        throw UsageError("the hosts file '" + a_.hosts_file + "' gives " + std::to_string(slots) + " slot(s), fewer than the job's " +
+                         std::to_string(shape_.world()) + " ranks (" + shape_.str() + "): add hosts or slots, or ask for fewer ranks");
+    } else if (a_.np > 0) {
+      hosts_ = {Host{"localhost", a_.np}};
+    } else {
+      threads_ = Host{"threads", shape_.world()};
+    }
+    if (mpi()) set_flag(args_, "--backend", "mpi");
+    world0_ = shape_.world();
+    // The job's status file (train/trainer.h), where world rank 0 can write it: the checkpoint
+    // directory, which every rank of a job across hosts shares; else beside the launcher.
+    const std::string name = ".launch-status-" + std::to_string(getpid());
+    status_file_ = dir_ ? (std::filesystem::path(*dir_) / name).string()
+                        : (std::filesystem::temp_directory_path() / ("meshtrain" + name)).string();
+    if (dir_) {
+      std::error_code ec;
+      std::filesystem::create_directories(*dir_, ec);  // train makes it too; the launcher polls in it first
+    }
+    setenv("MESHTRAIN_LAUNCH_STATUS", status_file_.c_str(), 1);
+  }
+
+  // The program and arguments that run the job at the current layout.
+  std::pair<std::string, std::vector<std::string>> command() {
+    std::error_code ec;
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+    if (ec) throw std::runtime_error("launch: cannot find its own program (/proc/self/exe)");
+    if (!mpi()) return {self, args_};
+    // Ranks fill the usable slots host by host, as --map-by slot places them; remember which
+    // host each rank is on, to know which slot a failed rank held.
+    rank_host_.clear();
+    for (size_t h = 0; h < hosts_.size() && static_cast<int>(rank_host_.size()) < shape_.world(); ++h)
+      for (int s = 0; s < hosts_[h].usable() && static_cast<int>(rank_host_.size()) < shape_.world(); ++s)
+        rank_host_.push_back(static_cast<int>(h));
+    std::vector<std::string> cmd{"--host", hosts_text(hosts_), "-np", std::to_string(shape_.world()), "--map-by", "slot",
+                                 "-x", "MESHTRAIN_LAUNCH_STATUS", self};
+    cmd.insert(cmd.end(), args_.begin(), args_.end());
+    return {a_.mpirun, cmd};
+  }
+
+  int total_capacity() const { return mpi() ? capacity(hosts_) : threads_.usable(); }
+  // The most ranks the job may take: its own at the start, or with --grow every usable slot.
+  int limit() const { return a_.grow ? INT_MAX : world0_; }
+
+  // --grow's watch while the job runs (see the header): true when it asked the job to stop.
+  void watch(std::atomic<bool>& done, std::atomic<bool>& started, int64_t resumed_step) {
+    std::unique_lock lk(watch_m_);
+    while (!done.load()) {
+      watch_cv_.wait_for(lk, std::chrono::duration<double>(a_.probe_every_s), [&] { return done.load(); });
+      if (done.load() || !started.load()) continue;
+      std::vector<std::string> back;
+      // Slots held back after their rank failed: taken back once a checkpoint was committed since.
+      const bool committed_since = latest_step(dir_) > resumed_step;
+      auto take_held = [&](Host& h) {
+        if (h.held > 0 && h.up && committed_since) {
+          back.push_back(h.name + " (" + std::to_string(h.held) + " slot(s))");
+          h.held = 0;
+        }
+      };
+      if (mpi())
+        for (Host& h : hosts_) take_held(h);
+      else
+        take_held(threads_);
+      if (probed()) {
+        try {  // hosts added to the file since
+          for (const Host& h : read_hosts(a_.hosts_file))
+            if (std::none_of(hosts_.begin(), hosts_.end(), [&](const Host& o) { return o.name == h.name; })) {
+              Host n = h;
+              n.up = false;
+              hosts_.push_back(n);
+            }
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "launch: the hosts file now reads wrong, kept the hosts it named before (%s)\n", e.what());
+        }
+        std::vector<std::string> down;
+        for (const Host& h : hosts_)
+          if (!h.up) down.push_back(h.name);
+        if (!down.empty()) {
+          lk.unlock();
+          const auto ok = probe_all(a_.mpirun, down, a_.probe_timeout_s);
+          lk.lock();
+          for (size_t i = 0; i < down.size(); ++i)
+            if (ok[i])
+              for (Host& h : hosts_)
+                if (h.name == down[i]) h.up = true, back.push_back(h.name);
+        }
+      }
+      if (back.empty()) continue;
+      const auto bigger = survivors_layout(std::min(total_capacity(), limit()), shape_, batch_, micro_, heads_, units_);
+      if (!bigger || bigger->world() <= shape_.world()) continue;
+      grow_to_ = *bigger;
+      grow_asked_at_ = Clock::now();
+      const pid_t c = g_child.load();
+      if (c > 0) kill(c, mpi() ? SIGUSR1 : SIGTERM);  // the graceful stop: a checkpoint at the next step boundary
+      events_->write({{"event", "grow"}, {"back", back}, {"layout", bigger->str()}, {"at_step", latest_step(dir_)}});
+      return;
+    }
+  }
+
+  void relayout(const Shape& next) {
+    shape_ = next;
+    set_flag(args_, "--dp", std::to_string(shape_.dp));
+    set_flag(args_, "--tp", std::to_string(shape_.tp));
+    set_flag(args_, "--pp", std::to_string(shape_.pp));
+    if (shape_.pp == 1) drop_flag(args_, "--schedule", true);
+    drop_flag(args_, "--fail-rank", true);
+    drop_flag(args_, "--fail-at-step", true);
+  }
+
+  int loop() {
+    int restarts = 0;
+    std::optional<Clock::time_point> restart_at;  // set while a restarted child has not yet begun its steps
+    int64_t resumed_step = latest_step(dir_);
+    for (;;) {
+      const auto t0 = Clock::now();
+      std::atomic<bool> started{false}, done{false};
+      // The restart's cost: from the failure (or the stop for --grow) until the job said it resumed.
+      auto on_start = [&] {
+        if (restart_at)
+          events_->write({{"event", "resumed"}, {"restart_s", std::chrono::duration<double>(Clock::now() - *restart_at).count()},
+                          {"layout", shape_.str()}});
+      };
+      grow_to_.reset();
+      std::thread watcher;
+      if (a_.grow) watcher = std::thread([&] { watch(done, started, resumed_step); });
+      const auto [program, cmd] = command();
+      ChildResult r;
+      try {
+        r = run_child(program, cmd, mpi(), status_file_, &started, on_start);
+      } catch (...) {
+        done.store(true);
+        watch_cv_.notify_all();
+        if (watcher.joinable()) watcher.join();
+        throw;
+      }
+      done.store(true);
+      watch_cv_.notify_all();
+      if (watcher.joinable()) watcher.join();
+      restart_at.reset();
+      // Stopped for --grow (not finished while the stop was on its way): on at the larger layout.
+      if (r.code == 0 && grow_to_ && g_signals.load() == 0 && r.out_tail.find("stopped at step") != std::string::npos) {
+        const Shape was = shape_;
+        relayout(*grow_to_);
+        if (!has_flag(args_, "--resume")) args_.push_back("--resume");
+        resumed_step = latest_step(dir_);
+        nlohmann::json ev = {{"event", "restart"}, {"reason", "grow"}, {"from_layout", was.str()}, {"layout", shape_.str()},
+                             {"from", resumed_step}};
+        if (mpi()) ev["hosts"] = hosts_text(hosts_);
+        events_->write(ev);
+        restart_at = grow_asked_at_;  // its cost counts from the stop it asked
+        continue;
+      }
+      if (r.code == 0 || r.code == 2 || g_signals.load() > 0) {
+        events_->write({{"event", r.code == 0 ? "done" : "exit"}, {"code", r.code}, {"layout", shape_.str()}});
+        return r.code;
+      }
+      // A failure: which ranks failed, which hosts still answer, and where it can resume.
+      const std::vector<int> lost = lost_ranks(r.tail);
+      std::vector<std::string> lost_hosts;
+      for (int rank : lost) {
+        if (!mpi()) ++threads_.held;
+        else if (rank >= 0 && rank < static_cast<int>(rank_host_.size())) ++hosts_[rank_host_[rank]].held;
+      }
+      if (probed()) {
+        std::vector<std::string> names;
+        for (const Host& h : hosts_)
+          if (h.up) names.push_back(h.name);
+        const auto ok = probe_all(a_.mpirun, names, a_.probe_timeout_s);
+        for (size_t i = 0; i < names.size(); ++i)
+          if (!ok[i])
+            for (Host& h : hosts_)
+              if (h.name == names[i]) h.up = false, h.held = 0, lost_hosts.push_back(h.name);
+      }
+      std::string resumed = "none (from the start)";
+      // The work the failure loses: the time since the checkpoint it resumes from was committed
+      // (`latest` written), or since the child started when there is none.
+      double work_lost_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (dir_) {
+        const auto latest_path = std::filesystem::path(*dir_) / "latest";
+        std::ifstream latest(latest_path);
+        std::string step;
+        if (latest >> step) {
+          resumed = step;
+          std::error_code ec;
+          const auto written = std::filesystem::last_write_time(latest_path, ec);
+          if (!ec)
+            work_lost_s = std::max(0.0, std::chrono::duration<double>(std::filesystem::file_time_type::clock::now() - written).count());
+        }
+      }
+      const auto failed_at = Clock::now();
+      const double run_s = std::chrono::duration<double>(failed_at - t0).count();
+      nlohmann::json fail = {{"event", "failure"}, {"code", r.code}, {"lost_ranks", lost}, {"layout", shape_.str()},
+                             {"checkpoint", resumed}, {"seconds_run", run_s}, {"work_lost_s", work_lost_s}};
+      if (probed()) fail["lost_hosts"] = lost_hosts;
+      events_->write(fail);
+      if (restarts >= a_.max_restarts) {
+        events_->write({{"event", "give_up"}, {"reason", "restarts"}});
+        std::fprintf(stderr, "launch: the job failed %d time(s) and --max-restarts is %d; giving up (the last "
+                             "checkpoint stays in %s)\n",
+                     restarts + 1, a_.max_restarts, dir_ ? dir_->c_str() : "no directory");
+        return 1;
+      }
+      const int survivors = std::min(total_capacity(), limit());
+      if (survivors < a_.min_ranks) {
+        events_->write({{"event", "give_up"}, {"reason", "min_ranks"}, {"survivors", survivors}});
+        std::fprintf(stderr, "launch: %d rank(s) survive, fewer than --min-ranks %d; giving up\n", survivors, a_.min_ranks);
+        return 1;
+      }
+      const auto next = survivors_layout(survivors, shape_, batch_, micro_, heads_, units_);
+      if (!next) {
+        events_->write({{"event", "give_up"}, {"reason", "no_layout"}, {"survivors", survivors}});
+        std::fprintf(stderr, "launch: no layout of at most %d rank(s) takes the global batch %lld with %d micro-batches; "
+                             "giving up (a batch divisible by more rank counts would let it go on)\n",
+                     survivors, static_cast<long long>(batch_), micro_);
+        return 2;  // the job's batch, not the machine, stops it: what to change is said
+      }
+      relayout(*next);
+      if (resumed != "none (from the start)" && !has_flag(args_, "--resume")) args_.push_back("--resume");
+      resumed_step = latest_step(dir_);
+      ++restarts;
+      nlohmann::json ev = {{"event", "restart"}, {"restart", restarts}, {"layout", shape_.str()}, {"survivors", survivors},
+                           {"from", resumed}};
+      if (mpi()) ev["hosts"] = hosts_text(hosts_);
+      events_->write(ev);
+      restart_at = failed_at;
+    }
+  }
+
+  LaunchArgs a_;
+  std::vector<std::string> args_;
+  Shape shape_;
+  std::optional<std::string> dir_;
+  int64_t heads_ = 1, units_ = 1, batch_ = 0;
+  int micro_ = 1;
+  std::vector<Host> hosts_;  // MPI: the hosts (--np: this machine)
+  Host threads_;             // threads: the child's ranks
+  int world0_ = 1;           // the job's ranks at the start
+  std::vector<int> rank_host_;
+  std::string status_file_;
+  Events* events_ = nullptr;
+  std::mutex watch_m_;
+  std::condition_variable watch_cv_;
+  std::optional<Shape> grow_to_;
+  Clock::time_point grow_asked_at_;
+};
 
 }  // namespace
 
 void add_launch_command(CLI::App& app) {
   auto a = std::make_shared<LaunchArgs>();
   CLI::App* c = app.add_subcommand(
-      "launch", "Run `meshtrain train` as a supervised child; resume a failed job on the surviving ranks");
+      "launch", "Run `meshtrain train` supervised; resume a failed job on the surviving ranks and hosts");
+  c->add_option("--np", a->np, "Run the job as this many MPI processes on this machine (through mpirun)");
+  c->add_option("--hosts", a->hosts_file, "Run the job as MPI processes across the hosts of this file (`NAME slots=N` per line)");
+  c->add_option("--mpirun", a->mpirun, "The mpirun program (its settings from OMPI_MCA_* variables)")->capture_default_str();
+  c->add_flag("--grow", a->grow, "Take lost hosts and slots back when they answer again, at the next step boundary");
+  c->add_option("--probe-every-s", a->probe_every_s, "With --grow: seconds between asking lost hosts")->capture_default_str();
+  c->add_option("--probe-timeout-s", a->probe_timeout_s, "Seconds a host has to answer before it counts as lost")->capture_default_str();
   c->add_option("--max-restarts", a->max_restarts, "Give up after this many restarts")->capture_default_str();
   c->add_option("--min-ranks", a->min_ranks, "Give up when fewer ranks than this survive")->capture_default_str();
   c->add_option("--events", a->events, "Write one JSON line per event (failure, restart, done) to this file");
   c->add_option("train", a->train, "-- train ARGS...: the job")->expected(-1);
   c->callback([a] {
-    const int code = run_launch(*a);
+    const int code = Launcher(*a).run();
     if (code != 0) throw LaunchExit(code);
   });
 }

@@ -277,10 +277,12 @@ void add_train_command(CLI::App& app) {
       if (o.fail_rank >= o.dp * o.tp * o.pp)
         throw std::invalid_argument("--fail-rank " + std::to_string(o.fail_rank) + " is not a rank of the " +
                                     std::to_string(o.dp * o.tp * o.pp) + " of this layout");
+      if (const char* status = std::getenv("MESHTRAIN_LAUNCH_STATUS")) o.launch_status_file = status;  // cli/launch.cpp
       train::configure_allocator();
-      // SIGINT and SIGTERM stop at the end of the step in flight, with a checkpoint (train/stop.h);
-      // the parameter server's ranks run free of steps in common, so it keeps the default.
-      if (o.ps_servers == 0) train::install_stop_handlers();
+      // SIGINT, SIGTERM and SIGUSR1 stop at the end of the step in flight, with a checkpoint
+      // (train/stop.h; under MPI SIGTERM stays the backend's); the parameter server's ranks run
+      // free of steps in common, so it keeps the default.
+      if (o.ps_servers == 0) train::install_stop_handlers(/*with_sigterm=*/o.backend != "mpi");
       const train::TrainResult r = train::train(o);
       if (r.stopped_by != 0 && !r.steps.empty()) {
         const long long step = static_cast<long long>(r.steps.back().step + 1);

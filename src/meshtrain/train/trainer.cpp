@@ -396,6 +396,8 @@ void RankTrainer::run() {
   if (lead_) metrics = std::make_unique<MetricsWriter>(o_.metrics, /*append=*/o_.resume);
   auto t_start = Clock::now();
 
+  if (lead_ && !o_.launch_status_file.empty())  // the supervising launcher learns the job is up (trainer.h)
+    io::write_file_atomic(o_.launch_status_file, "running from step " + std::to_string(start) + "\n", "the launcher's status file");
   int stopped = 0;  // the signal a stop was agreed on (train/stop.h)
   auto last_save_time = Clock::now();  // --checkpoint-every-s counts from the start or the last save
   for (int64_t step = start; step < o_.steps; ++step) {

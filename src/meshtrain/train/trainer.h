@@ -94,6 +94,10 @@ struct TrainOptions {
   // the run exits 1 naming rank R. -1: off.
   int fail_rank = -1;
   int64_t fail_at_step = -1;
+  // `meshtrain launch` sets MESHTRAIN_LAUNCH_STATUS to a file; world rank 0 writes "running
+  // from step N" there when its steps begin, which tells the launcher the job is up (a restart's
+  // cost, and when --grow may stop it). Empty: none.
+  std::string launch_status_file;
   int64_t log_every = 1;  // progress line every N steps (0: none)
   bool quiet = false;     // no progress output at all
 };
