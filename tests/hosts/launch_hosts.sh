@@ -15,15 +15,7 @@ grace=25    # what noticing the cut and restarting may take beyond it
 steps=50  # float32 round-off between layouts stays below 1e-5 relative this long (docs/launch.md)
 source "$(dirname "$0")/netns.sh"
 hosts_up "$mpirun"
-# Words drawn at random (seeded): the loss stays well above zero, where relative differences
-# mean something.
-python3 - "$dir/corpus.txt" <<'PY'
-import random, sys
-r = random.Random(7)
-words = ("the of and to in is was that for it with as his on be at by had not are but from or have an they which "
-         "one you were her all she there would their we him been has when who will more no if out so said what up").split()
-open(sys.argv[1], "w").write(" ".join(r.choice(words) for _ in range(60000)))
-PY
+write_random_corpus "$dir/corpus.txt"
 printf '%s slots=1\n%s slots=1  # host b\n' "$ip_a" "$ip_b" > "$dir/hosts.txt"
 common=(train --data "$dir/corpus.txt" --batch 64 --seq 64 --steps "$steps" --warmup 5 --eval-every 0 --eval-batches 1
         --threads 1 --checkpoint-every 5 --comm-timeout "$deadline" --quiet)

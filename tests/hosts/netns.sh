@@ -94,3 +94,15 @@ lines = ["It is a truth universally acknowledged, that a single man\n",
 open(sys.argv[1], "w").write("".join(lines[(i * 7) % 3] for i in range(600)))
 PY
 }
+
+# Words drawn at random (seeded): the loss stays well above zero, where relative differences
+# mean something, for hundreds of steps.
+write_random_corpus() {
+  python3 - "$1" <<'PY'
+import random, sys
+r = random.Random(7)
+words = ("the of and to in is was that for it with as his on be at by had not are but from or have an they which "
+         "one you were her all she there would their we him been has when who will more no if out so said what up").split()
+open(sys.argv[1], "w").write(" ".join(r.choice(words) for _ in range(60000)))
+PY
+}

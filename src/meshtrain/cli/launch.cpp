@@ -456,10 +456,15 @@ class Launcher {
     nlohmann::json start = {{"event", "start"}, {"layout", shape_.str()}, {"args", args_}};
     if (mpi()) start["hosts"] = hosts_text(hosts_);
     events.write(start);
-    if (const auto every_s = flag_value(args_, "--checkpoint-every-s"))
+    if (const auto every_s = flag_value(args_, "--checkpoint-every-s")) {
+      try {
+        every_s_ = std::stod(*every_s);
+      } catch (const std::exception&) {
+      }  // train refuses it in words
       std::printf("launch: checkpoints every %s s: a failure loses about half that on average, plus the restart "
-                  "(measured at each restart: the events' restart_s)\n",
+                  "(measured at each restart)\n",
                   every_s->c_str());
+    }
     struct Cleanup {
       std::string path;
       ~Cleanup() {
@@ -542,8 +547,15 @@ class Launcher {
   // The program and arguments that run the job at the current layout.
   std::pair<std::string, std::vector<std::string>> command() {
     std::error_code ec;
-    const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+    std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
     if (ec) throw std::runtime_error("launch: cannot find its own program (/proc/self/exe)");
+    // The program's file replaced since it started (a rebuild during a long job): a threads
+    // child runs this very program still (/proc/self/exe opens it); mpirun needs a path the
+    // hosts can run, which now holds the new build.
+    if (const std::string gone = " (deleted)"; self.size() > gone.size() && self.ends_with(gone)) {
+      if (!mpi()) return {"/proc/self/exe", args_};
+      self.resize(self.size() - gone.size());
+    }
     if (!mpi()) return {self, args_};
     // Ranks fill the usable slots host by host, as --map-by slot places them; remember which
     // host each rank is on, to know which slot a failed rank held.
@@ -635,9 +647,13 @@ class Launcher {
       std::atomic<bool> started{false}, done{false};
       // The restart's cost: from the failure (or the stop for --grow) until the job said it resumed.
       auto on_start = [&] {
-        if (restart_at)
-          events_->write({{"event", "resumed"}, {"restart_s", std::chrono::duration<double>(Clock::now() - *restart_at).count()},
-                          {"layout", shape_.str()}});
+        if (!restart_at) return;
+        const double restart_s = std::chrono::duration<double>(Clock::now() - *restart_at).count();
+        events_->write({{"event", "resumed"}, {"restart_s", restart_s}, {"layout", shape_.str()}});
+        if (every_s_ > 0)
+          std::printf("launch: expected work lost per failure: %.1f s (half the %g s between checkpoints) + %.2f s "
+                      "(this restart, measured) = %.1f s\n",
+                      every_s_ / 2, every_s_, restart_s, every_s_ / 2 + restart_s);
       };
       grow_to_.reset();
       std::thread watcher;
@@ -663,7 +679,9 @@ class Launcher {
         if (!has_flag(args_, "--resume")) args_.push_back("--resume");
         resumed_step = latest_step(dir_);
         nlohmann::json ev = {{"event", "restart"}, {"reason", "grow"}, {"from_layout", was.str()}, {"layout", shape_.str()},
-                             {"from", resumed_step}};
+                             {"from", "step_" + std::string(8 - std::min<size_t>(8, std::to_string(resumed_step).size()), '0') +
+                                          std::to_string(resumed_step)},
+                             {"from_step", resumed_step}};
         if (mpi()) ev["hosts"] = hosts_text(hosts_);
         events_->write(ev);
         restart_at = grow_asked_at_;  // its cost counts from the stop it asked
@@ -737,8 +755,8 @@ class Launcher {
       if (resumed != "none (from the start)" && !has_flag(args_, "--resume")) args_.push_back("--resume");
       resumed_step = latest_step(dir_);
       ++restarts;
-      nlohmann::json ev = {{"event", "restart"}, {"restart", restarts}, {"layout", shape_.str()}, {"survivors", survivors},
-                           {"from", resumed}};
+      nlohmann::json ev = {{"event", "restart"}, {"reason", "failure"}, {"restart", restarts}, {"layout", shape_.str()},
+                           {"survivors", survivors}, {"from", resumed}, {"from_step", std::max<int64_t>(0, resumed_step)}};
       if (mpi()) ev["hosts"] = hosts_text(hosts_);
       events_->write(ev);
       restart_at = failed_at;
@@ -756,6 +774,7 @@ class Launcher {
   int world0_ = 1;           // the job's ranks at the start
   std::vector<int> rank_host_;
   std::string status_file_;
+  double every_s_ = 0;  // train's --checkpoint-every-s
   Events* events_ = nullptr;
   std::mutex watch_m_;
   std::condition_variable watch_cv_;
