@@ -28,3 +28,13 @@ if(MESHTRAIN_HAVE_MPI)
   set_tests_properties(hosts_launch_cut_and_grow PROPERTIES TIMEOUT 400 LABELS hosts
       PASS_REGULAR_EXPRESSION "LAUNCH HOSTS OK" SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
 endif()
+# soak.sh, short: 100 s with a fault every 30 s (kill, stop, cut in turn), then the replay
+# without faults that must agree with the run to the bit. The 30-minute soak is the same
+# script with 1830 150 (docs/benchmarks.md, "Elastic training").
+if(MESHTRAIN_HAVE_MPI)
+  add_test(NAME hosts_launch_soak_short
+           COMMAND ${CMAKE_COMMAND} -E env SOAK_REF=0
+                   ${CMAKE_CURRENT_LIST_DIR}/soak.sh $<TARGET_FILE:meshtrain> ${MESHTRAIN_MPIRUN} 100 30)
+  set_tests_properties(hosts_launch_soak_short PROPERTIES TIMEOUT 900 LABELS hosts
+      PASS_REGULAR_EXPRESSION "SOAK OK" SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+endif()

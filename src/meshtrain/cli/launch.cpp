@@ -692,6 +692,8 @@ class Launcher {
         return r.code;
       }
       // A failure: which ranks failed, which hosts still answer, and where it can resume.
+      const auto failed_at = Clock::now();
+      const auto failed_at_file = std::filesystem::file_time_type::clock::now();
       const std::vector<int> lost = lost_ranks(r.tail);
       std::vector<std::string> lost_hosts;
       for (int rank : lost) {
@@ -708,10 +710,11 @@ class Launcher {
             for (Host& h : hosts_)
               if (h.name == names[i]) h.up = false, h.held = 0, lost_hosts.push_back(h.name);
       }
+      const double probe_s = std::chrono::duration<double>(Clock::now() - failed_at).count();
       std::string resumed = "none (from the start)";
-      // The work the failure loses: the time since the checkpoint it resumes from was committed
-      // (`latest` written), or since the child started when there is none.
-      double work_lost_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      // The work the failure loses: from the commit of the checkpoint it resumes from (`latest`
+      // written), or the child's start when there is none, until the job ended.
+      double work_lost_s = std::chrono::duration<double>(failed_at - t0).count();
       if (dir_) {
         const auto latest_path = std::filesystem::path(*dir_) / "latest";
         std::ifstream latest(latest_path);
@@ -721,14 +724,13 @@ class Launcher {
           std::error_code ec;
           const auto written = std::filesystem::last_write_time(latest_path, ec);
           if (!ec)
-            work_lost_s = std::max(0.0, std::chrono::duration<double>(std::filesystem::file_time_type::clock::now() - written).count());
+            work_lost_s = std::max(0.0, std::chrono::duration<double>(failed_at_file - written).count());
         }
       }
-      const auto failed_at = Clock::now();
       const double run_s = std::chrono::duration<double>(failed_at - t0).count();
       nlohmann::json fail = {{"event", "failure"}, {"code", r.code}, {"lost_ranks", lost}, {"layout", shape_.str()},
                              {"checkpoint", resumed}, {"seconds_run", run_s}, {"work_lost_s", work_lost_s}};
-      if (probed()) fail["lost_hosts"] = lost_hosts;
+      if (probed()) fail["lost_hosts"] = lost_hosts, fail["probe_s"] = probe_s;
       events_->write(fail);
       if (restarts >= a_.max_restarts) {
         events_->write({{"event", "give_up"}, {"reason", "restarts"}});
