@@ -451,34 +451,38 @@ TEST(StopCli, LaunchStopsAnMpiJobAtAStepBoundary) {
 
 // A second signal ends the process at once with 128 + the signal (130 for SIGINT, 143 for SIGTERM), and
 // `latest` still names a complete checkpoint, from which --resume reaches the uninterrupted end.
+// The same through `meshtrain launch`, which passes both signals on and exits with its job's code.
 TEST(StopCli, ASecondSignalExitsAtOnceAndLeavesTheLastCheckpoint) {
-  meshtrain::testing::TempDir tmp("stop_cli");
-  const std::string ck = tmp.file("ck");
-  // As above: a constant rate, so the signalled run may ask for more steps than it will take.
-  const std::string base = "train --data " + corpus_in(tmp) + " --batch 4 --seq 16 --eval-batches 1 --threads 1 " +
-                           "--eval-every 0 --log-every 1 --warmup 0 --lr 0.001 --min-lr 0.001 --checkpoint-every 1 " +
-                           "--checkpoint-dir " + ck;
-  std::vector<std::string> args;
-  std::istringstream words(base + " --steps 1000000");
-  for (std::string w; words >> w;) args.push_back(w);
-  Child child(args);
-  ASSERT_TRUE(child.started());
-  const auto deadline = Clock::now() + std::chrono::seconds(120);
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(child.next_event(deadline)) << child.output();
-  // Two different signals, so the second cannot merge with a first still pending (the kernel
-  // keeps one pending instance of each): whichever is handled second ends the process.
-  child.send(SIGTERM);
-  child.send(SIGINT);
-  const int status = child.wait_status(deadline);
-  ASSERT_TRUE(WIFEXITED(status)) << child.output();
-  EXPECT_TRUE(WEXITSTATUS(status) == 130 || WEXITSTATUS(status) == 143)
-      << "exit " << WEXITSTATUS(status) << ": " << child.output();
-  EXPECT_FALSE(has(child.output(), "stopped at step")) << child.output();
-  const train::CheckpointIndex latest = train::open_checkpoint(ck);  // throws if latest is not whole
-  EXPECT_GE(latest.step, 2);  // four events seen: the checkpoints and progress lines of steps 1 and 2
-  auto r = run_cli(base + " --steps " + std::to_string(latest.step + 5) + " --resume");
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_TRUE(has(r.output, "done: 5 steps")) << r.output;
+  for (const std::string prefix : {"", "launch -- "}) {
+    SCOPED_TRACE(prefix.empty() ? "train" : "launch");
+    meshtrain::testing::TempDir tmp("stop_cli");
+    const std::string ck = tmp.file("ck");
+    // As above: a constant rate, so the signalled run may ask for more steps than it will take.
+    const std::string base = "train --data " + corpus_in(tmp) + " --batch 4 --seq 16 --eval-batches 1 --threads 1 " +
+                             "--eval-every 0 --log-every 1 --warmup 0 --lr 0.001 --min-lr 0.001 --checkpoint-every 1 " +
+                             "--checkpoint-dir " + ck;
+    std::vector<std::string> args;
+    std::istringstream words(prefix + base + " --steps 1000000");
+    for (std::string w; words >> w;) args.push_back(w);
+    Child child(args);
+    ASSERT_TRUE(child.started());
+    const auto deadline = Clock::now() + std::chrono::seconds(120);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(child.next_event(deadline)) << child.output();
+    // Two different signals, so the second cannot merge with a first still pending (the kernel
+    // keeps one pending instance of each): whichever is handled second ends the process.
+    child.send(SIGTERM);
+    child.send(SIGINT);
+    const int status = child.wait_status(deadline);
+    ASSERT_TRUE(WIFEXITED(status)) << child.output();
+    EXPECT_TRUE(WEXITSTATUS(status) == 130 || WEXITSTATUS(status) == 143)
+        << "exit " << WEXITSTATUS(status) << ": " << child.output();
+    EXPECT_FALSE(has(child.output(), "stopped at step")) << child.output();
+    const train::CheckpointIndex latest = train::open_checkpoint(ck);  // throws if latest is not whole
+    EXPECT_GE(latest.step, 2);  // four events seen: the checkpoints and progress lines of steps 1 and 2
+    auto r = run_cli(prefix + base + " --steps " + std::to_string(latest.step + 5) + " --resume");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_TRUE(has(r.output, "done: 5 steps")) << r.output;
+  }
 }
 
 // ---- a full disk ----
