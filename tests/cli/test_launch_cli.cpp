@@ -93,6 +93,40 @@ std::vector<json> rank3_fails_at_dp2_pp2(const std::string& launch_opts) {
 
 TEST(CliLaunch, ResumesOnTheSurvivorsOnTheSingleRankCurve) { rank3_fails_at_dp2_pp2(""); }
 
+// The survivors' best layout does not fit in memory (train's start-up check, told by a test
+// setting that the machine has 40 MiB: dp 2 x pp 2 needs 37.2 MiB, dp 3 45.1 MiB, pp 2 24.0 MiB):
+// the launcher goes on to the next layout that may fit, pp 2 on two ranks, on the same curve.
+TEST(CliLaunch, TakesTheNextLayoutWhenTheBestDoesNotFitInMemory) {
+  meshtrain::testing::TempDir tmp("launch_cli");
+  const std::string data = corpus(tmp), events = tmp.file("events.jsonl"), metrics = tmp.file("m.jsonl");
+  setenv("MESHTRAIN_TEST_MEMORY_BYTES", std::to_string(40 << 20).c_str(), 1);
+  auto r = run_cli("launch --events " + events + " -- train --data " + data + kJob +
+                       " --dp 2 --pp 2 --microbatches 2 --checkpoint-dir " + tmp.file("ck") +
+                       " --checkpoint-every 2 --metrics " + metrics + " --fail-rank 3 --fail-at-step 6",
+                   300);
+  unsetenv("MESHTRAIN_TEST_MEMORY_BYTES");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto ev = lines_of(events);
+  std::vector<std::string> kinds;
+  for (const json& e : ev) kinds.push_back(e.at("event"));
+  ASSERT_EQ(kinds, (std::vector<std::string>{"start", "failure", "restart", "refused", "resumed", "done"})) << r.output;
+  EXPECT_EQ(ev[2].at("layout"), "dp=3 tp=1 pp=1");
+  EXPECT_EQ(ev[3].at("layout"), "dp=3 tp=1 pp=1");
+  EXPECT_EQ(ev[3].at("reason"), "memory");
+  EXPECT_EQ(ev[3].at("next"), "dp=1 tp=1 pp=2");
+  EXPECT_EQ(ev[5].at("layout"), "dp=1 tp=1 pp=2");
+  const std::string ref = tmp.file("ref.jsonl");
+  auto s = run_cli("train --data " + data + kJob + " --metrics " + ref, 300);
+  ASSERT_EQ(s.code, 0) << s.output;
+  const auto got = lines_of(metrics), want = lines_of(ref);
+  ASSERT_EQ(got.size(), 10u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].at("step"), static_cast<int>(i + 1));
+    const double x = got[i].at("loss"), y = want.at(i).at("loss");
+    EXPECT_LE(std::abs(x - y), 1e-5 * std::abs(y)) << "step " << i + 1;
+  }
+}
+
 TEST(CliLaunch, GivesUpAfterMaxRestartsAndRefusesBadInput) {
   meshtrain::testing::TempDir tmp("launch_cli");
   const std::string data = corpus(tmp), events = tmp.file("events.jsonl");

@@ -20,7 +20,8 @@
 //     (so the loss curve stays the single-rank one): the most ranks, keeping tp and pp where
 //     they still fit, dp and the micro-batches dividing the batch, tp dividing the heads, pp at
 //     most the model's units; and restarts with --resume from the newest checkpoint that
-//     verifies (train picks it), or from the start when none was saved. An injected failure
+//     verifies (train picks it), or from the start when none was saved; when train's start-up
+//     memory check refuses that layout, the next one of the list. An injected failure
 //     (--fail-rank/--fail-at-step, a test flag) is dropped on restart.
 //   - --grow: while the job runs smaller than it started, a lost host that answers again (or a
 //     host added to the hosts file) and the slot of a rank that failed on a host that still
@@ -135,22 +136,26 @@ struct Shape {
   }
 };
 
-// The largest layout of at most `ranks` ranks for the same global batch (see the header).
-std::optional<Shape> survivors_layout(int ranks, const Shape& was, int64_t batch, int micro, int64_t heads,
-                                      int64_t units) {
-  for (int w = ranks; w >= 1; --w) {
-    std::vector<Shape> candidates;
+// The layouts of at most `ranks` ranks for the same global batch, best first (see the header):
+// the most ranks, then the most tp, then pp, kept.
+std::vector<Shape> survivors_layouts(int ranks, const Shape& was, int64_t batch, int micro, int64_t heads,
+                                     int64_t units) {
+  std::vector<Shape> out;
+  for (int w = ranks; w >= 1; --w)
     for (int tp = was.tp; tp >= 1; --tp)
       for (int pp = was.pp; pp >= 1; --pp) {
         if (w % (tp * pp) != 0) continue;
         const int dp = w / (tp * pp);
         if (heads % tp != 0 || pp > units) continue;
         if (batch % (static_cast<int64_t>(dp) * micro) != 0) continue;  // train's rule: dp x micro-batches
-        candidates.push_back({dp, tp, pp});
+        out.push_back({dp, tp, pp});
       }
-    if (!candidates.empty()) return candidates.front();  // the most tp, then pp, kept
-  }
-  return std::nullopt;
+  return out;
+}
+
+// Whether a job's exit 2 was train's start-up memory check refusing its layout (train/validate.cpp).
+bool refused_for_memory(const std::string& tail) {
+  return tail.find("of memory in this process") != std::string::npos;
 }
 
 // ---- hosts ----
@@ -617,9 +622,12 @@ class Launcher {
         }
       }
       if (back.empty()) continue;
-      const auto bigger = survivors_layout(std::min(total_capacity(), limit()), shape_, batch_, micro_, heads_, units_);
-      if (!bigger || bigger->world() <= shape_.world()) continue;
+      const auto layouts = survivors_layouts(std::min(total_capacity(), limit()), shape_, batch_, micro_, heads_, units_);
+      if (layouts.empty() || layouts.front().world() <= shape_.world()) continue;
+      const Shape* bigger = &layouts.front();
       grow_to_ = *bigger;
+      candidates_ = layouts;
+      candidate_ = 0;
       grow_asked_at_ = Clock::now();
       const pid_t c = g_child.load();
       if (c > 0) kill(c, mpi() ? SIGUSR1 : SIGTERM);  // the graceful stop: a checkpoint at the next step boundary
@@ -687,6 +695,15 @@ class Launcher {
         restart_at = grow_asked_at_;  // its cost counts from the stop it asked
         continue;
       }
+      // A restart at a layout that train's start-up memory check refuses: the next one that may
+      // fit (threads: fewer ranks in the process; any: more tp or pp to shard the model).
+      if (r.code == 2 && refused_for_memory(r.tail) && g_signals.load() == 0 && candidate_ + 1 < candidates_.size()) {
+        const Shape refused = shape_;
+        relayout(candidates_[++candidate_]);
+        events_->write({{"event", "refused"}, {"layout", refused.str()}, {"reason", "memory"}, {"next", shape_.str()}});
+        restart_at = Clock::now();
+        continue;
+      }
       if (r.code == 0 || r.code == 2 || g_signals.load() > 0) {
         events_->write({{"event", r.code == 0 ? "done" : "exit"}, {"code", r.code}, {"layout", shape_.str()}});
         return r.code;
@@ -745,7 +762,9 @@ class Launcher {
         std::fprintf(stderr, "launch: %d rank(s) survive, fewer than --min-ranks %d; giving up\n", survivors, a_.min_ranks);
         return 1;
       }
-      const auto next = survivors_layout(survivors, shape_, batch_, micro_, heads_, units_);
+      candidates_ = survivors_layouts(survivors, shape_, batch_, micro_, heads_, units_);
+      candidate_ = 0;
+      const std::optional<Shape> next = candidates_.empty() ? std::nullopt : std::optional<Shape>(candidates_.front());
       if (!next) {
         events_->write({{"event", "give_up"}, {"reason", "no_layout"}, {"survivors", survivors}});
         std::fprintf(stderr, "launch: no layout of at most %d rank(s) takes the global batch %lld with %d micro-batches; "
@@ -781,6 +800,8 @@ class Launcher {
   std::mutex watch_m_;
   std::condition_variable watch_cv_;
   std::optional<Shape> grow_to_;
+  std::vector<Shape> candidates_;  // a restart's layouts, best first
+  size_t candidate_ = 0;           // the one it runs
   Clock::time_point grow_asked_at_;
 };
 
