@@ -263,6 +263,9 @@ TEST(CliLaunch, RefusesBadHostsFiles) {
   r = run_cli("launch --np 2 --hosts " + cases[0].file + job, 60);
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("not both"), std::string::npos) << r.output;
+  r = run_cli("launch --max-ranks 1" + job, 60);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--max-ranks 1 is below the job's 2 ranks"), std::string::npos) << r.output;
   r = run_cli("launch --grow --max-restarts 0 -- train --data " + data + kJob, 60);
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--checkpoint-dir"), std::string::npos) << r.output;

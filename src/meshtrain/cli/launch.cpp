@@ -79,6 +79,7 @@ struct LaunchArgs {
   int max_restarts = 3;
   int min_ranks = 1;
   int np = 0;
+  int max_ranks = 0;  // 0: the job's ranks, or with --grow every usable slot
   std::string hosts_file;
   std::string mpirun = "mpirun";
   bool grow = false;
@@ -492,6 +493,9 @@ class Launcher {
     if (a_.np != 0 && !a_.hosts_file.empty())
       throw UsageError("give --np N (processes on this machine) or --hosts FILE (processes across hosts), not both");
     if (a_.np < 0) throw UsageError("--np must be at least 1");
+    if (a_.max_ranks < 0 || (a_.max_ranks > 0 && a_.max_ranks < shape_.world()))
+      throw UsageError("--max-ranks " + std::to_string(a_.max_ranks) + " is below the job's " +
+                       std::to_string(shape_.world()) + " ranks (" + shape_.str() + "): give at least that many, or 0 for no bound");
     if (a_.np > 0 && a_.np != shape_.world())
       throw UsageError("--np " + std::to_string(a_.np) + " differs from the job's " + std::to_string(shape_.world()) +
                        " ranks (" + shape_.str() + "): give train --dp/--tp/--pp whose product is " + std::to_string(a_.np));
@@ -575,8 +579,9 @@ class Launcher {
   }
 
   int total_capacity() const { return mpi() ? capacity(hosts_) : threads_.usable(); }
-  // The most ranks the job may take: its own at the start, or with --grow every usable slot.
-  int limit() const { return a_.grow ? INT_MAX : world0_; }
+  // The most ranks the job may take: --max-ranks, else its own at the start, or with --grow
+  // every usable slot.
+  int limit() const { return a_.max_ranks > 0 ? a_.max_ranks : a_.grow ? INT_MAX : world0_; }
 
   // --grow's watch while the job runs (see the header): true when it asked the job to stop.
   void watch(std::atomic<bool>& done, std::atomic<bool>& started, int64_t resumed_step) {
@@ -819,6 +824,9 @@ void add_launch_command(CLI::App& app) {
   c->add_option("--probe-timeout-s", a->probe_timeout_s, "Seconds a host has to answer before it counts as lost")->capture_default_str();
   c->add_option("--max-restarts", a->max_restarts, "Give up after this many restarts")->capture_default_str();
   c->add_option("--min-ranks", a->min_ranks, "Give up when fewer ranks than this survive")->capture_default_str();
+  c->add_option("--max-ranks", a->max_ranks,
+                "Never run the job on more ranks than this (0: its own ranks, or with --grow every slot)")
+      ->capture_default_str();
   c->add_option("--events", a->events, "Write one JSON line per event (failure, restart, done) to this file");
   c->add_option("train", a->train, "-- train ARGS...: the job")->expected(-1);
   c->callback([a] {
