@@ -32,8 +32,10 @@ if(MESHTRAIN_HAVE_MPI)
              COMMAND ${_mpirun} --mca orte_abort_on_non_zero_status 0 -np ${np} $<TARGET_FILE:test_comm_mpi_runner> exit)
     set_tests_properties(comm_mpi_fault_exit_deadline_np${np} PROPERTIES TIMEOUT 60 LABELS comm
         PASS_REGULAR_EXPRESSION "RESULT rank=0 failed after [0-9]+\\.[0-9]+ s: all_reduce #1 on group 'world'.*waiting for rank ${last}")
+    # A thrower: rank 1 leaves all_reduce #0 and throws; rank 0 hears of it in #1, or still in #0
+    # when its own part of the ring ended after rank 1's (seen on a loaded machine).
     set_tests_properties(comm_mpi_fault_throw_np${np} PROPERTIES TIMEOUT 60 LABELS comm
-        PASS_REGULAR_EXPRESSION "RESULT rank=0 failed after [0-9]+\\.[0-9]+ s: all_reduce #1 on group 'world'.*boom in rank 1")
+        PASS_REGULAR_EXPRESSION "RESULT rank=0 failed after [0-9]+\\.[0-9]+ s: all_reduce #[01] on group 'world'.*boom in rank 1")
     set_tests_properties(comm_mpi_fault_never_np${np} PROPERTIES TIMEOUT 60 LABELS comm
         PASS_REGULAR_EXPRESSION "RESULT rank=0 failed after [0-9]+\\.[0-9]+ s: all_reduce #1 on group 'world'.*ranks not heard from")
   endforeach()
