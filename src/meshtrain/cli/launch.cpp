@@ -37,10 +37,7 @@
 // Bad input (exit 2): no train arguments, --min-ranks above the job's ranks, restarts without
 // --checkpoint-dir to resume from, --np and --hosts together, --np unlike the job's ranks, a
 // hosts file that does not parse or names no host, fewer slots than the job's ranks.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,7 +53,6 @@
 #include <mutex>
 #include <optional>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,10 +60,9 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/cli/commands.h"
+#include "meshtrain/cli/launch_hosts.h"
 #include "meshtrain/io/file.h"
 #include "meshtrain/model/spec.h"
-
-extern char** environ;
 
 namespace meshtrain::cli {
 
@@ -159,152 +154,6 @@ bool refused_for_memory(const std::string& tail) {
   return tail.find("of memory in this process") != std::string::npos;
 }
 
-// ---- hosts ----
-struct Host {
-  std::string name;
-  int slots = 1;
-  bool up = true;  // answered the last probe (a host not yet probed is down)
-  int held = 0;    // slots held back after their rank failed while the host answered
-  int usable() const { return up ? std::max(0, slots - held) : 0; }
-};
-
-// OpenMPI's hostfile syntax, the part a launcher needs: `NAME [slots=N]` per line, `#` comments.
-std::vector<Host> read_hosts(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw UsageError("cannot read the hosts file '" + path + "': give a file with one host per line, e.g. `node1 slots=4`");
-  static const std::regex name_re(R"([A-Za-z0-9][A-Za-z0-9._-]*)");
-  std::vector<Host> hosts;
-  std::string line;
-  for (int n = 1; std::getline(f, line); ++n) {
-    if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
-    std::istringstream words(line);
-    std::string name, w;
-    if (!(words >> name)) continue;
-    const std::string where = "the hosts file '" + path + "', line " + std::to_string(n) + ": ";
-    if (!std::regex_match(name, name_re))
-      throw UsageError(where + "'" + name + "' is not a host name (letters, digits, '.', '-', '_')");
-    Host h{name};
-    while (words >> w) {
-      static const std::regex slots_re(R"(slots=(\d{1,5}))");
-      std::smatch m;
-      if (!std::regex_match(w, m, slots_re) || std::stoi(m[1].str()) < 1)
-        throw UsageError(where + "'" + w + "' is not understood; a line is a host name and optionally slots=N (N at least 1)");
-      h.slots = std::stoi(m[1].str());
-    }
-    for (const Host& o : hosts)
-      if (o.name == h.name) throw UsageError(where + "host '" + h.name + "' is listed twice; give it once with its slots");
-    hosts.push_back(h);
-  }
-  if (f.bad()) throw UsageError("could not read the hosts file '" + path + "'");
-  if (hosts.empty())
-    throw UsageError("the hosts file '" + path + "' names no host: write one host per line, e.g. `node1 slots=4`");
-  return hosts;
-}
-
-int capacity(const std::vector<Host>& hosts) {
-  int n = 0;
-  for (const Host& h : hosts) n += h.usable();
-  return n;
-}
-
-std::string hosts_text(const std::vector<Host>& hosts) {
-  std::string s;
-  for (const Host& h : hosts)
-    if (h.usable() > 0) s += (s.empty() ? "" : ",") + h.name + ":" + std::to_string(h.usable());
-  return s;
-}
-
-// ---- child processes ----
-struct Spawned {
-  pid_t pid = -1;
-  int out = -1, err = -1;  // read ends of its stdout and stderr (-1: sent to /dev/null)
-};
-
-Spawned spawn(const std::string& program, const std::vector<std::string>& args, bool capture) {
-  std::vector<std::string> full{program};
-  full.insert(full.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : full) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  int err_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  if (capture) {
-    if (pipe(err_pipe) != 0 || pipe(out_pipe) != 0) throw std::runtime_error("launch: cannot make pipes for the child");
-    posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
-    posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
-    posix_spawn_file_actions_addclose(&fa, err_pipe[0]);
-    posix_spawn_file_actions_addclose(&fa, out_pipe[0]);
-  } else {
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  }
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  // Its own process group, so a terminal's Ctrl-C reaches the launcher alone (which passes it on
-  // as the graceful stop) and a probe left behind can be killed whole.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-  pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, program.c_str(), &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (capture) {
-    close(err_pipe[1]);
-    close(out_pipe[1]);
-  }
-  if (rc != 0) {
-    if (capture) {
-      close(err_pipe[0]);
-      close(out_pipe[0]);
-    }
-    throw UsageError("launch: cannot start '" + program + "' (" + std::strerror(rc) + ")" +
-                     (program.find("mpirun") != std::string::npos ? "; install OpenMPI (Debian: openmpi-bin) or give --mpirun PATH" : ""));
-  }
-  return {pid, capture ? out_pipe[0] : -1, capture ? err_pipe[0] : -1};
-}
-
-int wait_code(pid_t pid) {
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// Whether `host` answers: a one-process mpirun there that runs `true`, within `timeout_s`.
-bool probe(const std::string& mpirun, const std::string& host, double timeout_s) {
-  Spawned p;
-  try {
-    p = spawn(mpirun, {"--host", host + ":1", "-np", "1", "true"}, /*capture=*/false);
-  } catch (const std::exception&) {
-    return false;
-  }
-  const auto until = Clock::now() + std::chrono::duration<double>(timeout_s);
-  for (;;) {
-    int status = 0;
-    const pid_t w = waitpid(p.pid, &status, WNOHANG);
-    if (w == p.pid) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (w < 0 && errno != EINTR) return false;
-    if (Clock::now() > until) {
-      kill(-p.pid, SIGKILL);
-      wait_code(p.pid);
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-}
-
-// Asks every host in `which` at once; returns whether each answered.
-std::vector<bool> probe_all(const std::string& mpirun, const std::vector<std::string>& which, double timeout_s) {
-  std::vector<char> ok(which.size(), 0);
-  std::vector<std::thread> ts;
-  for (size_t i = 0; i < which.size(); ++i)
-    ts.emplace_back([&, i] { ok[i] = probe(mpirun, which[i], timeout_s) ? 1 : 0; });
-  for (auto& t : ts) t.join();
-  return {ok.begin(), ok.end()};
-}
-
 std::atomic<pid_t> g_child{0};
 std::atomic<bool> g_child_is_mpirun{false};
 std::atomic<int> g_signals{0};
@@ -336,26 +185,8 @@ ChildResult run_child(const std::string& program, const std::vector<std::string>
   g_child.store(p.pid);
   if (g_signals.load() > 0) kill(p.pid, mpirun ? SIGUSR1 : SIGTERM);  // a stop asked while it started
   ChildResult r;
-  std::thread err_reader([&] {
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(p.err, buf, sizeof buf)) > 0) {
-      fwrite(buf, 1, static_cast<size_t>(n), stderr);
-      fflush(stderr);
-      r.tail.append(buf, static_cast<size_t>(n));
-      if (r.tail.size() > 65536) r.tail.erase(0, r.tail.size() - 65536);
-    }
-  });
-  std::thread out_reader([&] {
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(p.out, buf, sizeof buf)) > 0) {
-      fwrite(buf, 1, static_cast<size_t>(n), stdout);
-      fflush(stdout);
-      r.out_tail.append(buf, static_cast<size_t>(n));
-      if (r.out_tail.size() > 8192) r.out_tail.erase(0, r.out_tail.size() - 4096);
-    }
-  });
+  std::thread err_reader([&] { pass_through(p.err, stderr, r.tail, 65536); });
+  std::thread out_reader([&] { pass_through(p.out, stdout, r.out_tail, 8192); });
   std::atomic<bool> ended{false};
   std::thread start_watch([&] {
     while (!ended.load()) {
