@@ -1,4 +1,4 @@
-# Two hosts simulated as network namespaces joined by a veth pair, mpirun across them
+# Two hosts simulated as network namespaces joined by their links to a bridge, mpirun across them
 # (tests/hosts/netns.sh). two_hosts.sh: --dp 2 and --pp 2 with one rank per host reproduce the
 # threads run. host_fault.sh: a partition (the link taken down) and a stopped rank (SIGSTOP) end
 # the whole job with meshtrain's error within the deadline plus seconds, and --resume continues
@@ -29,12 +29,20 @@ if(MESHTRAIN_HAVE_MPI)
       PASS_REGULAR_EXPRESSION "LAUNCH HOSTS OK" SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
 endif()
 # soak.sh, short: 100 s with a fault every 30 s (kill, stop, cut in turn), then the replay
-# without faults that must agree with the run to the bit. The 30-minute soak is the same
-# script with 1830 150 (docs/benchmarks.md, "Elastic training").
+# without faults that must agree with the run to the bit. On two hosts the layout changes with
+# each lost host (dp 1, then dp 2 again with --grow); on three with --max-ranks 2 the spare
+# host keeps it at dp 2, and the final loss must equal an uninterrupted run's exactly. The
+# 30-minute soaks are the same script with 1830 150 (docs/benchmarks.md, "Elastic training").
 if(MESHTRAIN_HAVE_MPI)
-  add_test(NAME hosts_launch_soak_short
-           COMMAND ${CMAKE_COMMAND} -E env SOAK_REF=0
-                   ${CMAKE_CURRENT_LIST_DIR}/soak.sh $<TARGET_FILE:meshtrain> ${MESHTRAIN_MPIRUN} 100 30)
-  set_tests_properties(hosts_launch_soak_short PROPERTIES TIMEOUT 900 LABELS hosts
-      PASS_REGULAR_EXPRESSION "SOAK OK" SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+  foreach(hosts 2 3)
+    set(name hosts_launch_soak_short)
+    if(hosts EQUAL 3)
+      set(name hosts_launch_soak_spare_short)
+    endif()
+    add_test(NAME ${name}
+             COMMAND ${CMAKE_COMMAND} -E env SOAK_REF=0 SOAK_HOSTS=${hosts}
+                     ${CMAKE_CURRENT_LIST_DIR}/soak.sh $<TARGET_FILE:meshtrain> ${MESHTRAIN_MPIRUN} 100 30)
+    set_tests_properties(${name} PROPERTIES TIMEOUT 900 LABELS hosts
+        PASS_REGULAR_EXPRESSION "SOAK OK" SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+  endforeach()
 endif()

@@ -1,52 +1,67 @@
-# Sourced by the two-host tests: two network namespaces joined by a veth pair stand for two
-# hosts, and `launch` is an mpirun across them (no sshd: an rsh agent runs `ip netns exec`; the
-# TCP transport and the runtime's own channel on the veth subnet only). Everything is torn down
-# on exit, whatever happened. Needs root and iproute2; exits 77 (skipped) with the reason where
-# namespaces cannot be made.
+# Sourced by the multi-host tests: network namespaces stand for hosts (two by default, three
+# with `hosts_up MPIRUN 3`), joined by a bridge in host a's namespace that each other host reaches
+# through a veth pair, and `launch` is an mpirun across them (no sshd: an rsh agent runs `ip
+# netns exec`; the TCP transport and the runtime's own channel on the hosts' subnet only).
+# Everything is torn down on exit, whatever happened. Needs root and iproute2; exits 77
+# (skipped) with the reason where namespaces cannot be made.
 #
-# After `hosts_up MPIRUN`: $ns_a/$ns_b (namespaces), $ip_a/$ip_b, $veth_b (host b's end),
-# $dir (a scratch directory), the array launch=(... mpirun with every option ...) and the array
-# mpi_env=(OMPI_...=...) holding those options as OpenMPI's environment variables.
+# After `hosts_up MPIRUN [N]`: $ns_a/$ns_b (and $ns_c), their addresses $ip_a/$ip_b ($ip_c),
+# $veth_b ($veth_c): host b's (c's) own end of its link, taken down to cut the host off; $dir (a
+# scratch directory), the array launch=(... mpirun with every option, one rank on host a and
+# one on b ...) and the array mpi_env=(OMPI_...=...) holding those options as OpenMPI's
+# environment variables.
 skip() { echo "SKIP: $*"; exit 77; }
 
 hosts_down() {
-  for ns in "$ns_a" "$ns_b"; do
+  for ns in "$ns_a" "$ns_b" "${ns_c:-}"; do
+    [ -n "$ns" ] || continue
     if ip netns list 2> /dev/null | grep -qw "$ns"; then
       ip netns pids "$ns" 2> /dev/null | xargs -r kill -9 2> /dev/null || true
-      ip netns del "$ns" 2> /dev/null || true  # takes its end of the veth pair, and so the pair
+      ip netns del "$ns" 2> /dev/null || true  # takes its ends of the veth pairs, and so the pairs
     fi
   done
   rm -rf "$dir"
 }
 
 hosts_up() {
-  local mpirun=$1
+  local mpirun=$1 n=${2:-2}
   [ "$(id -u)" -eq 0 ] || skip "making network namespaces needs root"
   command -v ip > /dev/null || skip "no 'ip' command (Debian package iproute2)"
   local tag=$$ net=$(($$ % 200 + 20))  # 10.231.<net>.0/24
-  ns_a=mt${tag}a ns_b=mt${tag}b
-  ip_a=10.231.$net.1 ip_b=10.231.$net.2
-  veth_b=v$ns_b
+  ns_a=mt${tag}a ns_b=mt${tag}b ns_c=
+  ip_a=10.231.$net.1 ip_b=10.231.$net.2 ip_c=
+  veth_b=v$ns_b veth_c=
+  local others=("$ns_b")
+  if [ "$n" -ge 3 ]; then
+    ns_c=mt${tag}c ip_c=10.231.$net.3 veth_c=v$ns_c
+    others+=("$ns_c")
+  fi
   dir=$(mktemp -d)
   trap hosts_down EXIT
   # Entering a namespace remounts /sys, which a chroot or an unprivileged container refuses.
   { ip netns add "$ns_a" && ip netns exec "$ns_a" true; } > /dev/null 2>&1 \
     || skip "cannot create and enter a network namespace here (a chroot, or a container without CAP_SYS_ADMIN)"
-  ip netns add "$ns_b"
-  ip link add "v$ns_a" type veth peer name "v$ns_b"
-  local ns
-  for ns in "$ns_a" "$ns_b"; do
-    ip link set "v$ns" netns "$ns"
+  ip -n "$ns_a" link add "br$ns_a" type bridge > /dev/null 2>&1 \
+    || skip "cannot make a bridge device in a network namespace here (the kernel's bridge module)"
+  ip -n "$ns_a" link set lo up
+  ip -n "$ns_a" addr add "$ip_a/24" dev "br$ns_a"
+  ip -n "$ns_a" link set "br$ns_a" up
+  local ns i=2
+  for ns in "${others[@]}"; do  # host x: its end v<x> in its namespace, the other p<x> on a's bridge
+    ip netns add "$ns"
+    ip link add "p$ns" netns "$ns_a" type veth peer name "v$ns" netns "$ns"
+    ip -n "$ns_a" link set "p$ns" master "br$ns_a"
+    ip -n "$ns_a" link set "p$ns" up
     ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "10.231.$net.$i/24" dev "v$ns"
+    ip -n "$ns" link set "v$ns" up
+    i=$((i + 1))
   done
-  ip -n "$ns_a" addr add "$ip_a/24" dev "v$ns_a"
-  ip -n "$ns_b" addr add "$ip_b/24" dev "v$ns_b"
-  for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set "v$ns" up; done
   # A TCP connection with unacknowledged data (the launcher's kill order to a daemon behind a
   # broken link) gives up after tcp_retries2 retransmissions: 15 by default (about 15 minutes),
   # 3 here (about 3 s on this link). Keepalive (below) covers the idle connections. Per host
   # (namespace).
-  for ns in "$ns_a" "$ns_b"; do ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_retries2=3; done
+  for ns in "$ns_a" "${others[@]}"; do ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_retries2=3; done
 
   # The rsh agent mpirun calls as `agent HOST COMMAND...`: the command runs in that host's namespace.
   cat > "$dir/agent" <<AGENT
@@ -55,12 +70,13 @@ host=\$1; shift
 case "\$host" in
   $ip_a) ns=$ns_a ;;
   $ip_b) ns=$ns_b ;;
+  ${ip_c:-none}) ns=${ns_c:-none} ;;
   *) echo "agent: unknown host \$host" >&2; exit 1 ;;
 esac
 exec ip netns exec "\$ns" /bin/sh -c "\$*"
 AGENT
   chmod +x "$dir/agent"
-  # mpirun runs in host a; the daemon of host b reaches it over the veth pair. The keepalive
+  # mpirun runs in host a; the daemon of host b reaches it over its link. The keepalive
   # settings make the runtime notice a silent peer in about 11 s instead of OpenMPI's default
   # of minutes (docs/comm.md, "Two hosts and faults").
   launch=(ip netns exec "$ns_a" "$mpirun" --allow-run-as-root --oversubscribe --bind-to none

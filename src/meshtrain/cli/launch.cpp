@@ -291,7 +291,7 @@ class Launcher {
     Events events(a_.events);
     events_ = &events;
     nlohmann::json start = {{"event", "start"}, {"layout", shape_.str()}, {"args", args_}};
-    if (mpi()) start["hosts"] = hosts_text(hosts_);
+    if (mpi()) start["hosts"] = hosts_text(hosts_, shape_.world());
     events.write(start);
     if (const auto every_s = flag_value(args_, "--checkpoint-every-s")) {
       try {
@@ -403,7 +403,7 @@ class Launcher {
     for (size_t h = 0; h < hosts_.size() && static_cast<int>(rank_host_.size()) < shape_.world(); ++h)
       for (int s = 0; s < hosts_[h].usable() && static_cast<int>(rank_host_.size()) < shape_.world(); ++s)
         rank_host_.push_back(static_cast<int>(h));
-    std::vector<std::string> cmd{"--host", hosts_text(hosts_), "-np", std::to_string(shape_.world()), "--map-by", "slot",
+    std::vector<std::string> cmd{"--host", hosts_text(hosts_, shape_.world()), "-np", std::to_string(shape_.world()), "--map-by", "slot",
                                  "-x", "MESHTRAIN_LAUNCH_STATUS", self};
     cmd.insert(cmd.end(), args_.begin(), args_.end());
     return {a_.mpirun, cmd};
@@ -526,7 +526,7 @@ class Launcher {
                              {"from", "step_" + std::string(8 - std::min<size_t>(8, std::to_string(resumed_step).size()), '0') +
                                           std::to_string(resumed_step)},
                              {"from_step", resumed_step}};
-        if (mpi()) ev["hosts"] = hosts_text(hosts_);
+        if (mpi()) ev["hosts"] = hosts_text(hosts_, shape_.world());
         events_->write(ev);
         restart_at = grow_asked_at_;  // its cost counts from the stop it asked
         continue;
@@ -614,7 +614,7 @@ class Launcher {
       ++restarts;
       nlohmann::json ev = {{"event", "restart"}, {"reason", "failure"}, {"restart", restarts}, {"layout", shape_.str()},
                            {"survivors", survivors}, {"from", resumed}, {"from_step", std::max<int64_t>(0, resumed_step)}};
-      if (mpi()) ev["hosts"] = hosts_text(hosts_);
+      if (mpi()) ev["hosts"] = hosts_text(hosts_, shape_.world());
       events_->write(ev);
       restart_at = failed_at;
     }

@@ -1,11 +1,16 @@
 #include "meshtrain/cli/launch_hosts.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -23,6 +28,42 @@ namespace meshtrain::cli {
 using Clock = std::chrono::steady_clock;
 
 // ---- hosts ----
+namespace {
+// Whether `name` is this machine: "localhost", its host name, or a name or address that
+// resolves to an address of one of its interfaces.
+bool is_this_machine(const std::string& name) {
+  if (name == "localhost") return true;
+  char self[256] = {};
+  if (gethostname(self, sizeof self - 1) == 0 && name == self) return true;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0) return false;
+  ifaddrs* ifs = nullptr;
+  bool local = false;
+  if (getifaddrs(&ifs) == 0) {
+    for (const addrinfo* r = res; r && !local; r = r->ai_next)
+      for (const ifaddrs* i = ifs; i && !local; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != r->ai_family) continue;
+        if (r->ai_family == AF_INET)
+          local = reinterpret_cast<const sockaddr_in*>(r->ai_addr)->sin_addr.s_addr ==
+                  reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+        else if (r->ai_family == AF_INET6)
+          local = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(r->ai_addr)->sin6_addr,
+                              &reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, sizeof(in6_addr)) == 0;
+      }
+    freeifaddrs(ifs);
+  }
+  freeaddrinfo(res);
+  return local;
+}
+}  // namespace
+
+void this_machine_first(std::vector<Host>& hosts) {
+  std::stable_partition(hosts.begin(), hosts.end(), [](const Host& h) { return is_this_machine(h.name); });
+}
+
 std::vector<Host> read_hosts(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw UsageError("cannot read the hosts file '" + path + "': give a file with one host per line, e.g. `node1 slots=4`");
@@ -52,6 +93,7 @@ std::vector<Host> read_hosts(const std::string& path) {
   if (f.bad()) throw UsageError("could not read the hosts file '" + path + "'");
   if (hosts.empty())
     throw UsageError("the hosts file '" + path + "' names no host: write one host per line, e.g. `node1 slots=4`");
+  this_machine_first(hosts);
   return hosts;
 }
 
@@ -61,10 +103,14 @@ int capacity(const std::vector<Host>& hosts) {
   return n;
 }
 
-std::string hosts_text(const std::vector<Host>& hosts) {
+std::string hosts_text(const std::vector<Host>& hosts, int ranks) {
   std::string s;
-  for (const Host& h : hosts)
-    if (h.usable() > 0) s += (s.empty() ? "" : ",") + h.name + ":" + std::to_string(h.usable());
+  for (const Host& h : hosts) {
+    const int n = std::min(h.usable(), ranks);
+    if (n <= 0) continue;
+    s += (s.empty() ? "" : ",") + h.name + ":" + std::to_string(n);
+    ranks -= n;
+  }
   return s;
 }
 

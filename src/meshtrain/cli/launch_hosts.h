@@ -20,12 +20,19 @@ struct Host {
 };
 
 // OpenMPI's hostfile syntax, the part a launcher needs: `NAME [slots=N]` per line, `#` comments.
-// Throws UsageError saying the file, the line and what to write.
+// Throws UsageError saying the file, the line and what to write. The hosts come in the file's
+// order, except that this machine's come first (this_machine_first).
 std::vector<Host> read_hosts(const std::string& path);
+// Moves the hosts that are this machine (by name, or by an address of its interfaces) to the
+// front, keeping the order otherwise: mpirun fills its own host's slots first, whatever the
+// order of --host, and the launcher must know which host each rank runs on.
+void this_machine_first(std::vector<Host>& hosts);
 // The usable slots of all hosts.
 int capacity(const std::vector<Host>& hosts);
-// mpirun's --host list of the usable slots: "a:2,b:1".
-std::string hosts_text(const std::vector<Host>& hosts);
+// mpirun's --host list of the usable slots the first `ranks` ranks fill, host by host as
+// --map-by slot places them: "a:2,b:1". Slots beyond them are left out: OpenMPI's runtime
+// fails to route to a host in its list that gets no rank ("ORTE does not know how to route").
+std::string hosts_text(const std::vector<Host>& hosts, int ranks);
 
 struct Spawned {
   pid_t pid = -1;
