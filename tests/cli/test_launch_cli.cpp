@@ -3,7 +3,8 @@
 // batch (dp 3) and its loss equals the uninterrupted single-rank run's at every step; the
 // events file names the lost rank, the new layout and the checkpoint resumed from; the metrics
 // hold every step once; it gives up with exit 1 after --max-restarts; bad input exits 2. The
-// same as MPI processes (--np, through mpirun), and a rank's process killed from outside.
+// same as MPI processes (--np, through mpirun), a rank's process killed from outside, and a
+// stopped job ended after --stall-timeout-s and resumed.
 #include <gtest/gtest.h>
 
 #include <sys/types.h>
@@ -145,6 +146,9 @@ TEST(CliLaunch, GivesUpAfterMaxRestartsAndRefusesBadInput) {
   r = run_cli("launch -- train --data " + data + kJob + " --dp 2", 60);  // restarts need checkpoints
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--checkpoint-dir"), std::string::npos) << r.output;
+  r = run_cli("launch --stall-timeout-s -1" + job, 60);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--stall-timeout-s"), std::string::npos) << r.output;
   r = run_cli("launch -- generate", 60);
   EXPECT_EQ(r.code, 2) << r.output;
   // A job that exits 2 (bad input) is not restarted.
@@ -154,6 +158,23 @@ TEST(CliLaunch, GivesUpAfterMaxRestartsAndRefusesBadInput) {
 }
 
 namespace {
+// The process of a job's rank: a `meshtrain train` (not the launcher) whose arguments name the
+// metrics file `metrics` and whose environment holds `env` (empty: any). 0 when none runs.
+pid_t job_process(const std::string& metrics, const std::string& env) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream environ_file(e.path() / "environ"), cmd(e.path() / "cmdline");
+    const std::string environ_text((std::istreambuf_iterator<char>(environ_file)), {}),
+        cmdline((std::istreambuf_iterator<char>(cmd)), {});
+    if (cmdline.find(metrics) == std::string::npos || cmdline.find(std::string("\0train\0", 7)) == std::string::npos ||
+        cmdline.find(std::string("\0launch\0", 8)) != std::string::npos)
+      continue;
+    if (env.empty() || environ_text.find(env + '\0') != std::string::npos) return std::stoi(name);
+  }
+  return 0;
+}
+
 // mpirun's settings for this machine, as OpenMPI reads them from the environment (the tests run
 // as root in CI; more processes than cores).
 void mpi_environment() {
@@ -195,25 +216,9 @@ TEST(CliLaunch, MpiRankKilledFromOutsideIsLost) {
                        tmp.file("ck") + " --checkpoint-every 5 --metrics " + metrics,
                    300);
   });
-  // World rank 1's process: a meshtrain whose environment says so and whose arguments name this run.
-  auto rank1 = [&]() -> pid_t {
-    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-      const std::string name = e.path().filename();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream env(e.path() / "environ"), cmd(e.path() / "cmdline");
-      const std::string environ_text((std::istreambuf_iterator<char>(env)), {}),
-          cmdline((std::istreambuf_iterator<char>(cmd)), {});
-      // A rank's arguments begin `meshtrain train` (the launcher's `meshtrain launch`).
-      if (cmdline.find(metrics) == std::string::npos || cmdline.find(std::string("\0train\0", 7)) == std::string::npos ||
-          cmdline.find(std::string("\0launch\0", 8)) != std::string::npos)
-        continue;
-      if (environ_text.find(std::string("OMPI_COMM_WORLD_RANK=1") + '\0') != std::string::npos) return std::stoi(name);
-    }
-    return 0;
-  };
   pid_t victim = 0;
   for (int i = 0; i < 1200 && !victim; ++i) {
-    if (lines_of(metrics).size() >= 12) victim = rank1();
+    if (lines_of(metrics).size() >= 12) victim = job_process(metrics, "OMPI_COMM_WORLD_RANK=1");
     if (!victim) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_GT(victim, 0) << "no process of world rank 1 found while the job ran";
@@ -230,6 +235,52 @@ TEST(CliLaunch, MpiRankKilledFromOutsideIsLost) {
   const auto got = lines_of(metrics);
   ASSERT_EQ(got.size(), 600u);
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].at("step"), static_cast<int>(i + 1));
+}
+
+// A stalled job: the threads child of a one-rank job stopped (SIGSTOP) mid-run, where no peer's
+// deadline can notice. The launcher sees no step for --stall-timeout-s, ends it, and resumes at
+// the same layout from the last checkpoint: every step once, each loss equal to the
+// uninterrupted run's (resume is bit-exact).
+TEST(CliLaunch, EndsAndRestartsAStalledJob) {
+  meshtrain::testing::TempDir tmp("launch_cli");
+  const std::string data = corpus(tmp), events = tmp.file("events.jsonl"), metrics = tmp.file("m.jsonl");
+  const std::string train = " --data " + data +
+                            " --model gpt-tiny --batch 4 --seq 16 --steps 600 --warmup 0 --lr 0.001 --min-lr 0.001 "
+                            "--eval-every 0 --eval-batches 1 --threads 1 --quiet --checkpoint-every 5";
+  auto job = std::async(std::launch::async, [&] {
+    return run_cli("launch --stall-timeout-s 4 --max-restarts 1 --events " + events + " -- train" + train +
+                       " --checkpoint-dir " + tmp.file("ck") + " --metrics " + metrics,
+                   300);
+  });
+  pid_t child = 0;
+  for (int i = 0; i < 1200 && !child; ++i) {
+    if (lines_of(metrics).size() >= 12) child = job_process(metrics, "");
+    if (!child) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GT(child, 0) << "no process of the job found while it ran";
+  kill(child, SIGSTOP);
+  const auto r = job.get();
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("the job is stalled"), std::string::npos) << r.output;
+  const auto ev = lines_of(events);
+  std::vector<std::string> kinds;
+  for (const json& e : ev) kinds.push_back(e.at("event"));
+  ASSERT_EQ(kinds, (std::vector<std::string>{"start", "failure", "restart", "resumed", "done"})) << r.output;
+  EXPECT_EQ(ev[1].at("reason"), "stalled");
+  EXPECT_EQ(ev[1].at("lost_ranks"), json::array());
+  EXPECT_GE(ev[1].at("stalled_s").get<double>(), 4.0);
+  EXPECT_EQ(ev[2].at("layout"), "dp=1 tp=1 pp=1");
+
+  const std::string ref = tmp.file("ref.jsonl");
+  const auto s = run_cli("train" + train + " --checkpoint-dir " + tmp.file("ck_ref") + " --metrics " + ref, 300);
+  ASSERT_EQ(s.code, 0) << s.output;
+  const auto got = lines_of(metrics), want = lines_of(ref);
+  ASSERT_EQ(got.size(), 600u);
+  ASSERT_EQ(want.size(), 600u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].at("step"), static_cast<int>(i + 1));
+    ASSERT_EQ(got[i].at("loss").get<double>(), want[i].at("loss").get<double>()) << "step " << i + 1;
+  }
 }
 
 TEST(CliLaunch, RefusesBadHostsFiles) {

@@ -23,6 +23,11 @@
 //     verifies (train picks it), or from the start when none was saved; when train's start-up
 //     memory check refuses that layout, the next one of the list. An injected failure
 //     (--fail-rank/--fail-at-step, a test flag) is dropped on restart.
+//   - A job whose steps stop coming (world rank 0 touches the launcher's status file after each
+//     step) for --stall-timeout-s seconds, or for 10 times its longest gap between steps if
+//     that is longer, is stalled: a process stopped, or one rank alone waiting where no peer's
+//     deadline can notice. The launcher ends it and it counts as a failure with no rank lost
+//     (a restart at the same layout), the event saying "stalled".
 //   - --grow: while the job runs smaller than it started, a lost host that answers again (or a
 //     host added to the hosts file) and the slot of a rank that failed on a host that still
 //     answers (once the job has committed a checkpoint since) are taken back: the job is
@@ -80,6 +85,7 @@ struct LaunchArgs {
   bool grow = false;
   double probe_every_s = 5;
   double probe_timeout_s = 30;
+  double stall_timeout_s = 600;  // 0: never
   std::string events;
   std::vector<std::string> train;  // the arguments after `--` (starting with "train")
 };
@@ -171,13 +177,19 @@ struct ChildResult {
   int code = 0;          // exit code, or 128 + signal
   std::string tail;      // its last stderr bytes
   std::string out_tail;  // its last stdout bytes
+  double stalled_s = 0;  // > 0: ended by the launcher after this many seconds without a step
 };
 
 // Runs the job with its stdout and stderr passed through and keeps the end of both; sets
 // `started` (and calls on_start) when world rank 0 writes the status file (train/trainer.h:
-// its steps began).
+// its steps began). Then watches the file's heartbeat (rank 0 touches it after every step):
+// no step for `stall_s` seconds, or for 10 times the longest gap between steps seen if that is
+// longer, and the job is stalled (a process stopped, a rank waiting on nothing that a deadline
+// would catch: one rank alone): it is ended (a threads child SIGKILL, mpirun SIGTERM, which
+// ends its ranks, then SIGKILL after 10 s) and counts as a failure. 0: never.
 ChildResult run_child(const std::string& program, const std::vector<std::string>& args, bool mpirun,
-                      const std::string& status_file, std::atomic<bool>* started, const std::function<void()>& on_start) {
+                      const std::string& status_file, double stall_s, std::atomic<bool>* started,
+                      const std::function<void()>& on_start) {
   std::error_code ec;
   std::filesystem::remove(status_file, ec);
   const Spawned p = spawn(program, args, /*capture=*/true);
@@ -189,14 +201,38 @@ ChildResult run_child(const std::string& program, const std::vector<std::string>
   std::thread out_reader([&] { pass_through(p.out, stdout, r.out_tail, 8192); });
   std::atomic<bool> ended{false};
   std::thread start_watch([&] {
+    std::optional<std::filesystem::file_time_type> beat;  // the heartbeat last seen
+    Clock::time_point beat_at, killed_at;
+    double longest = 0;
+    bool killed = false;
     while (!ended.load()) {
       std::error_code e;
-      if (std::filesystem::exists(status_file, e)) {
+      const auto t = std::filesystem::last_write_time(status_file, e);
+      const auto now = Clock::now();
+      if (!e && !beat) {
         started->store(true);
         on_start();
-        return;
+        beat = t, beat_at = now;
+      } else if (!e && t != *beat) {
+        longest = std::max(longest, std::chrono::duration<double>(now - beat_at).count());
+        beat = t, beat_at = now;
+      } else if (beat && stall_s > 0 && !killed) {
+        const double quiet = std::chrono::duration<double>(now - beat_at).count();
+        if (quiet > std::max(stall_s, 10 * longest)) {
+          std::fprintf(stderr,
+                       "launch: no step for %.1f s (--stall-timeout-s %g; the longest gap between steps so far "
+                       "%.2f s): the job is stalled; ending it, to restart from its last checkpoint\n",
+                       quiet, stall_s, longest);
+          r.stalled_s = quiet;
+          killed = true, killed_at = now;
+          if (mpirun) kill(p.pid, SIGTERM);
+          else kill(-p.pid, SIGKILL);
+        }
+      } else if (killed && mpirun && now - killed_at > std::chrono::seconds(10)) {
+        kill(-p.pid, SIGKILL);  // mpirun did not end its ranks in time
+        killed_at = now + std::chrono::hours(24);
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(beat ? 100 : 20));
     }
   });
   r.code = wait_code(p.pid);
@@ -332,6 +368,8 @@ class Launcher {
                        " ranks (" + shape_.str() + "): give train --dp/--tp/--pp whose product is " + std::to_string(a_.np));
     if (a_.probe_every_s <= 0 || a_.probe_timeout_s <= 0)
       throw UsageError("--probe-every-s and --probe-timeout-s must be above 0 seconds");
+    if (!(a_.stall_timeout_s >= 0))
+      throw UsageError("--stall-timeout-s must be 0 (never) or a number of seconds above 0");
     dir_ = flag_value(args_, "--checkpoint-dir");
     if ((a_.max_restarts > 0 || a_.grow) && !dir_)
       throw UsageError("launch resumes a job from its checkpoints: give train --checkpoint-dir DIR "
@@ -505,7 +543,7 @@ class Launcher {
       const auto [program, cmd] = command();
       ChildResult r;
       try {
-        r = run_child(program, cmd, mpi(), status_file_, &started, on_start);
+        r = run_child(program, cmd, mpi(), status_file_, a_.stall_timeout_s, &started, on_start);
       } catch (...) {
         done.store(true);
         watch_cv_.notify_all();
@@ -581,8 +619,10 @@ class Launcher {
         }
       }
       const double run_s = std::chrono::duration<double>(failed_at - t0).count();
-      nlohmann::json fail = {{"event", "failure"}, {"code", r.code}, {"lost_ranks", lost}, {"layout", shape_.str()},
-                             {"checkpoint", resumed}, {"seconds_run", run_s}, {"work_lost_s", work_lost_s}};
+      nlohmann::json fail = {{"event", "failure"}, {"reason", r.stalled_s > 0 ? "stalled" : "exited"}, {"code", r.code},
+                             {"lost_ranks", lost}, {"layout", shape_.str()}, {"checkpoint", resumed},
+                             {"seconds_run", run_s}, {"work_lost_s", work_lost_s}};
+      if (r.stalled_s > 0) fail["stalled_s"] = r.stalled_s;
       if (probed()) fail["lost_hosts"] = lost_hosts, fail["probe_s"] = probe_s;
       events_->write(fail);
       if (restarts >= a_.max_restarts) {
@@ -653,6 +693,10 @@ void add_launch_command(CLI::App& app) {
   c->add_flag("--grow", a->grow, "Take lost hosts and slots back when they answer again, at the next step boundary");
   c->add_option("--probe-every-s", a->probe_every_s, "With --grow: seconds between asking lost hosts")->capture_default_str();
   c->add_option("--probe-timeout-s", a->probe_timeout_s, "Seconds a host has to answer before it counts as lost")->capture_default_str();
+  c->add_option("--stall-timeout-s", a->stall_timeout_s,
+                "End and restart a job that makes no step for this many seconds (at least 10 x its longest gap "
+                "between steps; 0: never)")
+      ->capture_default_str();
   c->add_option("--max-restarts", a->max_restarts, "Give up after this many restarts")->capture_default_str();
   c->add_option("--min-ranks", a->min_ranks, "Give up when fewer ranks than this survive")->capture_default_str();
   c->add_option("--max-ranks", a->max_ranks,

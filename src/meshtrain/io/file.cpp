@@ -41,6 +41,8 @@ int sync_fd(int fd) {
 
 }  // namespace
 
+bool touch(const std::string& path) { return utimensat(AT_FDCWD, path.c_str(), nullptr, 0) == 0; }
+
 void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& what) {
   std::error_code ec;
   fs::path target(path);

@@ -34,6 +34,10 @@ class WriteError : public std::runtime_error {
 // `what` describes the file in messages ("trace", "swimlane file", "metrics file").
 void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& what);
 
+// Sets the modification time of an existing file to now (a heartbeat another process watches);
+// false when it cannot (no such file, no permission). Never creates the file.
+bool touch(const std::string& path);
+
 class AppendFile {
  public:
   // Opens (creating it when absent) `path`; truncate: empty it first. Throws WriteError.

@@ -563,6 +563,7 @@ void RankTrainer::run() {
         std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step + 1), *r.val_loss);
     }
     res.steps.push_back(r);
+    if (lead_ && !o_.launch_status_file.empty()) io::touch(o_.launch_status_file);  // the launcher's heartbeat
     if (stopping) break;
   }
   float final_val = (!res.steps.empty() && res.steps.back().val_loss) ? *res.steps.back().val_loss : 0.f;

@@ -96,7 +96,8 @@ struct TrainOptions {
   int64_t fail_at_step = -1;
   // `meshtrain launch` sets MESHTRAIN_LAUNCH_STATUS to a file; world rank 0 writes "running
   // from step N" there when its steps begin, which tells the launcher the job is up (a restart's
-  // cost, and when --grow may stop it). Empty: none.
+  // cost, and when --grow may stop it), and touches it after every step (its heartbeat: a job
+  // whose steps stop coming is stalled). Empty: none.
   std::string launch_status_file;
   int64_t log_every = 1;  // progress line every N steps (0: none)
   bool quiet = false;     // no progress output at all
