@@ -175,6 +175,23 @@ pid_t job_process(const std::string& metrics, const std::string& env) {
   return 0;
 }
 
+// job_process once the job has written 12 metrics lines (so that it is well under way); 0 when
+// none was found within two minutes.
+pid_t running_process(const std::string& metrics, const std::string& env) {
+  for (int i = 0; i < 1200; ++i) {
+    if (lines_of(metrics).size() >= 12)
+      if (const pid_t p = job_process(metrics, env)) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return 0;
+}
+
+std::vector<std::string> kinds_of(const std::vector<json>& events) {
+  std::vector<std::string> kinds;
+  for (const json& e : events) kinds.push_back(e.at("event"));
+  return kinds;
+}
+
 // mpirun's settings for this machine, as OpenMPI reads them from the environment (the tests run
 // as root in CI; more processes than cores).
 void mpi_environment() {
@@ -216,19 +233,13 @@ TEST(CliLaunch, MpiRankKilledFromOutsideIsLost) {
                        tmp.file("ck") + " --checkpoint-every 5 --metrics " + metrics,
                    300);
   });
-  pid_t victim = 0;
-  for (int i = 0; i < 1200 && !victim; ++i) {
-    if (lines_of(metrics).size() >= 12) victim = job_process(metrics, "OMPI_COMM_WORLD_RANK=1");
-    if (!victim) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const pid_t victim = running_process(metrics, "OMPI_COMM_WORLD_RANK=1");
   ASSERT_GT(victim, 0) << "no process of world rank 1 found while the job ran";
   kill(victim, SIGKILL);
   const auto r = job.get();
   ASSERT_EQ(r.code, 0) << r.output;
   const auto ev = lines_of(events);
-  std::vector<std::string> kinds;
-  for (const json& e : ev) kinds.push_back(e.at("event"));
-  ASSERT_EQ(kinds, (std::vector<std::string>{"start", "failure", "restart", "resumed", "done"})) << r.output;
+  ASSERT_EQ(kinds_of(ev), (std::vector<std::string>{"start", "failure", "restart", "resumed", "done"})) << r.output;
   EXPECT_EQ(ev[1].at("lost_ranks"), json::array({1})) << r.output;
   EXPECT_EQ(ev[2].at("layout"), "dp=1 tp=1 pp=1");
   EXPECT_EQ(ev[2].at("hosts"), "localhost:1");
@@ -252,20 +263,14 @@ TEST(CliLaunch, EndsAndRestartsAStalledJob) {
                        " --checkpoint-dir " + tmp.file("ck") + " --metrics " + metrics,
                    300);
   });
-  pid_t child = 0;
-  for (int i = 0; i < 1200 && !child; ++i) {
-    if (lines_of(metrics).size() >= 12) child = job_process(metrics, "");
-    if (!child) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const pid_t child = running_process(metrics, "");
   ASSERT_GT(child, 0) << "no process of the job found while it ran";
   kill(child, SIGSTOP);
   const auto r = job.get();
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("the job is stalled"), std::string::npos) << r.output;
   const auto ev = lines_of(events);
-  std::vector<std::string> kinds;
-  for (const json& e : ev) kinds.push_back(e.at("event"));
-  ASSERT_EQ(kinds, (std::vector<std::string>{"start", "failure", "restart", "resumed", "done"})) << r.output;
+  ASSERT_EQ(kinds_of(ev), (std::vector<std::string>{"start", "failure", "restart", "resumed", "done"})) << r.output;
   EXPECT_EQ(ev[1].at("reason"), "stalled");
   EXPECT_EQ(ev[1].at("lost_ranks"), json::array());
   EXPECT_GE(ev[1].at("stalled_s").get<double>(), 4.0);
