@@ -109,8 +109,12 @@ MetricsTrim trim_metrics_for_resume(const std::string& path, int64_t step, const
   }
   if (t.dropped == 0 && t.rebuilt.empty() && ends_with_newline) return t;
   if (t.dropped > 0) {
+    // The file as it was stays as PATH.old: a second name for it (the rewrite below puts a new
+    // file at PATH and leaves this one untouched), or a copy where the file system has no links.
     t.backup = path + ".old";
-    fs::copy_file(path, t.backup, fs::copy_options::overwrite_existing, ec);
+    fs::remove(t.backup, ec);
+    fs::create_hard_link(path, t.backup, ec);
+    if (ec) fs::copy_file(path, t.backup, fs::copy_options::overwrite_existing, ec);
     if (ec) throw std::runtime_error("cannot keep the metrics file '" + path + "' as " + t.backup + ": " + ec.message());
   }
   std::string text;

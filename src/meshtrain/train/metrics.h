@@ -58,7 +58,7 @@ class MetricsWriter {
 //    writing the line, or one that had no --metrics), and lists the steps it cannot rebuild;
 //  - rewrites the file atomically when anything changed (also when its last line lacks its
 //    newline); the run then appends. When a line is dropped, the file as it was is first
-//    copied to PATH.old.
+//    kept as PATH.old (a second name for it where the file system allows, else a copy).
 // An absent file is created when a line can be rebuilt. Nothing happens when PATH is empty.
 // Throws std::runtime_error (io::WriteError for a failed write) naming the file.
 struct MetricsTrim {
