@@ -107,6 +107,14 @@ void expect_same_tensors(const std::string& a, const std::string& b) {
 
 // ---- a child we can kill: its stdout and stderr on one pipe, read line by line ----
 
+// A command line's words, as a shell splits a line without quotes.
+std::vector<std::string> words_of(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream words(line);
+  for (std::string w; words >> w;) out.push_back(w);
+  return out;
+}
+
 class Child {
  public:
   explicit Child(const std::vector<std::string>& args) {
@@ -355,10 +363,7 @@ TEST(StopCli, ASignalStopsAtAStepWithACheckpointAndTheResumeIsBitExact) {
   for (int sig : {SIGTERM, SIGINT}) {
     const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
     const std::string ck = tmp.file("ck_" + name), m = tmp.file("m_" + name + ".jsonl");
-    std::vector<std::string> args;
-    std::istringstream words(base + " --steps 1000000 --checkpoint-dir " + ck + " --metrics " + m);
-    for (std::string w; words >> w;) args.push_back(w);
-    Child child(args);
+    Child child(words_of(base + " --steps 1000000 --checkpoint-dir " + ck + " --metrics " + m));
     ASSERT_TRUE(child.started());
     const auto deadline = Clock::now() + std::chrono::seconds(120);
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(child.next_event(deadline)) << child.output();
@@ -393,12 +398,9 @@ TEST(StopCli, ASignalStopsAtAStepWithACheckpointAndTheResumeIsBitExact) {
 TEST(StopCli, LaunchForwardsASignalToItsJob) {
   meshtrain::testing::TempDir tmp("stop_cli");
   const std::string ck = tmp.file("ck"), m = tmp.file("m.jsonl"), events = tmp.file("events.jsonl");
-  std::vector<std::string> args;
-  std::istringstream words("launch --events " + events + " -- train --data " + corpus_in(tmp) +
+  Child child(words_of("launch --events " + events + " -- train --data " + corpus_in(tmp) +
                            " --batch 4 --seq 16 --eval-batches 1 --threads 1 --eval-every 0 --log-every 1 --warmup 0 "
-                           "--lr 0.001 --min-lr 0.001 --steps 1000000 --checkpoint-dir " + ck + " --metrics " + m);
-  for (std::string w; words >> w;) args.push_back(w);
-  Child child(args);
+                           "--lr 0.001 --min-lr 0.001 --steps 1000000 --checkpoint-dir " + ck + " --metrics " + m));
   ASSERT_TRUE(child.started());
   const auto deadline = Clock::now() + std::chrono::seconds(120);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(child.next_event(deadline)) << child.output();
@@ -428,10 +430,7 @@ TEST(StopCli, LaunchStopsAnMpiJobAtAStepBoundary) {
   const std::string job = " -- train --data " + corpus_in(tmp) +
                           " --batch 4 --seq 16 --eval-batches 1 --threads 1 --eval-every 0 --log-every 1 --warmup 0 "
                           "--lr 0.001 --min-lr 0.001 --dp 2 --checkpoint-dir " + ck + " --metrics " + m;
-  std::vector<std::string> args;
-  std::istringstream words("launch --np 2 --events " + events + job + " --steps 1000000");
-  for (std::string w; words >> w;) args.push_back(w);
-  Child child(args);
+  Child child(words_of("launch --np 2 --events " + events + job + " --steps 1000000"));
   ASSERT_TRUE(child.started());
   const auto deadline = Clock::now() + std::chrono::seconds(120);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(child.next_event(deadline)) << child.output();
@@ -461,10 +460,7 @@ TEST(StopCli, ASecondSignalExitsAtOnceAndLeavesTheLastCheckpoint) {
     const std::string base = "train --data " + corpus_in(tmp) + " --batch 4 --seq 16 --eval-batches 1 --threads 1 " +
                              "--eval-every 0 --log-every 1 --warmup 0 --lr 0.001 --min-lr 0.001 --checkpoint-every 1 " +
                              "--checkpoint-dir " + ck;
-    std::vector<std::string> args;
-    std::istringstream words(prefix + base + " --steps 1000000");
-    for (std::string w; words >> w;) args.push_back(w);
-    Child child(args);
+    Child child(words_of(prefix + base + " --steps 1000000"));
     ASSERT_TRUE(child.started());
     const auto deadline = Clock::now() + std::chrono::seconds(120);
     for (int i = 0; i < 4; ++i) ASSERT_TRUE(child.next_event(deadline)) << child.output();

@@ -87,7 +87,8 @@ while [ $(($(date +%s) + every)) -le $((t_start + duration)) ]; do
   on_two_hosts 180 || fail "the job was not back on two hosts before fault $((i + 1))"
   f=${faults[$((i % 3))]}
   ns=$(remote)
-  victim=$([ -n "$ns" ] && rank_in "$ns")
+  [ -n "$ns" ] || fail "no rank on host b or c"
+  victim=$(rank_in "$ns")
   [ -n "$victim" ] || fail "no rank on host b or c"
   case $f in
     kill) kill -KILL "$victim" ;;

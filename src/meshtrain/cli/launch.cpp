@@ -204,7 +204,7 @@ ChildResult run_child(const std::string& program, const std::vector<std::string>
     std::optional<std::filesystem::file_time_type> beat;  // the heartbeat last seen
     Clock::time_point beat_at, killed_at;
     double longest = 0;
-    bool killed = false;
+    bool killed = false, forced = false;
     while (!ended.load()) {
       std::error_code e;
       const auto t = std::filesystem::last_write_time(status_file, e);
@@ -228,9 +228,9 @@ ChildResult run_child(const std::string& program, const std::vector<std::string>
           if (mpirun) kill(p.pid, SIGTERM);
           else kill(-p.pid, SIGKILL);
         }
-      } else if (killed && mpirun && now - killed_at > std::chrono::seconds(10)) {
+      } else if (killed && mpirun && !forced && now - killed_at > std::chrono::seconds(10)) {
         kill(-p.pid, SIGKILL);  // mpirun did not end its ranks in time
-        killed_at = now + std::chrono::hours(24);
+        forced = true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(beat ? 100 : 20));
     }
@@ -398,6 +398,7 @@ class Launcher {
   void set_up_hosts() {
     if (!a_.hosts_file.empty()) {
       hosts_ = read_hosts(a_.hosts_file);
+      this_machine_first(hosts_);
       int slots = 0;
       for (const Host& h : hosts_) slots += h.slots;
       if (slots < shape_.world())
@@ -452,7 +453,7 @@ class Launcher {
   // every usable slot.
   int limit() const { return a_.max_ranks > 0 ? a_.max_ranks : a_.grow ? INT_MAX : world0_; }
 
-  // --grow's watch while the job runs (see the header): true when it asked the job to stop.
+  // --grow's watch while the job runs (see the header); sets grow_to_ when it asked the job to stop.
   void watch(std::atomic<bool>& done, std::atomic<bool>& started, int64_t resumed_step) {
     std::unique_lock lk(watch_m_);
     while (!done.load()) {

@@ -93,7 +93,6 @@ std::vector<Host> read_hosts(const std::string& path) {
   if (f.bad()) throw UsageError("could not read the hosts file '" + path + "'");
   if (hosts.empty())
     throw UsageError("the hosts file '" + path + "' names no host: write one host per line, e.g. `node1 slots=4`");
-  this_machine_first(hosts);
   return hosts;
 }
 

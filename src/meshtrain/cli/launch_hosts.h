@@ -21,11 +21,12 @@ struct Host {
 
 // OpenMPI's hostfile syntax, the part a launcher needs: `NAME [slots=N]` per line, `#` comments.
 // Throws UsageError saying the file, the line and what to write. The hosts come in the file's
-// order, except that this machine's come first (this_machine_first).
+// order.
 std::vector<Host> read_hosts(const std::string& path);
-// Moves the hosts that are this machine (by name, or by an address of its interfaces) to the
-// front, keeping the order otherwise: mpirun fills its own host's slots first, whatever the
-// order of --host, and the launcher must know which host each rank runs on.
+// Moves the hosts that are this machine (by name, or by an address of its interfaces: a name
+// lookup per host, so once, at the start) to the front, keeping the order otherwise: mpirun
+// fills its own host's slots first, whatever the order of --host, and the launcher must know
+// which host each rank runs on.
 void this_machine_first(std::vector<Host>& hosts);
 // The usable slots of all hosts.
 int capacity(const std::vector<Host>& hosts);
