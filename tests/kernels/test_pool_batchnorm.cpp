@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <limits>
 
 #include "kernel_test_util.h"
@@ -25,7 +27,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 // A window of equal values gives its gradient to its first position (row-major), as PyTorch;
-// a NaN in a window wins.
+// a NaN in a window wins (the last one, as PyTorch).
 TEST(PoolKernel, MaxTiesGoToTheFirstPositionAndNaNWins) {
   const Pool2dShape s{.N = 1, .C = 1, .H = 2, .W = 4, .KH = 2, .KW = 2, .stride_h = 2, .stride_w = 2};
   std::vector<float> x{1, 1, 2, 2,
@@ -40,6 +42,61 @@ TEST(PoolKernel, MaxTiesGoToTheFirstPositionAndNaNWins) {
   const std::vector<float> dy{3, 5};
   maxpool2d_backward(dx.data(), dy.data(), am.data(), s, 1);
   EXPECT_EQ(dx, (std::vector<float>{3, 0, 0, 0, 0, 0, 0, 5}));
+}
+
+// Against a plain loop over every window, written here: shapes with padding, strides above and
+// below the window, rectangular windows, odd sizes; inputs on a coarse grid (many ties) with
+// NaNs (some windows hold two: the last one wins, PyTorch's rule), and each value and argmax
+// compared exactly.
+TEST(PoolKernel, MaxMatchesAPlainLoopOverEveryWindow) {
+  int cases = 0;
+  for (int64_t kh = 1; kh <= 3; ++kh)
+    for (int64_t kw = 1; kw <= 3; ++kw)
+      for (int64_t st = 1; st <= 3; ++st)
+        for (int64_t pad = 0; pad <= std::min(kh, kw) / 2; ++pad)
+          for (int64_t hw : {int64_t{3}, int64_t{7}, int64_t{10}}) {
+            const Pool2dShape s{.N = 2, .C = 3, .H = hw, .W = hw + 2, .KH = kh, .KW = kw, .stride_h = st,
+                                .stride_w = st, .pad_h = pad, .pad_w = pad};
+            std::vector<float> x = randn(s.N * s.C * s.H * s.W, 7 + cases);
+            for (size_t i = 0; i < x.size(); ++i) {
+              x[i] = std::round(x[i] * 2.0f);  // ties
+              if (i % 11 == 5) x[i] = std::numeric_limits<float>::quiet_NaN();
+            }
+            const int64_t OH = s.OH(), OW = s.OW();
+            std::vector<float> y(s.N * s.C * OH * OW), y_eval(y.size());
+            std::vector<int32_t> am(y.size());
+            maxpool2d_forward(y.data(), am.data(), x.data(), s, 2);
+            maxpool2d_forward(y_eval.data(), nullptr, x.data(), s, 1);
+            for (int64_t p = 0; p < s.N * s.C; ++p)
+              for (int64_t oh = 0; oh < OH; ++oh)
+                for (int64_t ow = 0; ow < OW; ++ow) {
+                  int64_t best = -1;
+                  for (int64_t h = oh * st - pad; h < oh * st - pad + kh; ++h)
+                    for (int64_t w = ow * st - pad; w < ow * st - pad + kw; ++w) {
+                      if (h < 0 || h >= s.H || w < 0 || w >= s.W) continue;
+                      const float u = x[p * s.H * s.W + h * s.W + w];
+                      if (best < 0) {
+                        best = h * s.W + w;
+                        continue;
+                      }
+                      if (std::isnan(u) || u > x[p * s.H * s.W + best]) best = h * s.W + w;
+                    }
+                  const size_t o = p * OH * OW + oh * OW + ow;
+                  const float want = x[p * s.H * s.W + best];
+                  const std::string at = "window " + std::to_string(kh) + "x" + std::to_string(kw) + " stride " +
+                                         std::to_string(st) + " pad " + std::to_string(pad) + " H " +
+                                         std::to_string(hw) + " output " + std::to_string(o);
+                  ASSERT_EQ(am[o], best) << at;
+                  if (std::isnan(want)) {
+                    EXPECT_TRUE(std::isnan(y[o]) && std::isnan(y_eval[o])) << at;
+                  } else {
+                    EXPECT_EQ(y[o], want) << at;
+                    EXPECT_EQ(y_eval[o], want) << at;
+                  }
+                }
+            ++cases;
+          }
+  EXPECT_GT(cases, 100);
 }
 
 // Every output is computed by one thread in a fixed order: the budget does not change a bit.

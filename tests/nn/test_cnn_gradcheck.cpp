@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <barrier>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -216,4 +217,61 @@ TEST(CnnGradCheck, BatchNorm2d) {
                  },
                  "BatchNorm2d " + shape_str(xs));
   }
+}
+
+// relu_after: the batch norm and the ReLU after it in the same passes give, bit for bit, what the
+// two layers give one after the other (whose gradients are checked above): the output, the input
+// gradient and the weight and bias gradients, at shapes with a few or many values per channel.
+TEST(CnnLayers, BatchNormWithItsReluEqualsTheTwoLayers) {
+  for (const Shape& xs : {Shape{2, 3, 5, 5}, Shape{8, 16, 14, 14}, Shape{5, 3}}) {
+    const int64_t C = xs[1];
+    nn::BatchNorm2d fused("bn", C), plain("bn", C);
+    nn::ReLU relu;
+    fused.relu_after = true;
+    for (int64_t c = 0; c < C; ++c)
+      for (nn::BatchNorm2d* b : {&fused, &plain}) b->weight.value[c] = 1.0f + 0.3f * c, b->bias.value[c] = 0.1f - 0.2f * c;
+    const Tensor x = random_tensor(xs, 5, "x", 2.0f);
+    fused.zero_grad();
+    plain.zero_grad();
+    nn::Context ctx(1, true);
+    const Tensor y1 = fused.forward(ctx, x);
+    const Tensor y2 = relu.forward(ctx, plain.forward(ctx, x));
+    int64_t zeros = 0;
+    for (int64_t i = 0; i < y1.numel(); ++i) zeros += y1[i] == 0.0f;
+    EXPECT_GT(zeros, y1.numel() / 5) << "the ReLU cuts part of the output";
+    const Tensor dy = random_tensor(xs, 6, "dy");
+    const Tensor dx1 = fused.backward(ctx, dy);
+    const Tensor dx2 = plain.backward(ctx, relu.backward(ctx, dy));
+    EXPECT_EQ(ctx.saved_bytes(), 0);
+    auto same = [](const Tensor& a, const Tensor& b) {
+      return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), a.numel() * sizeof(float)) == 0;
+    };
+    EXPECT_TRUE(same(y1, y2)) << shape_str(xs) << " output";
+    EXPECT_TRUE(same(dx1, dx2)) << shape_str(xs) << " input gradient";
+    EXPECT_TRUE(same(fused.weight.grad, plain.weight.grad)) << shape_str(xs) << " weight gradient";
+    EXPECT_TRUE(same(fused.bias.grad, plain.bias.grad)) << shape_str(xs) << " bias gradient";
+    // Evaluation: the running statistics, the same way.
+    nn::Context eval(1, false);
+    EXPECT_TRUE(same(fused.forward(eval, x), relu.forward(eval, plain.forward(eval, x)))) << shape_str(xs) << " eval";
+  }
+}
+
+// ReLU::forward_sum (a residual block's sum and ReLU in one pass) gives the bits of the sum
+// followed by the ReLU, forward and backward.
+TEST(CnnLayers, ReluOfASumEqualsTheSumThenTheRelu) {
+  const Tensor a = random_tensor({4, 8, 9, 9}, 7, "a"), b = random_tensor({4, 8, 9, 9}, 8, "b");
+  const Tensor dy = random_tensor({4, 8, 9, 9}, 9, "dy");
+  nn::ReLU fused, plain;
+  nn::Context ctx(2, true);
+  const Tensor y1 = fused.forward_sum(ctx, a, b);
+  Tensor s = Tensor::empty(a.shape());
+  for (int64_t i = 0; i < s.numel(); ++i) s[i] = a[i] + b[i];
+  const Tensor y2 = plain.forward(ctx, s);
+  const Tensor d1 = fused.backward(ctx, dy), d2 = plain.backward(ctx, dy);
+  EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.numel() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(d1.data(), d2.data(), d1.numel() * sizeof(float)), 0);
+  int64_t zeros = 0;
+  for (int64_t i = 0; i < y1.numel(); ++i) zeros += y1[i] == 0.0f;
+  EXPECT_GT(zeros, y1.numel() / 4);
+  EXPECT_THROW(fused.forward_sum(ctx, a, random_tensor({4, 8, 9, 8}, 1, "c")), std::invalid_argument);
 }

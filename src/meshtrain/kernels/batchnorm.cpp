@@ -12,6 +12,12 @@ namespace meshtrain::kernels {
 namespace {
 constexpr int64_t kParallelMin = 1 << 14;  // elements
 bool split_channels(int64_t n, int threads) { return threads > 1 && n > kParallelMin; }
+
+// The normalised value (x - mean) rstd weight + bias, with `a` = rstd * weight: one fused
+// multiply-add, so that the backward pass of a batch norm with its ReLU recomputes the very
+// value the forward pass compared with zero (a contraction chosen per loop by the compiler
+// could round the two differently).
+inline float bn_value(float x, float m, float a, float b) { return std::fma(x - m, a, b); }
 }  // namespace
 
 // ---- forward ----
@@ -69,35 +75,54 @@ void batchnorm_eval_rstd(float* rstd, const float* running_var, int64_t C, float
 }
 
 void batchnorm_normalize(float* out, const float* inp, const float* weight, const float* bias,
-                         const float* mean, const float* rstd, int64_t N, int64_t C, int64_t HW, int threads) {
+                         const float* mean, const float* rstd, int64_t N, int64_t C, int64_t HW, int threads,
+                         bool relu) {
 #pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
   for (int64_t c = 0; c < C; ++c) {
     const float m = mean[c], a = rstd[c] * weight[c], b = bias[c];
     for (int64_t n = 0; n < N; ++n) {
       const float* x = inp + (n * C + c) * HW;
       float* y = out + (n * C + c) * HW;
+      if (relu) {
 #pragma omp simd
-      for (int64_t i = 0; i < HW; ++i) y[i] = (x[i] - m) * a + b;
+        for (int64_t i = 0; i < HW; ++i) {
+          const float z = bn_value(x[i], m, a, b);
+          y[i] = z > 0.0f ? z : 0.0f;
+        }
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < HW; ++i) y[i] = bn_value(x[i], m, a, b);
+      }
     }
   }
 }
 
 // ---- backward ----
 void batchnorm_backward_sums(double* sums, const float* dout, const float* inp, const float* mean,
-                             const float* rstd, int64_t N, int64_t C, int64_t HW, int threads) {
+                             const float* rstd, int64_t N, int64_t C, int64_t HW, int threads, const ReluAfter* relu) {
   double* sdy = sums;       // (C)
   double* sdyx = sums + C;  // (C)
 #pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
   for (int64_t c = 0; c < C; ++c) {
     const double m = mean[c];
+    const float mf = mean[c], a = relu ? rstd[c] * relu->weight[c] : 0.0f, b = relu ? relu->bias[c] : 0.0f;
     double s = 0.0, sx = 0.0;  // sx: sum dy (x - mean); times rstd below
     for (int64_t n = 0; n < N; ++n) {
       const float* x = inp + (n * C + c) * HW;
       const float* d = dout + (n * C + c) * HW;
+      if (relu) {
 #pragma omp simd reduction(+ : s, sx)
-      for (int64_t i = 0; i < HW; ++i) {
-        s += d[i];
-        sx += static_cast<double>(d[i]) * (x[i] - m);
+        for (int64_t i = 0; i < HW; ++i) {
+          const float g = bn_value(x[i], mf, a, b) > 0.0f ? d[i] : 0.0f;
+          s += g;
+          sx += static_cast<double>(g) * (x[i] - m);
+        }
+      } else {
+#pragma omp simd reduction(+ : s, sx)
+        for (int64_t i = 0; i < HW; ++i) {
+          s += d[i];
+          sx += static_cast<double>(d[i]) * (x[i] - m);
+        }
       }
     }
     sdy[c] = s;
@@ -114,20 +139,29 @@ void batchnorm_backward_params(float* dweight, float* dbias, const double* sums,
 
 void batchnorm_backward_data(float* dinp, const float* dout, const float* inp, const float* weight,
                              const float* mean, const float* rstd, const double* sums, double count, int64_t N,
-                             int64_t C, int64_t HW, int threads) {
+                             int64_t C, int64_t HW, int threads, const ReluAfter* relu) {
   if (!(count > 0)) throw std::invalid_argument("batchnorm: backward with count 0");
 #pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
   for (int64_t c = 0; c < C; ++c) {
     // dx = weight rstd (dy - mean(dy) - xhat mean(dy xhat)), means over the group's count.
     const float m = mean[c], r = rstd[c], a = weight[c] * r;
+    const float rb = relu ? relu->bias[c] : 0.0f;  // relu->weight is `weight`: `a` is the forward's scale
     const float mdy = static_cast<float>(sums[c] / count);
     const float mdyx = static_cast<float>(sums[C + c] / count);
     for (int64_t n = 0; n < N; ++n) {
       const float* x = inp + (n * C + c) * HW;
       const float* d = dout + (n * C + c) * HW;
       float* dx = dinp + (n * C + c) * HW;
+      if (relu) {
 #pragma omp simd
-      for (int64_t i = 0; i < HW; ++i) dx[i] = a * (d[i] - mdy - (x[i] - m) * r * mdyx);
+        for (int64_t i = 0; i < HW; ++i) {
+          const float g = bn_value(x[i], m, a, rb) > 0.0f ? d[i] : 0.0f;
+          dx[i] = a * (g - mdy - (x[i] - m) * r * mdyx);
+        }
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < HW; ++i) dx[i] = a * (d[i] - mdy - (x[i] - m) * r * mdyx);
+      }
     }
   }
 }

@@ -43,20 +43,33 @@ void batchnorm_update_running(float* running_mean, float* running_var, const dou
                               float momentum);
 // rstd (C) = 1 / sqrt(running_var + eps), for evaluation through batchnorm_normalize.
 void batchnorm_eval_rstd(float* rstd, const float* running_var, int64_t C, float eps);
-// out (N, C, HW) = (inp - mean[c]) * rstd[c] * weight[c] + bias[c]
+// out (N, C, HW) = (inp - mean[c]) * rstd[c] * weight[c] + bias[c] (one fused multiply-add of
+// (inp - mean) and rstd * weight), then max(0, .) when `relu` (a batch norm followed by a ReLU in
+// one pass; NaN gives 0 as kernels/relu.h does).
 void batchnorm_normalize(float* out, const float* inp, const float* weight, const float* bias,
-                         const float* mean, const float* rstd, int64_t N, int64_t C, int64_t HW, int threads);
+                         const float* mean, const float* rstd, int64_t N, int64_t C, int64_t HW, int threads,
+                         bool relu = false);
+
+// The backward of a batch norm fused with the ReLU after it: the forward's weight and bias, from
+// which the two kernels below recompute each normalised value and pass dout on only where it was
+// positive (the ReLU's gradient), so that neither the ReLU's output nor its mask is kept.
+struct ReluAfter {
+  const float* weight;
+  const float* bias;
+};
 
 // ---- backward ----
 // sums (2C) = this slice's per-channel sums of dout and dout * xhat (written).
+// With `relu`, dout is the gradient of the ReLU's output (see ReluAfter).
 void batchnorm_backward_sums(double* sums, const float* dout, const float* inp, const float* mean,
-                             const float* rstd, int64_t N, int64_t C, int64_t HW, int threads);
+                             const float* rstd, int64_t N, int64_t C, int64_t HW, int threads,
+                             const ReluAfter* relu = nullptr);
 // dweight (C) += sums of dout * xhat, dbias (C) += sums of dout (either may be null).
 void batchnorm_backward_params(float* dweight, float* dbias, const double* sums, int64_t C);
 // dinp (=) = weight rstd (dout - sum dout / count - xhat sum(dout xhat) / count), with the
 // group's sums and count (the count of the stats the forward pass normalised with).
 void batchnorm_backward_data(float* dinp, const float* dout, const float* inp, const float* weight,
                              const float* mean, const float* rstd, const double* sums, double count, int64_t N,
-                             int64_t C, int64_t HW, int threads);
+                             int64_t C, int64_t HW, int threads, const ReluAfter* relu = nullptr);
 
 }  // namespace meshtrain::kernels

@@ -10,7 +10,8 @@
 // the divisor, to every position of its window (average); windows that overlap add up.
 // OH = (H + 2 PH - KH) / SH + 1 (floor), likewise OW; PH <= KH / 2 and PW <= KW / 2 (as
 // PyTorch requires), so every window holds at least one position of the image.
-// Ties in a max window go to the first position in row-major order; a NaN wins (propagates).
+// Ties in a max window go to the first position in row-major order; a NaN wins (propagates;
+// of two NaNs the later one, as PyTorch's CPU kernel).
 // Planes are split over the `threads` budget; each output is computed by one thread in a fixed
 // order, so results do not depend on the budget.
 #pragma once

@@ -9,6 +9,9 @@
 namespace meshtrain::kernels {
 
 void relu_forward(float* out, const float* inp, int64_t n, int threads);
+// out(n) = max(a + b, 0) in one pass (a residual block's sum and ReLU): the same bits as add then
+// relu_forward.
+void add_relu_forward(float* out, const float* a, const float* b, int64_t n, int threads);
 void relu_backward(float* dinp, const float* out, const float* dout, int64_t n, int threads);
 
 }  // namespace meshtrain::kernels

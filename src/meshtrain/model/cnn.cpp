@@ -54,7 +54,7 @@ void conv_bn(LayerSequence& s, const CNNLayout& L, const std::string& conv, cons
                        .height = hw[d - 2], .width = hw[d - 1], .bias = false, .seed = seed, .input = in_c,
                        .output = out_c, .input_grad = input_grad}));
   bns.push_back(s.add(L.batch_norm(bn, out, out_c)));
-  if (relu) s.add(std::make_unique<nn::ReLU>());
+  bns.back()->relu_after = relu;  // the ReLU inside the batch norm's passes
 }
 
 // A unit that is a plain sequence, with its output shape given by a function of the input's.
@@ -94,7 +94,7 @@ class ResidualUnit : public CNNUnit {
   Tensor forward(nn::Context& ctx, const Tensor& x) override {
     Tensor y = main_.forward(ctx, x);
     Tensor s = shortcut_ ? shortcut_->forward(ctx, x) : x;
-    return relu_.forward(ctx, sum_of(y, s, ctx.threads));
+    return relu_.forward_sum(ctx, y, s);
   }
   Tensor backward(nn::Context& ctx, const Tensor& dy) override {
     Tensor dz = relu_.backward(ctx, dy);

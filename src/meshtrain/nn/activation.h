@@ -9,6 +9,9 @@ namespace meshtrain::nn {
 class ReLU : public Layer {
  public:
   Tensor forward(Context& ctx, const Tensor& x) override;
+  // max(a + b, 0) in one pass (a residual sum and its ReLU); backward as for forward(a + b), the
+  // gradient of the sum (that of a and of b alike).
+  Tensor forward_sum(Context& ctx, const Tensor& a, const Tensor& b);
   Tensor backward(Context& ctx, const Tensor& dy) override;
   void collect_params(std::vector<Param*>&) override {}
 };

@@ -61,7 +61,7 @@ Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) {
     std::vector<float> rstd(static_cast<size_t>(C));
     kernels::batchnorm_eval_rstd(rstd.data(), running_var.value.data(), C, opt.eps);
     kernels::batchnorm_normalize(y.data(), x.data(), weight.value.data(), bias.value.data(),
-                                 running_mean.value.data(), rstd.data(), N, C, HW, ctx.threads);
+                                 running_mean.value.data(), rstd.data(), N, C, HW, ctx.threads, relu_after);
     return y;
   }
   std::vector<double> stats(static_cast<size_t>(1 + 2 * C));  // [count, sum x (C), sum x^2 (C)]
@@ -74,7 +74,7 @@ Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) {
   kernels::batchnorm_update_running(running_mean.value.data(), running_var.value.data(), stats.data(), C,
                                     opt.momentum);
   kernels::batchnorm_normalize(y.data(), x.data(), weight.value.data(), bias.value.data(), mean, rstd, N, C, HW,
-                               ctx.threads);
+                               ctx.threads, relu_after);
   ctx.save(this, {x, stat});
   save_count(ctx.ints(this), stats[0]);
   return y;
@@ -90,7 +90,9 @@ Tensor BatchNorm2d::backward(Context& ctx, const Tensor& dy) {
   const float* rstd = mean + channels;
   const int64_t N = x.dim(0), C = channels, HW = spatial(x);
   std::vector<double> sums(static_cast<size_t>(2 * C));  // [sum dy (C), sum dy xhat (C)]
-  kernels::batchnorm_backward_sums(sums.data(), dy.data(), x.data(), mean, rstd, N, C, HW, ctx.threads);
+  const kernels::ReluAfter relu{weight.value.data(), bias.value.data()};
+  const kernels::ReluAfter* mask = relu_after ? &relu : nullptr;
+  kernels::batchnorm_backward_sums(sums.data(), dy.data(), x.data(), mean, rstd, N, C, HW, ctx.threads, mask);
   // The parameter gradients take the local sums, before the group's reduction.
   if (ctx.defer_weight_grads) {
     ctx.defer(
@@ -108,7 +110,7 @@ Tensor BatchNorm2d::backward(Context& ctx, const Tensor& dy) {
   if (reduce_stats) reduce_stats(sums);
   Tensor dx = Tensor::empty(x.shape());
   kernels::batchnorm_backward_data(dx.data(), dy.data(), x.data(), weight.value.data(), mean, rstd, sums.data(),
-                                   count, N, C, HW, ctx.threads);
+                                   count, N, C, HW, ctx.threads, mask);
   return dx;
 }
 

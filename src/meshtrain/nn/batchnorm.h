@@ -21,6 +21,9 @@
 // default): the local batch's statistics. The layer knows nothing of ranks: whoever builds it
 // (parallel/) binds the callback to a communicator and group.
 //
+// `relu_after` makes the layer BatchNorm2d then ReLU in one (the model builders set it where a
+// ReLU follows: two passes over the activation fewer each step, the same numbers).
+//
 // Gradients: weight and bias accumulate (+=); the input gradient is written. With
 // ctx.defer_weight_grads the (already computed, cheap) weight and bias gradients are added at
 // the W action. Limit: a forward recomputed for activation checkpointing would update the running
@@ -52,6 +55,9 @@ class BatchNorm2d : public Layer {
   void collect_buffers(std::vector<Param*>& out) override;
 
   std::function<void(std::span<double>)> reduce_stats;  // see above; null: local statistics
+  // The ReLU that follows, done in the same passes: y = max(0, bn(x)), and backward takes the
+  // ReLU's output gradient (the mask recomputed from x, nothing more saved).
+  bool relu_after = false;
 
   std::string name;
   Param weight, bias;                 // (C)
