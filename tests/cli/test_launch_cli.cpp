@@ -288,6 +288,23 @@ TEST(CliLaunch, EndsAndRestartsAStalledJob) {
   }
 }
 
+// A long evaluation is not a stall: the final evaluation of 16,000 batches (several seconds)
+// under --stall-timeout-s 2, where each step takes milliseconds. The trainer's heartbeat comes
+// after each chunk of evaluation batches too, so the job ends once, with no failure.
+TEST(CliLaunch, ALongEvaluationIsNotAStall) {
+  meshtrain::testing::TempDir tmp("launch_cli");
+  const std::string data = corpus(tmp), events = tmp.file("events.jsonl");
+  const auto r = run_cli("launch --stall-timeout-s 2 --max-restarts 1 --events " + events + " -- train --data " + data +
+                             " --model gpt-tiny --batch 4 --seq 16 --steps 20 --warmup 0 --eval-every 0 "
+                             "--eval-batches 16000 --threads 1 --checkpoint-dir " +
+                             tmp.file("ck") + " --metrics " + tmp.file("m.jsonl"),
+                         300);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("the job is stalled"), std::string::npos) << r.output;
+  EXPECT_EQ(kinds_of(lines_of(events)), (std::vector<std::string>{"start", "done"})) << r.output;
+  EXPECT_NE(r.output.find("final validation loss"), std::string::npos) << r.output;
+}
+
 TEST(CliLaunch, RefusesBadHostsFiles) {
   meshtrain::testing::TempDir tmp("launch_cli");
   const std::string data = corpus(tmp);

@@ -104,6 +104,8 @@ class RankTrainer {
   }
   // The validation loss (and accuracy, for a classifier) over --eval-batches batches.
   std::pair<float, std::optional<float>> evaluate();
+  static constexpr int64_t kEvalChunk = 32;  // evaluation batches per executor run (a heartbeat after each)
+  void heartbeat();
   // Fills this rank's rows of `step`'s batch (micro-batch by micro-batch) into the step arrays.
   void fill_batch(int64_t step);
   bool images() const { return sh_.images != nullptr; }

@@ -171,6 +171,14 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
 
 // ---- evaluation: every dp rank takes its rows of each validation batch ----
 
+// Under `meshtrain launch`, rank 0 touches the status file after each step and each chunk of
+// evaluation batches: the launcher's stall watchdog takes a file that stops changing for
+// --stall-timeout-s as a stalled job, so a long evaluation must not look like one.
+void RankTrainer::heartbeat() {
+  if (lead_ && !o_.launch_status_file.empty()) io::touch(o_.launch_status_file);
+}
+
+// Evaluation batches run through the executor in chunks of kEvalChunk (a heartbeat between).
 std::pair<float, std::optional<float>> RankTrainer::evaluate() {
   const int64_t B = o_.batch, T = o_.seq, rows = B / o_.dp, r0 = mesh_.coord().dp * rows;
   if (images()) {
@@ -182,14 +190,20 @@ std::pair<float, std::optional<float>> RankTrainer::evaluate() {
     std::vector<float> img(n * rows * per);
     std::vector<int32_t> lab(n * rows);
     for (int64_t j = 0; j < n; ++j) d.eval_batch(Split::val, j, B, r0, r0 + rows, img.data() + j * rows * per, lab.data() + j * rows);
-    for (auto& r : runners_)
-      r->set_batches({.images = img.data(), .sample_floats = per, .targets = lab.data(), .rows = rows, .T = 1}, 1.f);
-    exec_->forward_only(static_cast<int>(n));
     std::array<double, 3> a{0, 0, 0};  // loss sum, correct, counted
-    if (stages_.back()->last())
-      for (const model::StageResult& r : runners_.back()->results())
-        a[0] += static_cast<double>(r.loss) * static_cast<double>(r.counted), a[1] += static_cast<double>(r.correct),
-            a[2] += static_cast<double>(r.counted);
+    for (int64_t j0 = 0; j0 < n; j0 += kEvalChunk) {
+      const int64_t k = std::min(kEvalChunk, n - j0);
+      for (auto& r : runners_)
+        r->set_batches({.images = img.data() + j0 * rows * per, .sample_floats = per, .targets = lab.data() + j0 * rows,
+                        .rows = rows, .T = 1},
+                       1.f);
+      exec_->forward_only(static_cast<int>(k));
+      if (stages_.back()->last())
+        for (const model::StageResult& r : runners_.back()->results())
+          a[0] += static_cast<double>(r.loss) * static_cast<double>(r.counted), a[1] += static_cast<double>(r.correct),
+              a[2] += static_cast<double>(r.counted);
+      heartbeat();
+    }
     if (o_.dp > 1) mesh_.dp_group().all_reduce(a);
     if (o_.pp > 1) mesh_.pp_group().all_reduce(a);
     return {static_cast<float>(a[0] / std::max(1.0, a[2])), static_cast<float>(a[1] / std::max(1.0, a[2]))};
@@ -199,11 +213,17 @@ std::pair<float, std::optional<float>> RankTrainer::evaluate() {
   for (int64_t j = 0; j < n; ++j)
     sh_.tokens->batch(Split::val, DataOrder::random, o_.seed, j, B, T, r0, r0 + rows, tok.data() + j * rows * T,
                       tgt.data() + j * rows * T);
-  for (auto& r : runners_) r->set_batches({.tokens = tok.data(), .targets = tgt.data(), .rows = rows, .T = T}, 1.f);
-  exec_->forward_only(static_cast<int>(n));
   double sum = 0;  // batch losses in order, as one rank adds them
-  if (stages_.back()->last())
-    for (const model::StageResult& r : runners_.back()->results()) sum += r.loss;
+  for (int64_t j0 = 0; j0 < n; j0 += kEvalChunk) {
+    const int64_t k = std::min(kEvalChunk, n - j0);
+    for (auto& r : runners_)
+      r->set_batches({.tokens = tok.data() + j0 * rows * T, .targets = tgt.data() + j0 * rows * T, .rows = rows, .T = T},
+                     1.f);
+    exec_->forward_only(static_cast<int>(k));
+    if (stages_.back()->last())
+      for (const model::StageResult& r : runners_.back()->results()) sum += r.loss;
+    heartbeat();
+  }
   return {static_cast<float>(dp_mean(pp_sum(sum) / static_cast<double>(n))), std::nullopt};
 }
 
@@ -563,7 +583,7 @@ void RankTrainer::run() {
         std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step + 1), *r.val_loss);
     }
     res.steps.push_back(r);
-    if (lead_ && !o_.launch_status_file.empty()) io::touch(o_.launch_status_file);  // the launcher's heartbeat
+    heartbeat();
     if (stopping) break;
   }
   float final_val = (!res.steps.empty() && res.steps.back().val_loss) ? *res.steps.back().val_loss : 0.f;
