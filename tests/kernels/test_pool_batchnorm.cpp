@@ -54,8 +54,11 @@ TEST(PoolKernel, MaxMatchesAPlainLoopOverEveryWindow) {
     for (int64_t kw = 1; kw <= 3; ++kw)
       for (int64_t st = 1; st <= 3; ++st)
         for (int64_t pad = 0; pad <= std::min(kh, kw) / 2; ++pad)
-          for (int64_t hw : {int64_t{3}, int64_t{7}, int64_t{10}}) {
-            const Pool2dShape s{.N = 2, .C = 3, .H = hw, .W = hw + 2, .KH = kh, .KW = kw, .stride_h = st,
+          for (auto [hh, ww] : {std::pair<int64_t, int64_t>{3, 5}, {7, 9}, {10, 12}, {9, 2}, {2, 9}}) {
+            // (9, 2): rows inside the image, and no column whose window is (where W + 2 pad >= K).
+            if (hh + 2 * pad < kh || ww + 2 * pad < kw) continue;
+            const int64_t hw = hh;
+            const Pool2dShape s{.N = 2, .C = 3, .H = hh, .W = ww, .KH = kh, .KW = kw, .stride_h = st,
                                 .stride_w = st, .pad_h = pad, .pad_w = pad};
             std::vector<float> x = randn(s.N * s.C * s.H * s.W, 7 + cases);
             for (size_t i = 0; i < x.size(); ++i) {
@@ -85,7 +88,7 @@ TEST(PoolKernel, MaxMatchesAPlainLoopOverEveryWindow) {
                   const float want = x[p * s.H * s.W + best];
                   const std::string at = "window " + std::to_string(kh) + "x" + std::to_string(kw) + " stride " +
                                          std::to_string(st) + " pad " + std::to_string(pad) + " H " +
-                                         std::to_string(hw) + " output " + std::to_string(o);
+                                         std::to_string(hw) + " W " + std::to_string(ww) + " output " + std::to_string(o);
                   ASSERT_EQ(am[o], best) << at;
                   if (std::isnan(want)) {
                     EXPECT_TRUE(std::isnan(y[o]) && std::isnan(y_eval[o])) << at;

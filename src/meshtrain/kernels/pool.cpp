@@ -159,7 +159,7 @@ void max_plane(const float* x, float* y, int32_t* am, const Pool2dShape& s, MaxR
     const int64_t h = oh * s.stride_h - s.pad_h;
     const bool rows_inside = h >= 0 && h + s.KH <= s.H;
     for (int64_t ow = 0; ow < OW; ++ow) {
-      if (rows_inside && ow == lo) {
+      if (rows_inside && ow == lo && lo < hi) {
         row(x, s.W, h, s.KH, s.KW, s.stride_w, s.pad_w, lo, hi, yr, ar);
         ow = hi - 1;
         continue;
