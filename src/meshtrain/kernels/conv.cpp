@@ -10,7 +10,7 @@
 // evaluation-only model never builds backward primitives.
 //
 // Memory. The converted arguments live in Tensors made for the call (tensor storage of 1 MiB
-// and more comes from the process's block cache, tensor/tensor.h, so repeated calls do not
+// and more comes from the process's arena, tensor/tensor.h, so repeated calls do not
 // fault in fresh pages) and so does the primitive's scratchpad (user scratchpad mode; oneDNN's
 // own mode allocates and frees it inside every call).
 //

@@ -7,8 +7,13 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <set>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
+#include <vector>
+
+#include <sys/mman.h>
 
 namespace meshtrain {
 
@@ -55,100 +60,136 @@ int64_t tensor_bytes_live_thread() { return thread_counter()->load(std::memory_o
 int64_t tensor_bytes_peak_thread() { return std::max(thread_peak(), tensor_bytes_live_thread()); }
 void reset_tensor_bytes_peak_thread() { thread_peak() = tensor_bytes_live_thread(); }
 
-// ---- storage cache ----
+// ---- storage arena ----
 
 namespace {
 
-constexpr size_t kCacheMin = size_t{1} << 20;      // smaller blocks: malloc reuses them well
-constexpr size_t kCacheQuantum = size_t{64} << 10;  // sizes are rounded up to this
+constexpr size_t kArenaMin = size_t{1} << 20;       // smaller blocks: the C library's
+constexpr size_t kArenaQuantum = size_t{64} << 10;  // sizes are rounded up to this
+// Address space reserved per segment (MAP_NORESERVE: pages cost nothing until touched). A
+// system that refuses it (strict overcommit) gets segments of the request's size instead.
+constexpr size_t kSegmentBytes = size_t{16} << 30;
 
-struct StorageCache {
+// Best fit over segments of reserved address space, blocks split on allocation and coalesced
+// with their free neighbours (within a segment) when freed. A segment's `extent` is the end of
+// the furthest block ever handed out: the pages below it may be resident, none above.
+struct Arena {
+  struct Segment {
+    char* base;
+    size_t size;
+    size_t extent = 0;
+  };
+  struct Block {
+    size_t size;
+    int seg;
+    bool free;
+  };
   std::mutex mu;
-  std::map<size_t, std::vector<void*>> free;  // by rounded size
-  size_t cached = 0;     // bytes in `free`
-  size_t held = 0;       // bytes of cache-sized blocks obtained and not given back: in use + cached
-  size_t peak_used = 0;  // the most of them ever in use at once (held - cached)
-  size_t largest = 0;    // the largest block ever asked for
+  std::vector<Segment> segments;
+  std::map<char*, Block> blocks;                    // every block, by address
+  std::set<std::tuple<size_t, int, char*>> free_fit;  // free blocks by (size, segment, address)
+  size_t in_use = 0, peak_used = 0, largest = 0;
   int64_t hits = 0;
+
+  void add_free(char* at, size_t size, int seg) {
+    blocks[at] = {size, seg, true};
+    free_fit.insert({size, seg, at});
+  }
+  bool new_segment(size_t bytes) {
+    for (size_t want : {std::max(kSegmentBytes, bytes), bytes}) {
+      void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) continue;
+      segments.push_back({static_cast<char*>(p), want});
+      add_free(static_cast<char*>(p), want, static_cast<int>(segments.size()) - 1);
+      return true;
+    }
+    return false;
+  }
+  void* take(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    largest = std::max(largest, bytes);
+    auto it = free_fit.lower_bound({bytes, 0, nullptr});
+    if (it == free_fit.end()) {
+      if (!new_segment(bytes)) return nullptr;
+      it = free_fit.lower_bound({bytes, 0, nullptr});
+    }
+    const auto [size, seg, at] = *it;
+    free_fit.erase(it);
+    Block& b = blocks[at];
+    b.free = false;
+    if (size > bytes) {
+      b.size = bytes;
+      add_free(at + bytes, size - bytes, seg);
+    }
+    Segment& sg = segments[static_cast<size_t>(seg)];
+    const size_t end = static_cast<size_t>(at - sg.base) + bytes;
+    if (end <= sg.extent) ++hits;
+    sg.extent = std::max(sg.extent, end);
+    in_use += bytes;
+    peak_used = std::max(peak_used, in_use);
+    return at;
+  }
+  void give(void* q) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = blocks.find(static_cast<char*>(q));
+    char* at = it->first;
+    size_t size = it->second.size;
+    const int seg = it->second.seg;
+    in_use -= size;
+    auto next = std::next(it);
+    if (next != blocks.end() && next->second.free && next->second.seg == seg && next->first == at + size) {
+      free_fit.erase({next->second.size, seg, next->first});
+      size += next->second.size;
+      blocks.erase(next);
+    }
+    if (it != blocks.begin()) {
+      auto prev = std::prev(it);
+      if (prev->second.free && prev->second.seg == seg && prev->first + prev->second.size == at) {
+        free_fit.erase({prev->second.size, seg, prev->first});
+        at = prev->first;
+        size += prev->second.size;
+        blocks.erase(it);
+        it = prev;
+      }
+    }
+    it->second = {size, seg, true};
+    free_fit.insert({size, seg, at});
+  }
+  size_t extent() const {
+    size_t e = 0;
+    for (const Segment& sg : segments) e += sg.extent;
+    return e;
+  }
 };
 
-StorageCache& cache() {
-  static auto* c = new StorageCache;  // never destroyed: tensors may be freed during exit
-  return *c;
-}
-
-void* cache_take(size_t bytes) {
-  StorageCache& c = cache();
-  std::vector<void*> evict;
-  {
-    std::lock_guard<std::mutex> lock(c.mu);
-    auto it = c.free.find(bytes);
-    if (it != c.free.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
-      c.cached -= bytes;
-      ++c.hits;
-      c.peak_used = std::max(c.peak_used, c.held - c.cached);
-      return p;
-    }
-    // A miss: give back cached blocks, largest first, until in use + cached + this block is no
-    // more than the peak in use plus one largest block (or, if this block raises that peak
-    // further, until nothing is cached). The slack of one block is what a step needs: its
-    // peak comes when the logits are allocated, while blocks that the backward pass will use
-    // again are cached; a bound of the peak alone gave them back there, and the backward pass
-    // then gave back the freed logits to get them again: gpt2-124m at 8 x 256 faulted in
-    // 400 MiB a step that way.
-    const size_t used = c.held - c.cached + bytes;
-    c.largest = std::max(c.largest, bytes);
-    const size_t bound = c.peak_used + c.largest;
-    const size_t room = bound > used ? bound - used : 0;
-    while (c.cached > room) {
-      auto big = std::prev(c.free.end());
-      if (big->second.empty()) {
-        c.free.erase(big);
-        continue;
-      }
-      evict.push_back(big->second.back());
-      big->second.pop_back();
-      c.cached -= big->first;
-      c.held -= big->first;
-    }
-    c.held += bytes;
-    c.peak_used = std::max(c.peak_used, used);
-  }
-  for (void* p : evict) std::free(p);
-  void* p = std::aligned_alloc(64, bytes);
-  if (!p) {
-    std::lock_guard<std::mutex> lock(cache().mu);
-    c.held -= bytes;
-  }
-  return p;
-}
-
-void cache_give(void* p, size_t bytes) {
-  StorageCache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.free[bytes].push_back(p);
-  c.cached += bytes;
+Arena& arena() {
+  static auto* a = new Arena;  // never destroyed: tensors may be freed during exit
+  return *a;
 }
 
 }  // namespace
 
 int64_t tensor_cache_bytes() {
-  std::lock_guard<std::mutex> lock(cache().mu);
-  return static_cast<int64_t>(cache().cached);
+  Arena& a = arena();
+  std::lock_guard<std::mutex> lock(a.mu);
+  return static_cast<int64_t>(a.extent() - std::min(a.extent(), a.in_use));
 }
 int64_t tensor_cache_hits() {
-  std::lock_guard<std::mutex> lock(cache().mu);
-  return cache().hits;
+  std::lock_guard<std::mutex> lock(arena().mu);
+  return arena().hits;
 }
 int64_t tensor_cache_peak_bytes() {
-  std::lock_guard<std::mutex> lock(cache().mu);
-  return static_cast<int64_t>(cache().peak_used);
+  std::lock_guard<std::mutex> lock(arena().mu);
+  return static_cast<int64_t>(arena().peak_used);
 }
 int64_t tensor_cache_largest_bytes() {
-  std::lock_guard<std::mutex> lock(cache().mu);
-  return static_cast<int64_t>(cache().largest);
+  std::lock_guard<std::mutex> lock(arena().mu);
+  return static_cast<int64_t>(arena().largest);
+}
+int64_t tensor_cache_extent_bytes() {
+  Arena& a = arena();
+  std::lock_guard<std::mutex> lock(a.mu);
+  return static_cast<int64_t>(a.extent());
 }
 
 // ---- storage ----
@@ -160,18 +201,18 @@ void Tensor::allocate(int64_t n) {
     return;
   }
   size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
-  const bool cached = bytes >= kCacheMin;
-  if (cached) bytes = (bytes + kCacheQuantum - 1) / kCacheQuantum * kCacheQuantum;
-  void* p = cached ? cache_take(bytes) : std::aligned_alloc(64, bytes);
+  const bool cached = bytes >= kArenaMin;
+  if (cached) bytes = (bytes + kArenaQuantum - 1) / kArenaQuantum * kArenaQuantum;
+  void* p = cached ? arena().take(bytes) : std::aligned_alloc(64, bytes);
   if (!p) throw std::bad_alloc();
   const int64_t live = n * static_cast<int64_t>(sizeof(float));
   g_live_bytes.fetch_add(live, std::memory_order_relaxed);
   auto counter = thread_counter();
   const int64_t now = counter->fetch_add(live, std::memory_order_relaxed) + live;
   thread_peak() = std::max(thread_peak(), now);
-  data_ = std::shared_ptr<float[]>(static_cast<float*>(p), [counter, live, cached, bytes](float* q) {
+  data_ = std::shared_ptr<float[]>(static_cast<float*>(p), [counter, live, cached](float* q) {
     if (cached)
-      cache_give(q, bytes);
+      arena().give(q);
     else
       std::free(q);
     g_live_bytes.fetch_sub(live, std::memory_order_relaxed);
