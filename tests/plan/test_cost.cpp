@@ -25,6 +25,7 @@
 #include "meshtrain/tensor/tensor.h"
 #include "meshtrain/train/trainer.h"
 #include "temp_dir.h"
+#include "train/cnn_runs.h"
 
 using namespace meshtrain;
 
@@ -209,4 +210,30 @@ TEST(MemoryModel, PredictsEachRanksPeakTensorMemory) {
           << c.schedule << (c.recompute ? " recompute" : "") << " rank " << rank;
     }
   }
+}
+
+// The same for the CNNs: what their units keep and what they allocate for a while beyond it
+// are measured on the layers (CNNSpec's probes), so the prediction holds at one rank and dp 2
+// within 1% (measured) and is asserted within 5% as above. At pp 2 the first stage also holds
+// the activations it sent until the step's end (the executor waits for its sends there), which
+// the pipeline part of the model does not count: measured 4.0% (cnn-small) and 5.3%
+// (inception-small) under, so that stage is held to 10%.
+TEST(MemoryModel, PredictsACnnsPeakTensorMemory) {
+  for (const std::string model : {"cnn-small", "resnet-small", "inception-small"})
+    for (auto [dp, pp] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
+      train::TrainOptions o = meshtrain::testing::cnn_options(model, dp, pp, 0);
+      o.steps = 3;
+      o.hardware = std::make_shared<const plan::Hardware>(device());
+      const train::TrainResult r = train::train(o);
+      ASSERT_TRUE(r.predicted.has_value());
+      ASSERT_EQ(r.peak_tensor_bytes.size(), static_cast<size_t>(dp * pp));
+      for (size_t rank = 0; rank < r.peak_tensor_bytes.size(); ++rank) {
+        const int stage = parallel::mesh_coord({dp, 1, pp}, static_cast<int>(rank)).pp;
+        const double predicted = r.predicted->memory.at(static_cast<size_t>(stage)).total();
+        const double measured = static_cast<double>(r.peak_tensor_bytes[rank]);
+        const double tolerance = pp > 1 && stage == 0 ? 0.10 : 0.05;
+        EXPECT_NEAR(predicted, measured, tolerance * measured)
+            << model << " dp " << dp << " pp " << pp << " rank " << rank;
+      }
+    }
 }

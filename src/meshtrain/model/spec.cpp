@@ -169,6 +169,10 @@ class CNNSpec : public ModelSpec {
   // without it (units share storage across their boundary: one saves its output, the next
   // its input).
   std::pair<double, double> kept_by(int64_t first, int64_t end) const;
+  // What unit u allocates beyond what it keeps, at its peak over a forward and a backward of
+  // the unit alone, measured the same way: the convolutions' layout conversions and
+  // scratchpads, outputs and gradients in flight (a constant part and a part per image).
+  std::pair<double, double> transient_of(int64_t unit) const;
   // Per unit: its parameter elements, counted once on the built model (the planner asks
   // for every stage of every layout it tries).
   const std::vector<double>& params_per_unit() const;
@@ -179,6 +183,7 @@ class CNNSpec : public ModelSpec {
   std::vector<double> flops_ = cnn_unit_flops(cfg_);
   mutable std::mutex probe_mutex_;
   mutable std::map<std::pair<int64_t, int64_t>, std::pair<double, double>> probes_;
+  mutable std::map<int64_t, std::pair<double, double>> transients_;
   mutable std::once_flag counted_;
   mutable std::vector<double> params_;
 };
@@ -211,9 +216,42 @@ std::pair<double, double> CNNSpec::kept_by(int64_t first, int64_t end) const {
   return probes_[{first, end}] = {2 * one - two, two - one};
 }
 
+std::pair<double, double> CNNSpec::transient_of(int64_t u) const {
+  std::lock_guard<std::mutex> lock(probe_mutex_);
+  if (auto it = transients_.find(u); it != transients_.end()) return it->second;
+  const bool first = u == 0, last = u + 1 == units_;
+  CNNStage stage(cfg_, 0, u, u + 1, first, last);
+  auto transient = [&](int64_t rows) {
+    const Shape in = stage.input_shape(rows, 1);
+    int64_t numel = 1;
+    for (int64_t d : in) numel *= d;
+    std::vector<float> images(static_cast<size_t>(numel), 0.f);
+    std::vector<int32_t> targets(static_cast<size_t>(rows), 0);
+    MicroBatch mb{.images = images.data(), .targets = targets.data(), .rows = rows};
+    const Tensor x = first ? Tensor() : Tensor::zeros(in);
+    nn::Context ctx(1, true);
+    const int64_t before = tensor_bytes_live_thread();
+    reset_tensor_bytes_peak_thread();
+    int64_t kept = 0;
+    {
+      StageResult r;
+      Tensor y = stage.forward(ctx, x, mb, &r, nullptr);
+      const Shape out = y.shape();
+      y = Tensor();
+      kept = tensor_bytes_live_thread() - before;
+      const Tensor dy = last ? Tensor() : Tensor::zeros(out);
+      stage.backward(ctx, dy, 1.0f, nullptr);
+    }
+    return static_cast<double>(tensor_bytes_peak_thread() - before - kept);
+  };
+  const double one = transient(1), two = transient(2);
+  return transients_[u] = {2 * one - two, two - one};
+}
+
 // Per unit: its convolutions and linears as one product (FLOPs from cnn_unit_flops), its
 // batch norms, activations and pooling as memory traffic over the unit's output (about six
-// passes forward, ten backward), and what its layers keep (measured, kept_by).
+// passes forward, ten backward), what its layers keep (measured, kept_by) and what it
+// allocates for a while beyond that (measured, transient_of).
 std::vector<OpCost> CNNSpec::op_costs(const StageSpec& spec, const CostQuery& q) const {
   const double tp = std::max(1, q.tp), rows = static_cast<double>(q.rows);
   const int64_t end = spec.end_layer < 0 ? units_ : spec.end_layer;
@@ -233,7 +271,8 @@ std::vector<OpCost> CNNSpec::op_costs(const StageSpec& spec, const CostQuery& q)
     const auto [c1, p1] = kept_by(spec.first_layer, u + 1);
     const auto [c0, p0] = kept_by(spec.first_layer, u);
     o.saved_bytes = (c1 - c0 + (p1 - p0) * rows) / tp;
-    o.temp_bytes = 3 * out_bytes;
+    const auto [t0, t1] = transient_of(u);
+    o.temp_bytes = std::max(0.0, t0 + t1 * rows) / tp;
     o.unit_end = true;
     ops.push_back(o);
   }

@@ -34,23 +34,23 @@ Tensor MaxPool2d::forward(Context& ctx, const Tensor& x) {
     kernels::maxpool2d_forward(y.data(), nullptr, x.data(), s, ctx.threads);
     return y;
   }
-  std::vector<int32_t>& saved = ctx.ints(this);
-  saved.clear();
-  detail::push_shape(saved, x.shape());
-  const size_t at = saved.size();
-  saved.resize(at + static_cast<size_t>(y.numel()));
-  kernels::maxpool2d_forward(y.data(), saved.data() + at, x.data(), s, ctx.threads);
+  // The argmax (int32, one per output) in a tensor's storage: saved activation memory like any
+  // other, counted and served as such (tensor/tensor.h).
+  Tensor argmax = Tensor::empty({y.numel()});
+  static_assert(sizeof(int32_t) == sizeof(float));
+  kernels::maxpool2d_forward(y.data(), reinterpret_cast<int32_t*>(argmax.data()), x.data(), s, ctx.threads);
+  ctx.save(this, {argmax});
+  detail::save_input_shape(ctx, this, x.shape());
   return y;
 }
 
 Tensor MaxPool2d::backward(Context& ctx, const Tensor& dy) {
-  std::vector<int32_t> saved = std::move(ctx.ints(this));  // the input's shape, then the argmax indices
-  ctx.release(this);
-  size_t at = 0;
-  const Shape xs = detail::read_shape(saved, at);
+  const std::vector<Tensor> kept = ctx.saved(this);
+  const Shape xs = detail::take_input_shape(ctx, this);  // throws when forward saved nothing
+  const Tensor& argmax = kept.at(0);
   const kernels::Pool2dShape s = pool_shape(xs, kernel, stride, padding, "MaxPool2d");
   Tensor dx = Tensor::empty(xs);
-  kernels::maxpool2d_backward(dx.data(), dy.data(), saved.data() + at, s, ctx.threads);
+  kernels::maxpool2d_backward(dx.data(), dy.data(), reinterpret_cast<const int32_t*>(argmax.data()), s, ctx.threads);
   return dx;
 }
 
