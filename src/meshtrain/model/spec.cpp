@@ -188,6 +188,20 @@ class CNNSpec : public ModelSpec {
   mutable std::vector<double> params_;
 };
 
+namespace {
+// A probe's micro-batch: `rows` zero images and labels for a stage, and the stage's input shape.
+struct ProbeBatch {
+  ProbeBatch(const CNNStage& stage, int64_t rows)
+      : in(stage.input_shape(rows, 1)), images(static_cast<size_t>(shape_numel(in)), 0.f),
+        targets(static_cast<size_t>(rows), 0),
+        mb{.images = images.data(), .targets = targets.data(), .rows = rows} {}
+  Shape in;
+  std::vector<float> images;
+  std::vector<int32_t> targets;
+  MicroBatch mb;
+};
+}  // namespace
+
 std::pair<double, double> CNNSpec::kept_by(int64_t first, int64_t end) const {
   if (end <= first) return {0, 0};
   std::lock_guard<std::mutex> lock(probe_mutex_);
@@ -197,18 +211,13 @@ std::pair<double, double> CNNSpec::kept_by(int64_t first, int64_t end) const {
   // after it once the input and output handles are dropped (each counts when a layer keeps
   // it). At 1 and 2 images: a constant part (per-channel statistics) and a part per image.
   auto kept = [&](int64_t rows) {
-    const Shape in = stage.input_shape(rows, 1);
-    int64_t numel = 1;
-    for (int64_t d : in) numel *= d;
-    std::vector<float> images(static_cast<size_t>(numel), 0.f);
-    std::vector<int32_t> targets(static_cast<size_t>(rows), 0);
-    MicroBatch mb{.images = images.data(), .targets = targets.data(), .rows = rows};
+    const ProbeBatch b(stage, rows);
     const int64_t before = tensor_bytes_live_thread();
     nn::Context ctx(1, true);
     {
       StageResult r;
-      Tensor x = first == 0 ? Tensor() : Tensor::zeros(in);
-      stage.forward(ctx, x, mb, &r, nullptr);
+      Tensor x = first == 0 ? Tensor() : Tensor::zeros(b.in);
+      stage.forward(ctx, x, b.mb, &r, nullptr);
     }
     return static_cast<double>(tensor_bytes_live_thread() - before);
   };
@@ -222,20 +231,15 @@ std::pair<double, double> CNNSpec::transient_of(int64_t u) const {
   const bool first = u == 0, last = u + 1 == units_;
   CNNStage stage(cfg_, 0, u, u + 1, first, last);
   auto transient = [&](int64_t rows) {
-    const Shape in = stage.input_shape(rows, 1);
-    int64_t numel = 1;
-    for (int64_t d : in) numel *= d;
-    std::vector<float> images(static_cast<size_t>(numel), 0.f);
-    std::vector<int32_t> targets(static_cast<size_t>(rows), 0);
-    MicroBatch mb{.images = images.data(), .targets = targets.data(), .rows = rows};
-    const Tensor x = first ? Tensor() : Tensor::zeros(in);
+    const ProbeBatch b(stage, rows);
+    const Tensor x = first ? Tensor() : Tensor::zeros(b.in);
     nn::Context ctx(1, true);
     const int64_t before = tensor_bytes_live_thread();
     reset_tensor_bytes_peak_thread();
     int64_t kept = 0;
     {
       StageResult r;
-      Tensor y = stage.forward(ctx, x, mb, &r, nullptr);
+      Tensor y = stage.forward(ctx, x, b.mb, &r, nullptr);
       const Shape out = y.shape();
       y = Tensor();
       kept = tensor_bytes_live_thread() - before;
