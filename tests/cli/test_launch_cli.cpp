@@ -186,6 +186,17 @@ pid_t running_process(const std::string& metrics, const std::string& env) {
   return 0;
 }
 
+// Runs `launch_args` (a launch command writing `metrics`) and, once the job is well under way,
+// sends `sig` to its process whose environment holds `env` (any when empty); the launch's
+// result. A job process not found fails the calling test.
+meshtrain::testing::CliResult signal_during(const std::string& launch_args, const std::string& metrics, const std::string& env, int sig) {
+  auto job = std::async(std::launch::async, [&] { return run_cli(launch_args, 300); });
+  const pid_t p = running_process(metrics, env);
+  EXPECT_GT(p, 0) << "no process of the job" << (env.empty() ? "" : " with " + env) << " found while it ran";
+  if (p > 0) kill(p, sig);
+  return job.get();
+}
+
 std::vector<std::string> kinds_of(const std::vector<json>& events) {
   std::vector<std::string> kinds;
   for (const json& e : events) kinds.push_back(e.at("event"));
@@ -226,17 +237,12 @@ TEST(CliLaunch, MpiRankKilledFromOutsideIsLost) {
   meshtrain::testing::TempDir tmp("launch_cli");
   const std::string data = corpus(tmp), events = tmp.file("events.jsonl"), metrics = tmp.file("m.jsonl");
   // A constant rate, so the curve does not depend on --steps; many steps, so the kill lands.
-  auto job = std::async(std::launch::async, [&] {
-    return run_cli("launch --np 2 --max-restarts 1 --events " + events + " -- train --data " + data +
-                       " --model gpt-tiny --batch 4 --seq 16 --steps 600 --warmup 0 --lr 0.001 --min-lr 0.001 "
-                       "--eval-every 0 --eval-batches 1 --threads 1 --comm-timeout 20 --quiet --dp 2 --checkpoint-dir " +
-                       tmp.file("ck") + " --checkpoint-every 5 --metrics " + metrics,
-                   300);
-  });
-  const pid_t victim = running_process(metrics, "OMPI_COMM_WORLD_RANK=1");
-  ASSERT_GT(victim, 0) << "no process of world rank 1 found while the job ran";
-  kill(victim, SIGKILL);
-  const auto r = job.get();
+  const auto r = signal_during("launch --np 2 --max-restarts 1 --events " + events + " -- train --data " + data +
+                                    " --model gpt-tiny --batch 4 --seq 16 --steps 600 --warmup 0 --lr 0.001 "
+                                    "--min-lr 0.001 --eval-every 0 --eval-batches 1 --threads 1 --comm-timeout 20 "
+                                    "--quiet --dp 2 --checkpoint-dir " +
+                                    tmp.file("ck") + " --checkpoint-every 5 --metrics " + metrics,
+                                metrics, "OMPI_COMM_WORLD_RANK=1", SIGKILL);
   ASSERT_EQ(r.code, 0) << r.output;
   const auto ev = lines_of(events);
   ASSERT_EQ(kinds_of(ev), (std::vector<std::string>{"start", "failure", "restart", "resumed", "done"})) << r.output;
@@ -258,15 +264,9 @@ TEST(CliLaunch, EndsAndRestartsAStalledJob) {
   const std::string train = " --data " + data +
                             " --model gpt-tiny --batch 4 --seq 16 --steps 600 --warmup 0 --lr 0.001 --min-lr 0.001 "
                             "--eval-every 0 --eval-batches 1 --threads 1 --quiet --checkpoint-every 5";
-  auto job = std::async(std::launch::async, [&] {
-    return run_cli("launch --stall-timeout-s 4 --max-restarts 1 --events " + events + " -- train" + train +
-                       " --checkpoint-dir " + tmp.file("ck") + " --metrics " + metrics,
-                   300);
-  });
-  const pid_t child = running_process(metrics, "");
-  ASSERT_GT(child, 0) << "no process of the job found while it ran";
-  kill(child, SIGSTOP);
-  const auto r = job.get();
+  const auto r = signal_during("launch --stall-timeout-s 4 --max-restarts 1 --events " + events + " -- train" + train +
+                                    " --checkpoint-dir " + tmp.file("ck") + " --metrics " + metrics,
+                                metrics, "", SIGSTOP);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("the job is stalled"), std::string::npos) << r.output;
   const auto ev = lines_of(events);
