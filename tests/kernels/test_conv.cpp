@@ -13,10 +13,12 @@
 
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "cnn_reference.h"
 #include "kernel_test_util.h"
 #include "meshtrain/kernels/conv.h"
+#include "meshtrain/kernels/layout.h"
 
 using namespace meshtrain;
 using namespace meshtrain::kernels;
@@ -148,4 +150,43 @@ TEST(Conv2dKernel, RejectsImpossibleShapes) {
   EXPECT_THROW(conv2d_forward(buf.data(), buf.data(), buf.data(), nullptr,
                               {.N = 1, .IC = 1, .H = 4, .W = 4, .OC = 1, .KH = 3, .KW = 3, .stride_h = 0}, 1),
                std::invalid_argument);
+}
+
+// Activations kept in the blocked layouts (kernels/layout.h): the same convolution read and
+// written in nChw8c or nChw16c gives the NCHW results, permuted, to the bit (the primitive is
+// the one the NCHW call converts into and out of), for every mix of input and output layouts.
+TEST(Conv2dKernel, BlockedActivationsGiveTheNchwResults) {
+  for (int block : {8, 16})
+    for (int in_b : {0, block})
+      for (int out_b : {0, block}) {
+        const Conv2dShape plain{.N = 3, .IC = 32, .H = 9, .W = 7, .OC = 16, .KH = 3, .KW = 3, .stride_h = 2,
+                                .stride_w = 1, .pad_h = 1, .pad_w = 1};
+        Conv2dShape s = plain;
+        s.src_block = in_b, s.dst_block = out_b;
+        Problem p(plain, true);
+        const int64_t HW = s.H * s.W, OHW = s.OH() * s.OW();
+        std::vector<float> y(p.out_numel()), dx(p.x.size()), dw(p.w.size(), 0.0f), db(s.OC, 0.0f);
+        conv2d_forward(y.data(), p.x.data(), p.w.data(), p.b.data(), plain, 2);
+        conv2d_backward(dx.data(), dw.data(), db.data(), p.dy.data(), p.x.data(), p.w.data(), plain, 2);
+
+        std::vector<float> xb(p.x.size()), dyb(p.dy.size()), yb(y.size()), dxb(dx.size());
+        std::vector<float> dwb(dw.size(), 0.0f), dbb(db.size(), 0.0f);
+        to_activation_layout(xb.data(), p.x.data(), s.N, s.IC, HW, in_b);
+        to_activation_layout(dyb.data(), p.dy.data(), s.N, s.OC, OHW, out_b);
+        conv2d_forward(yb.data(), xb.data(), p.w.data(), p.b.data(), s, 2);
+        conv2d_backward(dxb.data(), dwb.data(), dbb.data(), dyb.data(), xb.data(), p.w.data(), s, 2);
+        std::vector<float> y_back(y.size()), dx_back(dx.size());
+        from_activation_layout(y_back.data(), yb.data(), s.N, s.OC, OHW, out_b);
+        from_activation_layout(dx_back.data(), dxb.data(), s.N, s.IC, HW, in_b);
+        const std::string at = "block " + std::to_string(block) + ", in " + std::to_string(in_b) + ", out " +
+                               std::to_string(out_b);
+        EXPECT_EQ(y, y_back) << at;
+        EXPECT_EQ(dx, dx_back) << at;
+        EXPECT_EQ(dw, dwb) << at;
+        EXPECT_EQ(db, dbb) << at;
+      }
+  Conv2dShape bad{.N = 1, .IC = 12, .H = 4, .W = 4, .OC = 16, .KH = 3, .KW = 3};
+  bad.src_block = 8;  // 12 channels are not whole blocks of 8
+  std::vector<float> x(12 * 16), w(16 * 12 * 9), y(16 * 4);
+  EXPECT_THROW(conv2d_forward(y.data(), x.data(), w.data(), nullptr, bad, 1), std::invalid_argument);
 }

@@ -12,6 +12,7 @@
 #include "kernel_test_util.h"
 #include "meshtrain/kernels/batchnorm.h"
 #include "meshtrain/kernels/concat.h"
+#include "meshtrain/kernels/layout.h"
 #include "meshtrain/kernels/pool.h"
 #include "meshtrain/kernels/relu.h"
 
@@ -202,4 +203,67 @@ TEST(BatchNormKernel, VarianceSurvivesALargeMean) {
   batchnorm_stats(mean.data(), rstd.data(), var.data(), stats.data(), C, 0.0f);
   EXPECT_NEAR(var[0], v2, 1e-9 * v2);
   EXPECT_NEAR(mean[0], m, 1e-4);
+}
+
+// The blocked layouts (kernels/layout.h): the batch-norm passes and the global average pool on
+// nChw8c / nChw16c activations give what they give on NCHW. The float64 sums may differ in
+// their last bits (another order of vector partial sums); every elementwise pass, given the
+// same statistics and sums, is the same to the bit; and the blocked passes do not depend on
+// the thread budget either.
+TEST(BatchNormKernel, BlockedLayoutsGiveTheNchwResults) {
+  const int64_t N = 5, C = 32, HW = 19 * 21;  // large enough for the threaded path
+  const std::vector<float> x = randn(N * C * HW, 11, 2.0f), dy = randn(N * C * HW, 12);
+  const std::vector<float> w = randn(C, 13), bias = randn(C, 14);
+  const ReluAfter relu{w.data(), bias.data()};
+  std::vector<double> stats(1 + 2 * C);
+  batchnorm_local_stats(stats.data(), x.data(), N, C, HW, 2);
+  std::vector<float> mean(C), rstd(C);
+  batchnorm_stats(mean.data(), rstd.data(), nullptr, stats.data(), C, 1e-5f);
+  for (int block : {8, 16})
+    for (bool with_relu : {false, true}) {
+      const std::string at = "block " + std::to_string(block) + (with_relu ? ", with relu" : "");
+      const ReluAfter* mask = with_relu ? &relu : nullptr;
+      std::vector<float> xb(x.size()), dyb(dy.size());
+      to_activation_layout(xb.data(), x.data(), N, C, HW, block);
+      to_activation_layout(dyb.data(), dy.data(), N, C, HW, block);
+      std::vector<double> sb(1 + 2 * C), sb1(1 + 2 * C);
+      batchnorm_local_stats(sb.data(), xb.data(), N, C, HW, 2, block);
+      batchnorm_local_stats(sb1.data(), xb.data(), N, C, HW, 1, block);
+      EXPECT_EQ(sb, sb1) << at;
+      EXPECT_EQ(sb[0], stats[0]) << at;
+      for (int64_t i = 1; i < 1 + 2 * C; ++i) EXPECT_NEAR(sb[i], stats[i], 1e-12 * (1 + std::fabs(stats[i]))) << at << " " << i;
+
+      std::vector<float> y(x.size()), yb(x.size()), yb_back(x.size());
+      batchnorm_normalize(y.data(), x.data(), w.data(), bias.data(), mean.data(), rstd.data(), N, C, HW, 2, with_relu);
+      batchnorm_normalize(yb.data(), xb.data(), w.data(), bias.data(), mean.data(), rstd.data(), N, C, HW, 2,
+                          with_relu, block);
+      from_activation_layout(yb_back.data(), yb.data(), N, C, HW, block);
+      EXPECT_TRUE(same_bits(y, yb_back)) << at;
+
+      std::vector<double> g(2 * C), gb(2 * C), gb1(2 * C);
+      batchnorm_backward_sums(g.data(), dy.data(), x.data(), mean.data(), rstd.data(), N, C, HW, 2, mask);
+      batchnorm_backward_sums(gb.data(), dyb.data(), xb.data(), mean.data(), rstd.data(), N, C, HW, 2, mask, block);
+      batchnorm_backward_sums(gb1.data(), dyb.data(), xb.data(), mean.data(), rstd.data(), N, C, HW, 1, mask, block);
+      EXPECT_EQ(gb, gb1) << at;
+      for (int64_t i = 0; i < 2 * C; ++i) EXPECT_NEAR(gb[i], g[i], 1e-12 * (1 + std::fabs(g[i]))) << at << " " << i;
+
+      std::vector<float> dx(x.size()), dxb(x.size()), dxb_back(x.size());
+      batchnorm_backward_data(dx.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), g.data(), stats[0],
+                              N, C, HW, 2, mask);
+      batchnorm_backward_data(dxb.data(), dyb.data(), xb.data(), w.data(), mean.data(), rstd.data(), g.data(),
+                              stats[0], N, C, HW, 2, mask, block);
+      from_activation_layout(dxb_back.data(), dxb.data(), N, C, HW, block);
+      EXPECT_TRUE(same_bits(dx, dxb_back)) << at;
+
+      std::vector<float> p(N * C), pb(N * C), dp(x.size()), dpb(x.size()), dpb_back(x.size());
+      global_avgpool_forward(p.data(), x.data(), N * C, HW, 2);
+      global_avgpool_blocked_forward(pb.data(), xb.data(), N, C, HW, block, 2);
+      EXPECT_TRUE(same_bits(p, pb)) << at;
+      global_avgpool_backward(dp.data(), dy.data(), N * C, HW, 2);
+      global_avgpool_blocked_backward(dpb.data(), dy.data(), N, C, HW, block, 2);
+      from_activation_layout(dpb_back.data(), dpb.data(), N, C, HW, block);
+      EXPECT_TRUE(same_bits(dp, dpb_back)) << at;
+    }
+  std::vector<double> s(1 + 2 * 12);
+  EXPECT_THROW(batchnorm_local_stats(s.data(), x.data(), 1, 12, 4, 1, 8), std::invalid_argument);  // 12 % 8
 }

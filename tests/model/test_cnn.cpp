@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cmath>
+#include <cstring>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "meshtrain/kernels/layout.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/model/cnn.h"
 #include "meshtrain/tensor/rng.h"
@@ -112,6 +114,44 @@ TEST(Cnn, StagesComputeWhatTheWholeModelComputes) {
       for (const auto& [n, g] : want) EXPECT_EQ(got[n], g) << n;
     }
   }
+}
+
+// Activations kept in oneDNN's blocked layout between resnet-small's layers (the single-rank
+// layout's activation_block) against the same model on NCHW (a layout that says 0): the unit
+// outputs are the same values, permuted, and the loss and every gradient agree to float32
+// round-off (the batch-norm sums may differ in their last bits).
+TEST(Cnn, BlockedActivationsComputeWhatNchwComputes) {
+  struct Nchw : model::CNNLayout {
+    int activation_block(int64_t) const override { return 0; }
+  };
+  const int block = kernels::conv_activation_block();
+  if (block == 0) GTEST_SKIP() << "oneDNN's convolutions prefer NCHW on this machine: nothing is kept blocked";
+  const model::CNNConfig cfg = model::cnn_config("resnet-small");
+  const Batch b = random_batch(cfg, 6, 4);
+  auto nchw = std::make_shared<const Nchw>();
+  // The stem alone: its output is the NCHW one in the blocked layout.
+  {
+    model::CNNStage blocked(cfg, 5, 0, 1, true, false), plain(cfg, 5, 0, 1, true, false, nchw);
+    nn::Context ca(2), cb(2);
+    const Tensor yb = blocked.forward(ca, Tensor(), micro(b, 0, 6, cfg), nullptr, nullptr);
+    const Tensor yp = plain.forward(cb, Tensor(), micro(b, 0, 6, cfg), nullptr, nullptr);
+    ASSERT_EQ(yb.shape(), yp.shape());
+    std::vector<float> back(yb.numel());
+    kernels::from_activation_layout(back.data(), yb.data(), yb.dim(0), yb.dim(1), yb.dim(2) * yb.dim(3), block);
+    EXPECT_NE(0, std::memcmp(yb.data(), yp.data(), back.size() * sizeof(float)));  // really blocked
+    EXPECT_EQ(0, std::memcmp(back.data(), yp.data(), back.size() * sizeof(float)));
+  }
+  model::CNNStage blocked(cfg, 5, 0, -1, true, true), plain(cfg, 5, 0, -1, true, true, nchw);
+  nn::Context ca(2), cb(2);
+  model::StageResult ra, rb;
+  blocked.forward(ca, Tensor(), micro(b, 0, 6, cfg), &ra, nullptr);
+  plain.forward(cb, Tensor(), micro(b, 0, 6, cfg), &rb, nullptr);
+  EXPECT_NEAR(ra.loss, rb.loss, 1e-6 * std::fabs(rb.loss));
+  blocked.backward(ca, Tensor(), 1.f, nullptr);
+  plain.backward(cb, Tensor(), 1.f, nullptr);
+  const auto ga = grads_of(blocked), gb = grads_of(plain);
+  ASSERT_EQ(ga.size(), gb.size());
+  for (const auto& [n, g] : gb) EXPECT_LT(max_rel_diff(g, ga.at(n)), 1e-5) << n;
 }
 
 // Two ranks on halves of a batch, batch-norm statistics summed between them: the whole batch's

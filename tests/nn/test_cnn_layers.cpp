@@ -276,6 +276,31 @@ TEST(CnnLayers, Conv2dInitialisationIsLayoutInvariant) {
   }
 }
 
+// A model's first convolution (input_grad false: nobody reads the images' gradient) returns no
+// input gradient and the same weight and bias gradients, in both backward modes.
+TEST(CnnLayers, Conv2dWithoutAnInputGradientStillGivesItsWeightGradients) {
+  const Tensor x = random_tensor({2, 3, 6, 6}, 39, "x"), dy = random_tensor({2, 4, 6, 6}, 40, "dy");
+  for (bool defer : {false, true}) {
+    nn::Conv2d with("conv", 3, 4, 3, {.padding = 1, .seed = 3});
+    nn::Conv2d without("conv", 3, 4, 3, {.padding = 1, .seed = 3, .input_grad = false});
+    nn::Context a(1), b(1);
+    a.defer_weight_grads = b.defer_weight_grads = defer;
+    with.forward(a, x);
+    without.forward(b, x);
+    const Tensor dx = with.backward(a, dy);
+    const Tensor none = without.backward(b, dy);
+    EXPECT_EQ(dx.numel(), x.numel());
+    EXPECT_EQ(none.numel(), 0) << "defer " << defer;
+    if (defer) {
+      a.run_deferred();
+      b.run_deferred();
+    }
+    EXPECT_EQ(max_abs_diff(with.weight.grad, without.weight.grad), 0.0f) << "defer " << defer;
+    EXPECT_EQ(max_abs_diff(with.bias.grad, without.bias.grad), 0.0f) << "defer " << defer;
+    EXPECT_GT(max_abs_diff(without.weight.grad, Tensor::zeros(without.weight.grad.shape())), 0.0f);
+  }
+}
+
 TEST(CnnLayers, Conv2dRefusesInputsThatDoNotFit) {
   nn::Conv2d conv("conv", 3, 4, 3);
   nn::Context ctx(1, false);

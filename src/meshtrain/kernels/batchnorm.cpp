@@ -1,6 +1,7 @@
 // Batch normalisation: every pass loops over channels (the OpenMP loop) and, inside, over the
 // N contiguous HW rows of that channel. The sums accumulate in double per row and per channel.
 #include "meshtrain/kernels/batchnorm.h"
+#include "meshtrain/kernels/layout.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,13 +19,136 @@ bool split_channels(int64_t n, int threads) { return threads > 1 && n > kParalle
 // value the forward pass compared with zero (a contraction chosen per loop by the compiler
 // could round the two differently).
 inline float bn_value(float x, float m, float a, float b) { return std::fma(x - m, a, b); }
+
+// ---- the blocked layout (nChw{B}c): groups of B channels, one lane per channel ----
+// Each pass loops over channel groups (the OpenMP loop), inside over samples and positions, and
+// innermost over the B lanes, whose per-lane constants and float64 sums the compiler keeps in
+// vector registers. x(cb, n) points at group cb of sample n: HW rows of B values.
+namespace blocked {
+
+template <int B>
+void local_stats(double* sum, double* sumsq, const float* inp, int64_t N, int64_t C, int64_t HW, int threads) {
+  const int64_t CB = C / B;
+#pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
+  for (int64_t cb = 0; cb < CB; ++cb) {
+    double s[B] = {}, q[B] = {};
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + (n * CB + cb) * HW * B;
+      for (int64_t i = 0; i < HW; ++i)
+#pragma omp simd
+        for (int j = 0; j < B; ++j) {
+          const double v = x[i * B + j];
+          s[j] += v;
+          q[j] += v * v;
+        }
+    }
+    for (int j = 0; j < B; ++j) sum[cb * B + j] = s[j], sumsq[cb * B + j] = q[j];
+  }
+}
+
+template <int B>
+void normalize(float* out, const float* inp, const float* weight, const float* bias, const float* mean,
+               const float* rstd, int64_t N, int64_t C, int64_t HW, int threads, bool relu) {
+  const int64_t CB = C / B;
+#pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
+  for (int64_t cb = 0; cb < CB; ++cb) {
+    float m[B], a[B], b[B];
+    for (int j = 0; j < B; ++j) {
+      const int64_t c = cb * B + j;
+      m[j] = mean[c], a[j] = rstd[c] * weight[c], b[j] = bias[c];
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + (n * CB + cb) * HW * B;
+      float* y = out + (n * CB + cb) * HW * B;
+      for (int64_t i = 0; i < HW; ++i)
+#pragma omp simd
+        for (int j = 0; j < B; ++j) {
+          const float z = bn_value(x[i * B + j], m[j], a[j], b[j]);
+          y[i * B + j] = relu ? (z > 0.0f ? z : 0.0f) : z;
+        }
+    }
+  }
+}
+
+template <int B>
+void backward_sums(double* sdy, double* sdyx, const float* dout, const float* inp, const float* mean,
+                   const float* rstd, int64_t N, int64_t C, int64_t HW, int threads, const ReluAfter* relu) {
+  const int64_t CB = C / B;
+#pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
+  for (int64_t cb = 0; cb < CB; ++cb) {
+    double md[B], s[B] = {}, sx[B] = {};
+    float mf[B], a[B], b[B];
+    for (int j = 0; j < B; ++j) {
+      const int64_t c = cb * B + j;
+      md[j] = mean[c], mf[j] = mean[c];
+      a[j] = relu ? rstd[c] * relu->weight[c] : 0.0f, b[j] = relu ? relu->bias[c] : 0.0f;
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + (n * CB + cb) * HW * B;
+      const float* d = dout + (n * CB + cb) * HW * B;
+      for (int64_t i = 0; i < HW; ++i)
+#pragma omp simd
+        for (int j = 0; j < B; ++j) {
+          const float xv = x[i * B + j];
+          const float g = !relu || bn_value(xv, mf[j], a[j], b[j]) > 0.0f ? d[i * B + j] : 0.0f;
+          s[j] += g;
+          sx[j] += static_cast<double>(g) * (xv - md[j]);
+        }
+    }
+    for (int j = 0; j < B; ++j) sdy[cb * B + j] = s[j], sdyx[cb * B + j] = sx[j] * rstd[cb * B + j];
+  }
+}
+
+template <int B>
+void backward_data(float* dinp, const float* dout, const float* inp, const float* weight, const float* mean,
+                   const float* rstd, const double* sums, double count, int64_t N, int64_t C, int64_t HW,
+                   int threads, const ReluAfter* relu) {
+  const int64_t CB = C / B;
+#pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
+  for (int64_t cb = 0; cb < CB; ++cb) {
+    float m[B], r[B], a[B], rb[B], mdy[B], mdyx[B];
+    for (int j = 0; j < B; ++j) {
+      const int64_t c = cb * B + j;
+      m[j] = mean[c], r[j] = rstd[c], a[j] = weight[c] * r[j];
+      rb[j] = relu ? relu->bias[c] : 0.0f;
+      mdy[j] = static_cast<float>(sums[c] / count);
+      mdyx[j] = static_cast<float>(sums[C + c] / count);
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + (n * CB + cb) * HW * B;
+      const float* d = dout + (n * CB + cb) * HW * B;
+      float* dx = dinp + (n * CB + cb) * HW * B;
+      for (int64_t i = 0; i < HW; ++i)
+#pragma omp simd
+        for (int j = 0; j < B; ++j) {
+          const float xv = x[i * B + j];
+          const float g = !relu || bn_value(xv, m[j], a[j], rb[j]) > 0.0f ? d[i * B + j] : 0.0f;
+          dx[i * B + j] = a[j] * (g - mdy[j] - (xv - m[j]) * r[j] * mdyx[j]);
+        }
+    }
+  }
+}
+
+// Calls f.template operator()<B>() for the supported blocks (8 and 16).
+template <class F>
+void dispatch(int block, int64_t C, F&& f) {
+  check_activation_block(block, C, "batchnorm");
+  if (block == 16) return f.template operator()<16>();
+  if (block == 8) return f.template operator()<8>();
+  throw std::invalid_argument("batchnorm: no kernel for " + std::to_string(block) + "-channel blocks (8 or 16)");
+}
+
+}  // namespace blocked
 }  // namespace
 
 // ---- forward ----
-void batchnorm_local_stats(double* stats, const float* inp, int64_t N, int64_t C, int64_t HW, int threads) {
+void batchnorm_local_stats(double* stats, const float* inp, int64_t N, int64_t C, int64_t HW, int threads,
+                           int block) {
   stats[0] = static_cast<double>(N * HW);
   double* sum = stats + 1;      // (C)
   double* sumsq = stats + 1 + C;  // (C)
+  if (block)
+    return blocked::dispatch(block, C, [&]<int B>() { blocked::local_stats<B>(sum, sumsq, inp, N, C, HW, threads); });
 #pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
   for (int64_t c = 0; c < C; ++c) {
     double s = 0.0, q = 0.0;
@@ -76,7 +200,11 @@ void batchnorm_eval_rstd(float* rstd, const float* running_var, int64_t C, float
 
 void batchnorm_normalize(float* out, const float* inp, const float* weight, const float* bias,
                          const float* mean, const float* rstd, int64_t N, int64_t C, int64_t HW, int threads,
-                         bool relu) {
+                         bool relu, int block) {
+  if (block)
+    return blocked::dispatch(block, C, [&]<int B>() {
+      blocked::normalize<B>(out, inp, weight, bias, mean, rstd, N, C, HW, threads, relu);
+    });
 #pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
   for (int64_t c = 0; c < C; ++c) {
     const float m = mean[c], a = rstd[c] * weight[c], b = bias[c];
@@ -99,9 +227,14 @@ void batchnorm_normalize(float* out, const float* inp, const float* weight, cons
 
 // ---- backward ----
 void batchnorm_backward_sums(double* sums, const float* dout, const float* inp, const float* mean,
-                             const float* rstd, int64_t N, int64_t C, int64_t HW, int threads, const ReluAfter* relu) {
+                             const float* rstd, int64_t N, int64_t C, int64_t HW, int threads, const ReluAfter* relu,
+                             int block) {
   double* sdy = sums;       // (C)
   double* sdyx = sums + C;  // (C)
+  if (block)
+    return blocked::dispatch(block, C, [&]<int B>() {
+      blocked::backward_sums<B>(sdy, sdyx, dout, inp, mean, rstd, N, C, HW, threads, relu);
+    });
 #pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
   for (int64_t c = 0; c < C; ++c) {
     const double m = mean[c];
@@ -139,8 +272,12 @@ void batchnorm_backward_params(float* dweight, float* dbias, const double* sums,
 
 void batchnorm_backward_data(float* dinp, const float* dout, const float* inp, const float* weight,
                              const float* mean, const float* rstd, const double* sums, double count, int64_t N,
-                             int64_t C, int64_t HW, int threads, const ReluAfter* relu) {
+                             int64_t C, int64_t HW, int threads, const ReluAfter* relu, int block) {
   if (!(count > 0)) throw std::invalid_argument("batchnorm: backward with count 0");
+  if (block)
+    return blocked::dispatch(block, C, [&]<int B>() {
+      blocked::backward_data<B>(dinp, dout, inp, weight, mean, rstd, sums, count, N, C, HW, threads, relu);
+    });
 #pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
   for (int64_t c = 0; c < C; ++c) {
     // dx = weight rstd (dy - mean(dy) - xhat mean(dy xhat)), means over the group's count.

@@ -24,6 +24,12 @@
 // couple every rank's inputs).
 // Channels are split over the `threads` budget, one channel per thread in a fixed order, so
 // results do not depend on the budget.
+//
+// Layouts. `block` is the activations' memory layout (kernels/layout.h): 0 NCHW (inp viewed as
+// (N, C, HW)), B > 0 oneDNN's nChw{B}c (C divisible by B; B at most 16), in which the passes run
+// over groups of B channels with one vector lane per channel. Both orders sum each channel's
+// values sample by sample, position by position; the float64 sums of the two layouts can differ
+// in their last bits (vector partial sums), the float32 results then by one rounding at most.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +38,7 @@ namespace meshtrain::kernels {
 
 // ---- forward ----
 // stats (1 + 2C) = this slice's count (N * HW), per-channel sums and sums of squares (written).
-void batchnorm_local_stats(double* stats, const float* inp, int64_t N, int64_t C, int64_t HW, int threads);
+void batchnorm_local_stats(double* stats, const float* inp, int64_t N, int64_t C, int64_t HW, int threads, int block = 0);
 // mean (C), rstd (C) from (possibly group-summed) stats; var (C), if not null, gets the biased
 // variance. Throws std::invalid_argument if the count is not positive.
 void batchnorm_stats(float* mean, float* rstd, double* var, const double* stats, int64_t C, float eps);
@@ -48,7 +54,7 @@ void batchnorm_eval_rstd(float* rstd, const float* running_var, int64_t C, float
 // one pass; NaN gives 0 as kernels/relu.h does).
 void batchnorm_normalize(float* out, const float* inp, const float* weight, const float* bias,
                          const float* mean, const float* rstd, int64_t N, int64_t C, int64_t HW, int threads,
-                         bool relu = false);
+                         bool relu = false, int block = 0);
 
 // The backward of a batch norm fused with the ReLU after it: the forward's weight and bias, from
 // which the two kernels below recompute each normalised value and pass dout on only where it was
@@ -63,13 +69,13 @@ struct ReluAfter {
 // With `relu`, dout is the gradient of the ReLU's output (see ReluAfter).
 void batchnorm_backward_sums(double* sums, const float* dout, const float* inp, const float* mean,
                              const float* rstd, int64_t N, int64_t C, int64_t HW, int threads,
-                             const ReluAfter* relu = nullptr);
+                             const ReluAfter* relu = nullptr, int block = 0);
 // dweight (C) += sums of dout * xhat, dbias (C) += sums of dout (either may be null).
 void batchnorm_backward_params(float* dweight, float* dbias, const double* sums, int64_t C);
 // dinp (=) = weight rstd (dout - sum dout / count - xhat sum(dout xhat) / count), with the
 // group's sums and count (the count of the stats the forward pass normalised with).
 void batchnorm_backward_data(float* dinp, const float* dout, const float* inp, const float* weight,
                              const float* mean, const float* rstd, const double* sums, double count, int64_t N,
-                             int64_t C, int64_t HW, int threads, const ReluAfter* relu = nullptr);
+                             int64_t C, int64_t HW, int threads, const ReluAfter* relu = nullptr, int block = 0);
 
 }  // namespace meshtrain::kernels

@@ -19,6 +19,7 @@
 // sum post-op (dst = reorder(src) + dst), so the conversion and the addition are one pass. The
 // bias gradient (OC floats) is added by a loop.
 #include "meshtrain/kernels/conv.h"
+#include "meshtrain/kernels/layout.h"
 
 #include <omp.h>
 
@@ -115,16 +116,28 @@ dnnl::stream& thread_stream() {
 }
 
 // ---- descriptors of one shape ----
+// The oneDNN tag of an activation layout (kernels/layout.h).
+Tag activation_tag(int block) {
+  switch (block) {
+    case 0: return Tag::nchw;
+    case 8: return Tag::nChw8c;
+    case 16: return Tag::nChw16c;
+    default: throw std::invalid_argument("conv2d: no oneDNN layout for " + std::to_string(block) + "-channel blocks");
+  }
+}
+
 struct Dims {
   memory::dims src, wei, bias, dst, strides, pad;
+  Tag src_tag, dst_tag;
   explicit Dims(const Conv2dShape& c)
       : src{c.N, c.IC, c.H, c.W}, wei{c.OC, c.IC, c.KH, c.KW}, bias{c.OC}, dst{c.N, c.OC, c.OH(), c.OW()},
-        strides{c.stride_h, c.stride_w}, pad{c.pad_h, c.pad_w} {}
+        strides{c.stride_h, c.stride_w}, pad{c.pad_h, c.pad_w}, src_tag(activation_tag(c.src_block)),
+        dst_tag(activation_tag(c.dst_block)) {}
   memory::desc any(const memory::dims& d) const { return {d, kF32, Tag::any}; }
-  memory::desc plain_src() const { return {src, kF32, Tag::nchw}; }
+  memory::desc plain_src() const { return {src, kF32, src_tag}; }
   memory::desc plain_wei() const { return {wei, kF32, Tag::oihw}; }
   memory::desc plain_bias() const { return {bias, kF32, Tag::x}; }
-  memory::desc plain_dst() const { return {dst, kF32, Tag::nchw}; }
+  memory::desc plain_dst() const { return {dst, kF32, dst_tag}; }
 };
 
 dnnl::primitive_attr user_scratchpad() {
@@ -145,10 +158,11 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Dims& d, bool bias) {
 
 // ---- plans ----
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, bool, int>;
+                       int64_t, int, int, bool, int>;
 
 Key key_of(const Conv2dShape& c, bool bias, int threads) {
-  return {c.N, c.IC, c.H, c.W, c.OC, c.KH, c.KW, c.stride_h, c.stride_w, c.pad_h, c.pad_w, bias, threads};
+  return {c.N,        c.IC,     c.H,        c.W,         c.OC,        c.KH, c.KW,   c.stride_h,
+          c.stride_w, c.pad_h,  c.pad_w,    c.src_block, c.dst_block, bias, threads};
 }
 
 struct ForwardPlan {
@@ -229,6 +243,18 @@ const BackwardWeightsPlan& backward_weights_plan(const Conv2dShape& c, bool bias
 
 }  // namespace
 
+int conv_activation_block() {
+  static const int block = [] {
+    const Conv2dShape c{.N = 32, .IC = 32, .H = 14, .W = 14, .OC = 32, .KH = 3, .KW = 3, .pad_h = 1, .pad_w = 1};
+    const Dims d(c);
+    const memory::desc chosen = forward_pd(d, false).src_desc();
+    for (int b : {16, 8})
+      if (chosen == memory::desc(d.src, kF32, activation_tag(b))) return b;
+    return 0;
+  }();
+  return block;
+}
+
 // ---- shape ----
 void Conv2dShape::validate() const {
   auto need = [](bool ok, const std::string& what) {
@@ -240,6 +266,10 @@ void Conv2dShape::validate() const {
   need(KH > 0 && KW > 0, "kernel height and width must be positive");
   need(stride_h > 0 && stride_w > 0, "strides must be positive");
   need(pad_h >= 0 && pad_w >= 0, "paddings must not be negative");
+  need(src_block == 0 || (src_block > 0 && IC % src_block == 0),
+       "the input's layout of " + std::to_string(src_block) + "-channel blocks cannot hold IC = " + std::to_string(IC));
+  need(dst_block == 0 || (dst_block > 0 && OC % dst_block == 0),
+       "the output's layout of " + std::to_string(dst_block) + "-channel blocks cannot hold OC = " + std::to_string(OC));
   need(H + 2 * pad_h >= KH && W + 2 * pad_w >= KW,
        "the padded image (" + std::to_string(H + 2 * pad_h) + " x " + std::to_string(W + 2 * pad_w) +
            ") is smaller than the kernel (" + std::to_string(KH) + " x " + std::to_string(KW) + ")");

@@ -9,8 +9,10 @@
 // groups are 1. Float32 only (Context::precision bf16 does not reach convolutions yet).
 //
 // oneDNN picks the memory formats it runs fastest (format_tag::any: blocked nChw16c-style
-// activations and blocked weights on AVX-512 machines); each call converts the caller's NCHW /
-// OIHW arrays into them and the result back, at most once per tensor and call. The primitives
+// activations and blocked weights on AVX-512 machines); each call converts the caller's arrays
+// (activations in the layouts the shape names, weights OIHW) into them and the result back, at
+// most once per tensor and call, and not at all where the caller's layout is the primitive's
+// (activations kept in conv_activation_block()'s layout, kernels/layout.h). The primitives
 // and those conversions are built once per (shape, bias, thread budget) and kept in a cache
 // per calling thread (ranks are threads; no locking), as kernels/gemm.cpp keeps its matmuls.
 //
@@ -29,6 +31,9 @@ struct Conv2dShape {
   int64_t OC = 1, KH = 1, KW = 1;       // weight (OC, IC, KH, KW)
   int64_t stride_h = 1, stride_w = 1;
   int64_t pad_h = 0, pad_w = 0;         // zeros added on each side
+  // The activations' memory layouts (kernels/layout.h): 0 NCHW, B oneDNN's nChw{B}c. src_block
+  // is inp's and dinp's, dst_block out's and dout's; a block must divide its channel count.
+  int src_block = 0, dst_block = 0;
 
   int64_t OH() const { return (H + 2 * pad_h - KH) / stride_h + 1; }
   int64_t OW() const { return (W + 2 * pad_w - KW) / stride_w + 1; }

@@ -4,6 +4,7 @@
 // that the compiler vectorises (the 2x2 and 3x3 windows; a branch per element costs 10-25x
 // here: a window's maximum is unpredictable).
 #include "meshtrain/kernels/pool.h"
+#include "meshtrain/kernels/layout.h"
 
 #include <algorithm>
 #include <cmath>
@@ -259,6 +260,59 @@ void global_avgpool_backward(float* dinp, const float* dout, int64_t NC, int64_t
     float* dx = dinp + i * HW;
     for (int64_t j = 0; j < HW; ++j) dx[j] = g;
   }
+}
+
+namespace {
+template <int B>
+void global_avg_blocked(float* out, const float* inp, int64_t N, int64_t C, int64_t HW, int threads) {
+  const int64_t CB = C / B;
+#pragma omp parallel for num_threads(threads) if (parallel : threads > 1 && N * C * HW > kParallelMin)
+  for (int64_t g = 0; g < N * CB; ++g) {  // g = n CB + cb
+    const float* x = inp + g * HW * B;
+    float sum[B] = {};
+    for (int64_t i = 0; i < HW; ++i)
+#pragma omp simd
+      for (int j = 0; j < B; ++j) sum[j] += x[i * B + j];
+    const int64_t n = g / CB, cb = g % CB;
+    for (int j = 0; j < B; ++j) out[n * C + cb * B + j] = sum[j] / static_cast<float>(HW);
+  }
+}
+
+template <int B>
+void global_avg_blocked_backward(float* dinp, const float* dout, int64_t N, int64_t C, int64_t HW, int threads) {
+  const int64_t CB = C / B;
+#pragma omp parallel for num_threads(threads) if (parallel : threads > 1 && N * C * HW > kParallelMin)
+  for (int64_t g = 0; g < N * CB; ++g) {
+    const int64_t n = g / CB, cb = g % CB;
+    float v[B];
+    for (int j = 0; j < B; ++j) v[j] = dout[n * C + cb * B + j] / static_cast<float>(HW);
+    float* dx = dinp + g * HW * B;
+    for (int64_t i = 0; i < HW; ++i)
+#pragma omp simd
+      for (int j = 0; j < B; ++j) dx[i * B + j] = v[j];
+  }
+}
+
+void check_blocked(int64_t C, int64_t HW, int block) {
+  if (HW <= 0) throw std::invalid_argument("global_avgpool: the plane must not be empty");
+  check_activation_block(block, C, "global_avgpool");
+  if (block != 8 && block != 16)
+    throw std::invalid_argument("global_avgpool: no kernel for " + std::to_string(block) + "-channel blocks (8 or 16)");
+}
+}  // namespace
+
+void global_avgpool_blocked_forward(float* out, const float* inp, int64_t N, int64_t C, int64_t HW, int block,
+                                    int threads) {
+  check_blocked(C, HW, block);
+  if (block == 16) global_avg_blocked<16>(out, inp, N, C, HW, threads);
+  else global_avg_blocked<8>(out, inp, N, C, HW, threads);
+}
+
+void global_avgpool_blocked_backward(float* dinp, const float* dout, int64_t N, int64_t C, int64_t HW, int block,
+                                     int threads) {
+  check_blocked(C, HW, block);
+  if (block == 16) global_avg_blocked_backward<16>(dinp, dout, N, C, HW, threads);
+  else global_avg_blocked_backward<8>(dinp, dout, N, C, HW, threads);
 }
 
 }  // namespace meshtrain::kernels

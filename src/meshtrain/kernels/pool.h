@@ -50,5 +50,12 @@ void avgpool2d_backward(float* dinp, const float* dout, const Pool2dShape& s, bo
 // inp (NC, HW) -> out (NC); backward spreads dout(i) / HW over row i.
 void global_avgpool_forward(float* out, const float* inp, int64_t NC, int64_t HW, int threads);
 void global_avgpool_backward(float* dinp, const float* dout, int64_t NC, int64_t HW, int threads);
+// The same over inp (N, C, HW) in the blocked layout nChw{block}c (kernels/layout.h; block 8 or
+// 16, dividing C): out (N, C) holds the same values as the NCHW kernel gives (each channel
+// summed position by position in the same order).
+void global_avgpool_blocked_forward(float* out, const float* inp, int64_t N, int64_t C, int64_t HW, int block,
+                                    int threads);
+void global_avgpool_blocked_backward(float* dinp, const float* dout, int64_t N, int64_t C, int64_t HW, int block,
+                                     int threads);
 
 }  // namespace meshtrain::kernels

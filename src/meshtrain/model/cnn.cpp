@@ -42,19 +42,26 @@ Tensor sum_of(const Tensor& a, const Tensor& b, int threads) {
   return s;
 }
 
+// The memory layouts (kernels/layout.h) of a convolution's input and output; 0: NCHW.
+struct Blocks {
+  int in = 0, out = 0;
+};
+
 // conv (no bias: the batch norm's shift takes its place) -> batch norm (-> ReLU), the conv's
-// input and output channels laid out as `in_c` and `out_c` (cnn_layout.h: pairing).
+// input and output channels laid out as `in_c` and `out_c` (cnn_layout.h: pairing), its input
+// and output activations (and the batch norm's) in the memory layouts `blocks`.
 // `hw`: the input's (C, H, W) or (H, W) (the last two are used).
 void conv_bn(LayerSequence& s, const CNNLayout& L, const std::string& conv, const std::string& bn, int64_t in,
              int64_t out, int64_t k, int64_t stride, const Shape& hw, uint64_t seed,
              std::vector<nn::BatchNorm2d*>& bns, bool relu = true, Channels in_c = Channels::full,
-             Channels out_c = Channels::full, bool input_grad = true) {
+             Channels out_c = Channels::full, bool input_grad = true, Blocks blocks = {}) {
   const size_t d = hw.size();
   s.add(L.conv(ConvDef{.name = conv, .in = in, .out = out, .kernel = k, .stride = stride, .padding = k / 2,
                        .height = hw[d - 2], .width = hw[d - 1], .bias = false, .seed = seed, .input = in_c,
-                       .output = out_c, .input_grad = input_grad}));
+                       .output = out_c, .input_grad = input_grad, .in_block = blocks.in, .out_block = blocks.out}));
   bns.push_back(s.add(L.batch_norm(bn, out, out_c)));
   bns.back()->relu_after = relu;  // the ReLU inside the batch norm's passes
+  bns.back()->block = blocks.out;
 }
 
 // A unit that is a plain sequence, with its output shape given by a function of the input's.
@@ -74,21 +81,25 @@ class SequenceUnit : public CNNUnit {
 // A basic residual block: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), the shortcut
 // the identity or a 1x1 convolution with batch norm when the shape changes. conv1's output
 // channels stay split where the layout splits them, conv2 takes them split (the pairing).
+// Every activation, the block's input and output included, is in the memory layout the layout
+// gives for its channels (CNNLayout::activation_block): all its layers take the blocked one.
 class ResidualUnit : public CNNUnit {
  public:
   ResidualUnit(const CNNLayout& L, const std::string& name, int64_t in, int64_t out, int64_t stride, uint64_t seed,
                const Shape& in_chw)
       : out_shape_{out, (in_chw[1] - 1) / stride + 1, (in_chw[2] - 1) / stride + 1} {
+    const int bi = L.activation_block(in), bo = L.activation_block(out);
     conv_bn(main_, L, name + ".conv1", name + ".bn1", in, out, 3, stride, in_chw, seed, bns_, true,
-            Channels::full, Channels::split);
+            Channels::full, Channels::split, true, {bi, bo});
     conv_bn(main_, L, name + ".conv2", name + ".bn2", out, out, 3, 1, out_shape_, seed, bns_, /*relu=*/false,
-            Channels::split, Channels::full);
+            Channels::split, Channels::full, true, {bo, bo});
     if (stride != 1 || in != out) {
       shortcut_ = std::make_unique<LayerSequence>();
       shortcut_->add(L.conv(ConvDef{.name = name + ".downsample.0", .in = in, .out = out, .kernel = 1,
                                     .stride = stride, .padding = 0, .height = in_chw[1], .width = in_chw[2],
-                                    .bias = false, .seed = seed}));
+                                    .bias = false, .seed = seed, .in_block = bi, .out_block = bo}));
       bns_.push_back(shortcut_->add(L.batch_norm(name + ".downsample.1", out, Channels::full)));
+      bns_.back()->block = bo;
     }
   }
   Tensor forward(nn::Context& ctx, const Tensor& x) override {
@@ -204,11 +215,13 @@ class InceptionUnit : public CNNUnit {
 };
 
 // `chw`: the classifier's input (C, H, W); a global pool leaves C features, a flatten C H W.
+// `block`: the memory layout of its input (a global pool takes the blocked one; flatten NCHW).
 std::unique_ptr<SequenceUnit> classifier(const CNNLayout& L, const Shape& chw, int64_t hidden, int64_t classes,
-                                         bool global_pool, uint64_t seed) {
+                                         bool global_pool, uint64_t seed, int block = 0) {
   auto u = std::make_unique<SequenceUnit>();
   const int64_t in_features = global_pool ? chw[0] : chw[0] * chw[1] * chw[2];
-  if (global_pool) u->seq.add(L.global_pool(chw));
+  if (!global_pool && block != 0) throw std::logic_error("classifier: flatten takes NCHW only");
+  if (global_pool) u->seq.add(L.global_pool(chw, block));
   else if (auto whole = L.whole_map(chw)) u->seq.add(std::move(whole));
   u->seq.add(std::make_unique<nn::Flatten>());
   auto fc = [&](const std::string& name, int64_t in, int64_t out) {
@@ -254,9 +267,11 @@ std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint
     }
     push(classifier(L, chw, 128, cfg.classes, false, seed));
   } else if (cfg.name == "resnet-small") {
+    // Every activation after the images in the layout's memory layout for its channels (the
+    // blocked one where oneDNN's convolutions run on it): no layer here needs NCHW.
     auto stem = std::make_unique<SequenceUnit>();
     conv_bn(stem->seq, L, "conv1", "bn1", cfg.channels, 32, 3, 1, chw, seed, stem->bns, true, Channels::full,
-            Channels::full, false);
+            Channels::full, false, {0, L.activation_block(32)});
     stem->out_shape = {32, chw[1], chw[2]};
     push(std::move(stem));
     const int64_t widths[] = {32, 64, 128};
@@ -264,7 +279,7 @@ std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint
       const int64_t in = chw[0], stride = l == 0 ? 1 : 2;
       push(std::make_unique<ResidualUnit>(L, "layer" + std::to_string(l + 1) + ".0", in, widths[l], stride, seed, chw));
     }
-    push(classifier(L, chw, 0, cfg.classes, true, seed));
+    push(classifier(L, chw, 0, cfg.classes, true, seed, L.activation_block(chw[0])));
   } else if (cfg.name == "inception-small") {
     auto stem = std::make_unique<SequenceUnit>();
     conv_bn(stem->seq, L, "conv1", "bn1", cfg.channels, 32, 3, 1, chw, seed, stem->bns, true, Channels::full,

@@ -1,5 +1,6 @@
 #include "meshtrain/model/cnn_layout.h"
 
+#include "meshtrain/kernels/layout.h"
 #include "meshtrain/nn/conv.h"
 #include "meshtrain/nn/shape.h"
 
@@ -32,7 +33,8 @@ void LayerSequence::collect_buffers(std::vector<nn::Param*>& out) {
 std::unique_ptr<nn::Layer> CNNLayout::conv(const ConvDef& d) const {
   return std::make_unique<nn::Conv2d>(
       d.name, d.in, d.out, d.kernel,
-      nn::Conv2dOptions{.stride = d.stride, .padding = d.padding, .bias = d.bias, .seed = d.seed});
+      nn::Conv2dOptions{.stride = d.stride, .padding = d.padding, .bias = d.bias, .seed = d.seed,
+                        .input_grad = d.input_grad, .in_block = d.in_block, .out_block = d.out_block});
 }
 
 std::unique_ptr<nn::BatchNorm2d> CNNLayout::batch_norm(const std::string& name, int64_t channels, Channels) const {
@@ -43,7 +45,14 @@ std::unique_ptr<nn::Layer> CNNLayout::max_pool(int64_t kernel, const Shape&, con
   return std::make_unique<nn::MaxPool2d>(kernel, opt);
 }
 
-std::unique_ptr<nn::Layer> CNNLayout::global_pool(const Shape&) const { return std::make_unique<nn::GlobalAvgPool>(); }
+std::unique_ptr<nn::Layer> CNNLayout::global_pool(const Shape&, int block) const {
+  return std::make_unique<nn::GlobalAvgPool>(block);
+}
+
+int CNNLayout::activation_block(int64_t channels) const {
+  const int b = kernels::conv_activation_block();
+  return b > 0 && channels % b == 0 ? b : 0;
+}
 
 namespace {
 // Every branch on this rank: the plain concatenation.

@@ -72,6 +72,9 @@ struct ConvDef {
   uint64_t seed = 0;
   Channels input = Channels::full, output = Channels::full;
   bool input_grad = true;  // false: the model's first layer, whose input (the images) needs no gradient
+  // The input's and output's memory layouts (kernels/layout.h), each 0 or what
+  // CNNLayout::activation_block gave for its channels.
+  int in_block = 0, out_block = 0;
 };
 
 // The join of parallel branches (an Inception block): forward takes the outputs of the branches
@@ -98,11 +101,20 @@ class CNNLayout {
   // `in_chw`: the whole (C, H, W) of a sample's input, for layouts that cut it (row bands).
   virtual std::unique_ptr<nn::Layer> max_pool(int64_t kernel, const Shape& in_chw,
                                               const nn::Pool2dOptions& opt = {}) const;
-  // (N, C, H, W) -> (N, C, 1, 1), the mean over the whole feature map.
-  virtual std::unique_ptr<nn::Layer> global_pool(const Shape& in_chw) const;
+  // (N, C, H, W) -> (N, C, 1, 1), the mean over the whole feature map; `block`: the input's
+  // memory layout (activation_block).
+  virtual std::unique_ptr<nn::Layer> global_pool(const Shape& in_chw, int block) const;
   // Before a layer that needs the whole feature map of every channel (flatten then linear):
   // null when this rank holds it already.
   virtual std::unique_ptr<nn::Layer> whole_map(const Shape& in_chw) const { return nullptr; }
+
+  // The memory layout (kernels/layout.h) in which a model may keep an activation of `channels`
+  // channels between layers that take it (convolutions, batch norms, sums, global pooling):
+  // the single-rank layout (also dp's and pp's) the block oneDNN's convolutions run on where it
+  // divides the channels, so that no convolution converts its input and output; 0 (NCHW) where
+  // it does not, and under the layouts that split channels, rows or branches (their gathers,
+  // halos and joins read NCHW). A model asks it per activation and builds its layers with it.
+  virtual int activation_block(int64_t channels) const;
 
   // This rank's part of an activation whose whole per-sample shape is chw (C, H, W): what
   // crosses a pipeline stage boundary. The single-rank layout: all of it.

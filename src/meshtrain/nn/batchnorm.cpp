@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "meshtrain/kernels/batchnorm.h"
+#include "meshtrain/kernels/layout.h"
 
 namespace meshtrain::nn {
 
@@ -50,6 +51,7 @@ void BatchNorm2d::check_input(const Tensor& x) const {
   if (x.ndim() < 2 || x.dim(1) != channels)
     throw std::invalid_argument(name + ": input " + shape_str(x.shape()) +
                                 " is not (N, " + std::to_string(channels) + ", ...)");
+  kernels::check_activation_block(block, channels, name.c_str());
 }
 
 // ---- forward ----
@@ -61,11 +63,11 @@ Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) {
     std::vector<float> rstd(static_cast<size_t>(C));
     kernels::batchnorm_eval_rstd(rstd.data(), running_var.value.data(), C, opt.eps);
     kernels::batchnorm_normalize(y.data(), x.data(), weight.value.data(), bias.value.data(),
-                                 running_mean.value.data(), rstd.data(), N, C, HW, ctx.threads, relu_after);
+                                 running_mean.value.data(), rstd.data(), N, C, HW, ctx.threads, relu_after, block);
     return y;
   }
   std::vector<double> stats(static_cast<size_t>(1 + 2 * C));  // [count, sum x (C), sum x^2 (C)]
-  kernels::batchnorm_local_stats(stats.data(), x.data(), N, C, HW, ctx.threads);
+  kernels::batchnorm_local_stats(stats.data(), x.data(), N, C, HW, ctx.threads, block);
   if (reduce_stats) reduce_stats(stats);
   Tensor stat = Tensor::empty({2, C});  // mean (C), rstd (C)
   float* mean = stat.data();
@@ -74,7 +76,7 @@ Tensor BatchNorm2d::forward(Context& ctx, const Tensor& x) {
   kernels::batchnorm_update_running(running_mean.value.data(), running_var.value.data(), stats.data(), C,
                                     opt.momentum);
   kernels::batchnorm_normalize(y.data(), x.data(), weight.value.data(), bias.value.data(), mean, rstd, N, C, HW,
-                               ctx.threads, relu_after);
+                               ctx.threads, relu_after, block);
   ctx.save(this, {x, stat});
   save_count(ctx.ints(this), stats[0]);
   return y;
@@ -92,7 +94,7 @@ Tensor BatchNorm2d::backward(Context& ctx, const Tensor& dy) {
   std::vector<double> sums(static_cast<size_t>(2 * C));  // [sum dy (C), sum dy xhat (C)]
   const kernels::ReluAfter relu{weight.value.data(), bias.value.data()};
   const kernels::ReluAfter* mask = relu_after ? &relu : nullptr;
-  kernels::batchnorm_backward_sums(sums.data(), dy.data(), x.data(), mean, rstd, N, C, HW, ctx.threads, mask);
+  kernels::batchnorm_backward_sums(sums.data(), dy.data(), x.data(), mean, rstd, N, C, HW, ctx.threads, mask, block);
   // The parameter gradients take the local sums, before the group's reduction.
   if (ctx.defer_weight_grads) {
     ctx.defer(
@@ -110,7 +112,7 @@ Tensor BatchNorm2d::backward(Context& ctx, const Tensor& dy) {
   if (reduce_stats) reduce_stats(sums);
   Tensor dx = Tensor::empty(x.shape());
   kernels::batchnorm_backward_data(dx.data(), dy.data(), x.data(), weight.value.data(), mean, rstd, sums.data(),
-                                   count, N, C, HW, ctx.threads, mask);
+                                   count, N, C, HW, ctx.threads, mask, block);
   return dx;
 }
 

@@ -58,6 +58,9 @@ class BatchNorm2d : public Layer {
   // The ReLU that follows, done in the same passes: y = max(0, bn(x)), and backward takes the
   // ReLU's output gradient (the mask recomputed from x, nothing more saved).
   bool relu_after = false;
+  // The activations' memory layout (kernels/layout.h): 0 NCHW, B oneDNN's nChw{B}c (a model
+  // that keeps activations blocked between convolutions sets it; B must divide the channels).
+  int block = 0;
 
   std::string name;
   Param weight, bias;                 // (C)

@@ -7,7 +7,7 @@ namespace meshtrain::nn {
 
 Conv2d::Conv2d(std::string name, int64_t in_channels, int64_t out_channels, int64_t k, const Conv2dOptions& opt)
     : weight(name + ".weight", {out_channels, in_channels, k, k}, opt.weight_shard, /*decay=*/true),
-      has_bias(opt.bias), kernel(k), stride(opt.stride), padding(opt.padding) {
+      has_bias(opt.bias), input_grad(opt.input_grad), in_block(opt.in_block), out_block(opt.out_block), kernel(k), stride(opt.stride), padding(opt.padding) {
   if (in_channels <= 0 || out_channels <= 0 || k <= 0 || stride <= 0 || padding < 0)
     throw std::invalid_argument(name + ": channels, kernel and stride must be positive and padding not negative");
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_channels * k * k));
@@ -24,7 +24,7 @@ kernels::Conv2dShape Conv2d::shape_for(const Tensor& x) const {
                                 std::to_string(in_local()) + ", H, W)");
   const kernels::Conv2dShape s{.N = x.dim(0), .IC = in_local(), .H = x.dim(2), .W = x.dim(3), .OC = out_local(),
                                .KH = kernel, .KW = kernel, .stride_h = stride, .stride_w = stride,
-                               .pad_h = padding, .pad_w = padding};
+                               .pad_h = padding, .pad_w = padding, .src_block = in_block, .dst_block = out_block};
   try {
     s.validate();
   } catch (const std::invalid_argument& e) {
@@ -46,13 +46,14 @@ Tensor Conv2d::backward(Context& ctx, const Tensor& dy) {
   Tensor x = ctx.saved(this)[0];
   ctx.release(this);
   const kernels::Conv2dShape s = shape_for(x);
-  Tensor dx = Tensor::empty(x.shape());
+  Tensor dx = input_grad ? Tensor::empty(x.shape()) : Tensor();
+  float* dxp = input_grad ? dx.data() : nullptr;
   if (ctx.defer_weight_grads) {  // split backward: dx now, dW (and db) at the W action
-    kernels::conv2d_backward(dx.data(), nullptr, nullptr, dy.data(), x.data(), weight.value.data(), s, ctx.threads);
+    kernels::conv2d_backward(dxp, nullptr, nullptr, dy.data(), x.data(), weight.value.data(), s, ctx.threads);
     defer_weight_grad(ctx, x, dy);
     return dx;
   }
-  kernels::conv2d_backward(dx.data(), weight.grad.data(), has_bias ? bias.grad.data() : nullptr, dy.data(),
+  kernels::conv2d_backward(dxp, weight.grad.data(), has_bias ? bias.grad.data() : nullptr, dy.data(),
                            x.data(), weight.value.data(), s, ctx.threads);
   ctx.grad_ready(&weight);
   if (has_bias) ctx.grad_ready(&bias);

@@ -31,6 +31,13 @@ struct Conv2dOptions {
   uint64_t seed = 0;
   ShardSpec weight_shard = {};  // global weight is (OC, IC, K, K)
   ShardSpec bias_shard = {};    // global bias is (OC)
+  // false: nothing reads the input's gradient (a model's first layer, on the images), so
+  // backward computes none and returns an empty tensor.
+  bool input_grad = true;
+  // The memory layouts of the input (and its gradient) and of the output (and its gradient):
+  // kernels/layout.h, 0 NCHW, B oneDNN's nChw{B}c. A convolution between two layers that take
+  // the blocked layout reads and writes it directly, without converting.
+  int in_block = 0, out_block = 0;
 };
 
 class Conv2d : public Layer {
@@ -51,6 +58,8 @@ class Conv2d : public Layer {
   Param bias;    // (OC), local part; empty when bias = false
   bool has_bias;
   bool add_bias_in_forward = true;
+  bool input_grad;
+  int in_block, out_block;  // activation layouts, see Conv2dOptions
   int64_t kernel, stride, padding;
 
  private:

@@ -79,7 +79,11 @@ Tensor AvgPool2d::backward(Context& ctx, const Tensor& dy) {
 Tensor GlobalAvgPool::forward(Context& ctx, const Tensor& x) {
   if (x.ndim() != 4) throw std::invalid_argument("GlobalAvgPool: input " + shape_str(x.shape()) + " is not (N, C, H, W)");
   Tensor y = Tensor::empty({x.dim(0), x.dim(1), 1, 1});
-  kernels::global_avgpool_forward(y.data(), x.data(), x.dim(0) * x.dim(1), x.dim(2) * x.dim(3), ctx.threads);
+  if (block)
+    kernels::global_avgpool_blocked_forward(y.data(), x.data(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3), block,
+                                            ctx.threads);
+  else
+    kernels::global_avgpool_forward(y.data(), x.data(), x.dim(0) * x.dim(1), x.dim(2) * x.dim(3), ctx.threads);
   detail::save_input_shape(ctx, this, x.shape());
   return y;
 }
@@ -87,7 +91,10 @@ Tensor GlobalAvgPool::forward(Context& ctx, const Tensor& x) {
 Tensor GlobalAvgPool::backward(Context& ctx, const Tensor& dy) {
   const Shape xs = detail::take_input_shape(ctx, this);
   Tensor dx = Tensor::empty(xs);
-  kernels::global_avgpool_backward(dx.data(), dy.data(), xs[0] * xs[1], xs[2] * xs[3], ctx.threads);
+  if (block)
+    kernels::global_avgpool_blocked_backward(dx.data(), dy.data(), xs[0], xs[1], xs[2] * xs[3], block, ctx.threads);
+  else
+    kernels::global_avgpool_backward(dx.data(), dy.data(), xs[0] * xs[1], xs[2] * xs[3], ctx.threads);
   return dx;
 }
 

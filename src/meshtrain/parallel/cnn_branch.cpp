@@ -170,6 +170,8 @@ class BranchLayout : public model::CNNLayout {
 
   // "Inception branches over 2 ranks by cost: inception1 0,1,1,0; inception2 0,1,1,0 | cost
   // share rank 0 48.1%, rank 1 51.9%" (the shares of the blocks' summed cost).
+  int activation_block(int64_t) const override { return 0; }  // the join gathers NCHW channels
+
   std::string describe() const override {
     const int p = group_->size();
     std::string s = "Inception branches over " + std::to_string(p) + " ranks " +

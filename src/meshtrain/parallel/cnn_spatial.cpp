@@ -168,7 +168,8 @@ class BandConv : public nn::Conv2d {
  public:
   BandConv(const ConvDef& d, std::shared_ptr<comm::Communicator> g)
       : nn::Conv2d(d.name, d.in, d.out, d.kernel,
-                   nn::Conv2dOptions{.stride = d.stride, .padding = 0, .bias = d.bias, .seed = d.seed}),
+                   nn::Conv2dOptions{.stride = d.stride, .padding = 0, .bias = d.bias, .seed = d.seed,
+                                     .input_grad = d.input_grad}),
         halo_(std::move(g), Window{d.height, d.kernel, d.stride, d.padding}, 0.0f, d.name),
         input_grad_(d.input_grad) {}
 
@@ -295,9 +296,10 @@ class SpatialLayout : public model::CNNLayout {
   std::unique_ptr<nn::Layer> max_pool(int64_t kernel, const Shape& in_chw, const nn::Pool2dOptions& opt) const override {
     return std::make_unique<BandMaxPool>(g_, in_chw[1], kernel, opt);
   }
-  std::unique_ptr<nn::Layer> global_pool(const Shape& in_chw) const override {
+  std::unique_ptr<nn::Layer> global_pool(const Shape& in_chw, int) const override {
     return std::make_unique<BandGlobalPool>(g_, in_chw[1] * in_chw[2]);
   }
+  int activation_block(int64_t) const override { return 0; }  // the halos are NCHW rows
   std::unique_ptr<nn::Layer> whole_map(const Shape& in_chw) const override {
     return std::make_unique<WholeMap>(g_, in_chw[1]);
   }
@@ -368,9 +370,9 @@ class PlanLayout : public model::CNNLayout {
                        Window{chw[1], kernel, s, opt.padding}, true});
     return model::CNNLayout::max_pool(kernel, chw, opt);
   }
-  std::unique_ptr<nn::Layer> global_pool(const Shape& chw) const override {
+  std::unique_ptr<nn::Layer> global_pool(const Shape& chw, int block) const override {
     pool_chw = chw;
-    return model::CNNLayout::global_pool(chw);
+    return model::CNNLayout::global_pool(chw, block);
   }
   std::unique_ptr<nn::Layer> whole_map(const Shape& chw) const override {
     whole_chw = chw;

@@ -38,7 +38,7 @@ Tensor own_channels(const Tensor& full, int r, int p) {
 
 nn::Conv2dOptions conv_options(const ConvDef& d, nn::ShardSpec weight, nn::ShardSpec bias) {
   return {.stride = d.stride, .padding = d.padding, .bias = d.bias, .seed = d.seed, .weight_shard = weight,
-          .bias_shard = bias};
+          .bias_shard = bias, .input_grad = d.input_grad};
 }
 
 // Filter split: this rank's output channels from the whole input. `gather`: the output leaves
@@ -128,6 +128,7 @@ class TPLayout : public model::CNNLayout {
   std::string describe() const override {
     return "convolutions split by filters and channels over tp " + std::to_string(tp_->size());
   }
+  int activation_block(int64_t) const override { return 0; }  // the gathers and splits read NCHW
 
  private:
   std::shared_ptr<comm::Communicator> tp_;
