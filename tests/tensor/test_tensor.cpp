@@ -109,7 +109,7 @@ TEST(Tensor, LargeStorageComesFromTheArenaAndIsReused) {
     EXPECT_EQ(tensor_cache_hits(), hits + 1);
   }
   EXPECT_GE(tensor_cache_extent_bytes(), extent1);
-  // A hole between live blocks is used before new space: best fit.
+  // A hole between live blocks is used before new space.
   {
     Tensor p = Tensor::empty({2 * MiB}), q = Tensor::empty({2 * MiB}), r = Tensor::empty({2 * MiB});
     const float* hole = q.data();
@@ -127,6 +127,32 @@ TEST(Tensor, LargeStorageComesFromTheArenaAndIsReused) {
     other = t.data();
   }).join();
   EXPECT_EQ(Tensor::empty({6 * MiB / 4}).data(), other);
+}
+
+// Which free block serves a request: one of exactly its size if there is one, else the lowest
+// that holds it (first fit), not the smallest (best fit), so that blocks in use stay packed
+// towards the start. Holes of 40 and 20 MiB, the 40 below: 17 MiB comes from the 40 (best fit
+// would take the 20); with holes of 40 and 17 MiB, 17 MiB comes from the 17 (exact).
+TEST(Tensor, ArenaTakesAnExactFitElseTheLowestThatHolds) {
+  const int64_t MiB4 = (int64_t{1} << 20) / 4;  // floats in a MiB
+  for (const bool exact : {false, true}) {
+    Tensor a = Tensor::empty({40 * MiB4}), fence1 = Tensor::empty({MiB4});
+    Tensor b = Tensor::empty({(exact ? 17 : 20) * MiB4}), fence2 = Tensor::empty({MiB4});
+    ASSERT_LT(a.data(), b.data());
+    const float* low = a.data();
+    const float* high = b.data();
+    a = Tensor();
+    b = Tensor();
+    const int64_t extent = tensor_cache_extent_bytes();
+    Tensor c = Tensor::empty({17 * MiB4});
+    if (exact) {
+      EXPECT_EQ(c.data(), high) << "the exact fit was not taken";
+    } else {
+      EXPECT_NE(c.data(), high) << "best fit, not first fit";
+      EXPECT_LE(c.data(), low);  // the 40 MiB hole, or a free block below it
+    }
+    EXPECT_EQ(tensor_cache_extent_bytes(), extent);
+  }
 }
 
 // A training step's shape: activations, then the logits (the peak), then the logits freed and

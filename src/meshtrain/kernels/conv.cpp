@@ -77,9 +77,12 @@ struct Arg {
 };
 
 // Storage for a call: a Tensor large enough for `bytes` (blocked layouts pad channels to the
-// block), one element more so that it is never empty and its pointer never null.
+// block), at least one element so that its pointer is never null. Exactly the size of an
+// activation of the same shape where no padding is needed, so the arena hands the blocks of
+// one back to the other (one element more would round up to another size class).
 float* scratch_floats(Tensor& holder, size_t bytes) {
-  holder = Tensor::empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float)) + 1});
+  const size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
+  holder = Tensor::empty({static_cast<int64_t>(floats > 0 ? floats : 1)});
   return holder.data();
 }
 
