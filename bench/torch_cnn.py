@@ -11,7 +11,8 @@ the equivalent torch.nn model (same names: conv1.weight, bn1.running_mean, fc1.w
 layer2.0.downsample.0.weight, ...). The same batches are replayed from the gzip IDX files,
 normalised identically ((x/255 - 0.2860)/0.3530 in float32), with torch.optim.SGD(momentum=0.9),
 and the per-step training losses are compared with PyTorch run in float64 (the exact answer to
-round-off) and as is in float32. The check passes when meshtrain's largest relative difference
+round-off), as is in float32, and in float32 with its batch norms in float64 (the precision of
+meshtrain's batch-norm sums). The check passes when meshtrain's largest relative difference
 from float64 is within --tolerance (1e-4), or, where the training amplifies round-off past that
 in 20 steps, no larger than PyTorch float32's own; otherwise it exits 1. Float32 PyTorch is not
 the gate: its CPU batch norm (1.13) is off by up to 0.5% in its gradients here
@@ -221,7 +222,7 @@ def parity(a, model, torch, nn, data, tmp):
     meshtrain(a, ["checkpoint", "convert", "--to-single", os.path.join(ck, "step_00000000"), st])
     state = read_safetensors(torch, st)
     theirs = [m["loss"] for m in metrics(out)]
-    ref = {kind: replay(a, model, torch, nn, data, state, kind) for kind in ("float64", "float32")}
+    ref = {kind: replay(a, model, torch, nn, data, state, kind) for kind in ("float64", "float32", "float32-bn64")}
 
     def worst(ours):
         rel = [abs(m - t) / abs(t) for m, t in zip(theirs, ours)]
@@ -232,6 +233,8 @@ def parity(a, model, torch, nn, data, tmp):
             "meshtrain_loss": theirs, "torch_loss": ref,
             "max_rel_diff": d["float64"][0], "worst_step": d["float64"][1],
             "max_rel_diff_float32": d["float32"][0],
+            "max_rel_diff_float32_bn64": d["float32-bn64"][0],
+            "torch_float32_bn64_vs_float64": worst_between(ref["float32-bn64"], ref["float64"]),
             "torch_float32_vs_float64": worst_between(ref["float32"], ref["float64"]),
             # Within the tolerance of the exact answer, or (where 20 steps amplify round-off past it)
             # no farther from it than PyTorch's own float32 run is.
@@ -241,6 +244,24 @@ def parity(a, model, torch, nn, data, tmp):
 
 def worst_between(u, v):
     return max(abs(x - y) / abs(y) for x, y in zip(u, v))
+
+
+def bn_in_float64(torch, nn, net):
+    """Every BatchNorm2d of a float32 model runs in float64 (its input cast up, its output back
+    down; its parameters and running statistics in float64): the precision in which meshtrain's
+    batch-norm kernels accumulate, the rest of the model as PyTorch runs it in float32."""
+    class Float64BatchNorm(nn.Module):
+        def __init__(self, bn):
+            super().__init__()
+            self.bn = bn.to(torch.float64)
+
+        def forward(self, x):
+            return self.bn(x.to(torch.float64)).to(torch.float32)
+
+    for parent in list(net.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.BatchNorm2d):
+                setattr(parent, name, Float64BatchNorm(child))
 
 
 def replay(a, model, torch, nn, data, state, kind):
@@ -257,6 +278,8 @@ def replay(a, model, torch, nn, data, state, kind):
                          f"missing {missing}, unexpected {unexpected}")
     dtype = torch.float64 if kind == "float64" else torch.float32
     net = net.to(dtype)
+    if kind == "float32-bn64":
+        bn_in_float64(torch, nn, net)
     net.train()
     opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=0.9)
     losses = []
@@ -383,7 +406,10 @@ def main():
                       f"(step {r['worst_step']}; losses {r['meshtrain_loss'][0]:.6f} -> "
                       f"{r['meshtrain_loss'][-1]:.6f}) {'ok' if r['ok'] else 'FAILED'}; "
                       f"against torch float32 {r['max_rel_diff_float32']:.2e} "
-                      f"(torch float32 against float64: {r['torch_float32_vs_float64']:.2e})")
+                      f"(torch float32 against float64: {r['torch_float32_vs_float64']:.2e}); "
+                      f"against torch float32 with its batch norms in float64 "
+                      f"{r['max_rel_diff_float32_bn64']:.2e} (it against float64: "
+                      f"{r['torch_float32_bn64_vs_float64']:.2e})")
         if a.do_speed:
             report["speed"] = []
             busy0, t0 = torch_gpt.cpu_busy_seconds(), time.time()

@@ -18,6 +18,22 @@ std::span<const float> cspan_of(const Tensor& t) { return {t.data(), static_cast
 
 std::invalid_argument bad(const std::string& msg) { return std::invalid_argument("pipeline executor: " + msg); }
 
+// Sends in flight, each with the tensor it reads.
+using Sends = std::vector<std::pair<comm::Work, Tensor>>;
+
+// Sends whose data has left give their tensors back now rather than at the step's end: a
+// tensor kept only for its send (a stage's output that no layer saved) is freed while the step
+// goes on, as the memory model counts it. With threads a send completes when the receiver's
+// buffer holds the data (at once where the receive was posted first, as the executor posts its
+// receives when a step begins); under MPI when the library says so.
+void release_sent(Sends& sends) {
+  std::erase_if(sends, [](std::pair<comm::Work, Tensor>& s) {
+    if (!s.first.is_completed()) return false;
+    s.first.wait();  // rethrows the send's error
+    return true;
+  });
+}
+
 // Removes and returns the tensor under k; a missing one is a broken schedule, named by its action.
 Tensor take(std::map<Key, Tensor>& from, Key k, const Action& a) {
   auto it = from.find(k);
@@ -99,7 +115,7 @@ StepStats Executor::run_step() {
   }
   // A skip tensor (or its gradient) leaving stage `from` for stage `to`: sent, or kept for a
   // stage of this rank.
-  std::vector<std::pair<comm::Work, Tensor>> sends;
+  Sends sends;
   auto ship = [&](Tensor t, int from, int to, int mb, Msg kind, std::map<Key, Tensor>& local) {
     if (s.rank_of(to) == rank_) {
       local[{to, mb}] = std::move(t);
@@ -193,6 +209,7 @@ StepStats Executor::run_step() {
       for (auto& [key, c] : live) saved += c->saved_bytes();
       st.peak_saved_bytes = std::max(st.peak_saved_bytes, saved);
     }
+    release_sent(sends);
     const auto t1 = Clock::now();
     if (is_compute(a.kind)) st.compute_us += std::chrono::duration<double, std::micro>(t1 - t0).count();
     st.timeline.push_back({a, us(t0), us(t1)});
@@ -221,7 +238,7 @@ Shape StageRunner::boundary_shape() const {
 void Executor::forward_only(int microbatches) {
   const ScheduleShape& s = schedule_.shape;
   const int last_stage = s.stages() - 1;
-  std::vector<std::pair<comm::Work, Tensor>> sends;
+  Sends sends;
   std::map<Key, Tensor> skips;  // skip tensors made for a later stage of this rank
   for (int mb = 0; mb < microbatches; ++mb) {
     Tensor x;
@@ -253,6 +270,7 @@ void Executor::forward_only(int microbatches) {
                              portal.out);
       }
     }
+    release_sent(sends);
   }
   for (auto& [w, t] : sends) w.wait();
 }

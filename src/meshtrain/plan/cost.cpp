@@ -271,12 +271,14 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
     const double held = l.recompute ? spec.boundary_bytes(st.first_layer, rows, q.T, 1) : saved;
     m.activations += share * held;
     // The executor posts every receive of the step at its start (pipeline/executor.cpp): a
-    // gradient buffer per micro-batch for a stage that sends on, an activation buffer per
+    // gradient buffer per micro-batch for a stage that sends on (that of the micro-batch in
+    // backward is its output gradient, which its transients count), an activation buffer per
     // micro-batch for one that receives (those of the micro-batches in flight are the saved
-    // inputs counted above).
+    // inputs counted above). What a stage sends it holds only until the send completes
+    // (released as the step goes on): a stage output no layer saved is not counted.
     if (spans.size() > 1) {
       const double mbs = l.microbatches;
-      if (s + 1 < spans.size()) m.buffers += mbs * spec.boundary_bytes(st.end_layer, rows, q.T, 1);
+      if (s + 1 < spans.size()) m.buffers += (mbs - 1) * spec.boundary_bytes(st.end_layer, rows, q.T, 1);
       if (s > 0) m.buffers += std::max(0.0, mbs - share) * spec.boundary_bytes(st.first_layer, rows, q.T, 1);
     }
     // The micro-batch in backward: beyond what it holds, its transients (recomputation: the
