@@ -125,6 +125,11 @@ void add_train_command(CLI::App& app) {
   c->add_option("--grad-clip", opt->optim.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
   c->add_option("--seed", opt->seed, "Seed of the initialisation and the data order")->check(integer<uint64_t>())->capture_default_str();
   c->add_option("--precision", *precision, "Matrix products in fp32, or bf16 (bf16 operands, float32 accumulation; float32 master weights, Adam, norms, softmax and loss)")->capture_default_str();
+  c->add_option("--exact-sums", opt->exact_sums,
+                 "Image models: sum parameter gradients exactly over N equal slices of every micro-batch, so that "
+                 "data parallelism (dp dividing N) gives the single rank's loss curve at the same --threads (0: off)")
+      ->check(integer<int>(0))
+      ->capture_default_str();
   c->add_option("--comm-dtype", *comm_dtype, "Data-parallel gradient buckets and tensor-parallel activations on the wire as fp32, or bf16 (half the bytes; summed in float32)")->capture_default_str();
   c->add_option("--threads", opt->threads, "Kernel threads per rank (0: cores / ranks)")->check(integer<int>(0))->capture_default_str();
   c->add_option("--eval-every", opt->eval_every, "Validation loss every K steps (0: only at the end)")->check(integer<int64_t>(0))->capture_default_str();

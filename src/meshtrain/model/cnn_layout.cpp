@@ -1,5 +1,8 @@
 #include "meshtrain/model/cnn_layout.h"
 
+#include <stdexcept>
+#include <string>
+
 #include "meshtrain/kernels/layout.h"
 #include "meshtrain/nn/conv.h"
 #include "meshtrain/nn/shape.h"
@@ -52,6 +55,15 @@ std::unique_ptr<nn::Layer> CNNLayout::global_pool(const Shape&, int block) const
 int CNNLayout::activation_block(int64_t channels) const {
   const int b = kernels::conv_activation_block();
   return b > 0 && channels % b == 0 ? b : 0;
+}
+
+Tensor BranchJoin::input_grad_exact(nn::Context&, std::vector<double> sum, const Shape& shape) {
+  Tensor dx = Tensor::empty(shape);
+  if (static_cast<int64_t>(sum.size()) != dx.numel())
+    throw std::logic_error("branch join: an exact input gradient of " + std::to_string(sum.size()) +
+                           " values for a tensor of " + std::to_string(dx.numel()));
+  for (int64_t i = 0; i < dx.numel(); ++i) dx[i] = static_cast<float>(sum[static_cast<size_t>(i)]);
+  return dx;
 }
 
 namespace {

@@ -87,6 +87,10 @@ class BranchJoin : public nn::Module {
   virtual Tensor forward(nn::Context& ctx, std::span<const Tensor> outs) = 0;
   virtual std::vector<Tensor> backward(nn::Context& ctx, const Tensor& dy) = 0;
   virtual Tensor input_grad(nn::Context& ctx, Tensor dx) = 0;
+  // The same for exact sums (nn::Context::grad_slices): `sum` is this rank's branches' input
+  // gradients added in float64; the whole one (summed over the ranks in float64) is rounded to
+  // float32 once, as `shape`. The single-rank join: `sum` rounded.
+  virtual Tensor input_grad_exact(nn::Context& ctx, std::vector<double> sum, const Shape& shape);
   void collect_params(std::vector<nn::Param*>&) override {}
 };
 

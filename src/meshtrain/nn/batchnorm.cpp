@@ -95,20 +95,23 @@ Tensor BatchNorm2d::backward(Context& ctx, const Tensor& dy) {
   const kernels::ReluAfter relu{weight.value.data(), bias.value.data()};
   const kernels::ReluAfter* mask = relu_after ? &relu : nullptr;
   kernels::batchnorm_backward_sums(sums.data(), dy.data(), x.data(), mean, rstd, N, C, HW, ctx.threads, mask, block);
-  // The parameter gradients take the local sums, before the group's reduction.
-  if (ctx.defer_weight_grads) {
-    ctx.defer(
-        [this, local = sums](Context& c) {
-          kernels::batchnorm_backward_params(weight.grad.data(), bias.grad.data(), local.data(), channels);
-          c.grad_ready(&weight);
-          c.grad_ready(&bias);
-        },
-        static_cast<int64_t>(sums.size() * sizeof(double)));
-  } else {
-    kernels::batchnorm_backward_params(weight.grad.data(), bias.grad.data(), sums.data(), C);
-    ctx.grad_ready(&weight);
-    ctx.grad_ready(&bias);
-  }
+  // The parameter gradients take the local sums, before the group's reduction (with exact
+  // sums, nn/context.h, the float64 sums themselves).
+  auto add_params = [this](Context& c, const std::vector<double>& local) {
+    if (c.grad_slices > 0) {
+      weight.add_exact(local.data() + channels);
+      bias.add_exact(local.data());
+    } else {
+      kernels::batchnorm_backward_params(weight.grad.data(), bias.grad.data(), local.data(), channels);
+    }
+    c.grad_ready(&weight);
+    c.grad_ready(&bias);
+  };
+  if (ctx.defer_weight_grads)
+    ctx.defer([add_params, local = sums](Context& c) { add_params(c, local); },
+              static_cast<int64_t>(sums.size() * sizeof(double)));
+  else
+    add_params(ctx, sums);
   if (reduce_stats) reduce_stats(sums);
   Tensor dx = Tensor::empty(x.shape());
   kernels::batchnorm_backward_data(dx.data(), dy.data(), x.data(), weight.value.data(), mean, rstd, sums.data(),

@@ -90,6 +90,14 @@ class Context {
   // them ready) and drops what they held.
   bool defer_weight_grads = false;
   void defer(std::function<void(Context&)> weight_grad, int64_t bytes);
+
+  // ---- exact gradient sums (train/trainer.h: TrainOptions::exact_sums) ----
+  // 0: layers compute over all their rows at once and add parameter gradients into Param::grad.
+  // k > 0: the rows of every batch this context sees are k equal slices (whole samples); the
+  // layers with parameters run their kernels slice by slice and add each slice's parameter
+  // gradient (a float32 result of the same call at every layout) into Param::grad_exact, in
+  // float64. Whoever syncs gradients rounds the total into Param::grad.
+  int grad_slices = 0;
   void run_deferred();
   bool has_deferred() const { return !deferred_.empty(); }
 

@@ -1,6 +1,7 @@
 #include "meshtrain/nn/conv.h"
 
 #include <cmath>
+#include <functional>
 #include <stdexcept>
 
 namespace meshtrain::nn {
@@ -33,13 +34,51 @@ kernels::Conv2dShape Conv2d::shape_for(const Tensor& x) const {
   return s;
 }
 
+// Runs f(slice shape, input offset, output offset) over the context's row slices (all rows at
+// once without exact sums): every kernel call then has the same shape at every layout.
+namespace {
+void over_slices(const Context& ctx, const kernels::Conv2dShape& s,
+                 const std::function<void(const kernels::Conv2dShape&, int64_t, int64_t)>& f) {
+  const int64_t in = s.IC * s.H * s.W, out = s.OC * s.OH() * s.OW();
+  for_row_slices(s.N, ctx.training ? ctx.grad_slices : 0, [&](int64_t r0, int64_t rows) {
+    kernels::Conv2dShape t = s;
+    t.N = rows;
+    f(t, r0 * in, r0 * out);
+  });
+}
+}  // namespace
+
 Tensor Conv2d::forward(Context& ctx, const Tensor& x) {
   const kernels::Conv2dShape s = shape_for(x);
   Tensor y = Tensor::empty({s.N, s.OC, s.OH(), s.OW()});
   const float* b = has_bias && add_bias_in_forward ? bias.value.data() : nullptr;
-  kernels::conv2d_forward(y.data(), x.data(), weight.value.data(), b, s, ctx.threads);
+  over_slices(ctx, s, [&](const kernels::Conv2dShape& t, int64_t xi, int64_t yi) {
+    kernels::conv2d_forward(y.data() + yi, x.data() + xi, weight.value.data(), b, t, ctx.threads);
+  });
   ctx.save(this, {x});
   return y;
+}
+
+// The weight and bias gradients of (x, dy): into weight.grad and bias.grad, or with exact sums
+// slice by slice into their float64 totals.
+void Conv2d::add_weight_grads(Context& ctx, const Tensor& x, const Tensor& dy) {
+  const kernels::Conv2dShape s = shape_for(x);
+  if (ctx.grad_slices <= 0) {
+    kernels::conv2d_backward(nullptr, weight.grad.data(), has_bias ? bias.grad.data() : nullptr, dy.data(), x.data(),
+                             nullptr, s, ctx.threads);
+  } else {
+    Tensor dw = Tensor::empty(weight.local_shape()), db = Tensor::empty({has_bias ? s.OC : 0});
+    over_slices(ctx, s, [&](const kernels::Conv2dShape& t, int64_t xi, int64_t yi) {
+      dw.zero();
+      db.zero();
+      kernels::conv2d_backward(nullptr, dw.data(), has_bias ? db.data() : nullptr, dy.data() + yi, x.data() + xi,
+                               nullptr, t, ctx.threads);
+      weight.add_exact(dw.data());
+      if (has_bias) bias.add_exact(db.data());
+    });
+  }
+  ctx.grad_ready(&weight);
+  if (has_bias) ctx.grad_ready(&bias);
 }
 
 Tensor Conv2d::backward(Context& ctx, const Tensor& dy) {
@@ -47,31 +86,28 @@ Tensor Conv2d::backward(Context& ctx, const Tensor& dy) {
   ctx.release(this);
   const kernels::Conv2dShape s = shape_for(x);
   Tensor dx = input_grad ? Tensor::empty(x.shape()) : Tensor();
-  float* dxp = input_grad ? dx.data() : nullptr;
-  if (ctx.defer_weight_grads) {  // split backward: dx now, dW (and db) at the W action
-    kernels::conv2d_backward(dxp, nullptr, nullptr, dy.data(), x.data(), weight.value.data(), s, ctx.threads);
-    defer_weight_grad(ctx, x, dy);
+  if (!ctx.defer_weight_grads && ctx.grad_slices <= 0) {  // one call: the output gradient converted once
+    kernels::conv2d_backward(input_grad ? dx.data() : nullptr, weight.grad.data(),
+                             has_bias ? bias.grad.data() : nullptr, dy.data(), x.data(), weight.value.data(), s,
+                             ctx.threads);
+    ctx.grad_ready(&weight);
+    if (has_bias) ctx.grad_ready(&bias);
     return dx;
   }
-  kernels::conv2d_backward(dxp, weight.grad.data(), has_bias ? bias.grad.data() : nullptr, dy.data(),
-                           x.data(), weight.value.data(), s, ctx.threads);
-  ctx.grad_ready(&weight);
-  if (has_bias) ctx.grad_ready(&bias);
+  if (input_grad)
+    over_slices(ctx, s, [&](const kernels::Conv2dShape& t, int64_t xi, int64_t yi) {
+      kernels::conv2d_backward(dx.data() + xi, nullptr, nullptr, dy.data() + yi, x.data() + xi, weight.value.data(), t,
+                               ctx.threads);
+    });
+  if (ctx.defer_weight_grads) {  // split backward: dx now, dW (and db) at the W action
+    // dy is copied (its owner may reuse the buffer); x is the saved input, which nothing writes.
+    // The weight gradient needs no weight values (under ZeRO-3 they are released by now).
+    Tensor g = dy.clone();
+    ctx.defer([this, x, g](Context& c) { add_weight_grads(c, x, g); }, x.bytes() + g.bytes());
+    return dx;
+  }
+  add_weight_grads(ctx, x, dy);
   return dx;
-}
-
-void Conv2d::defer_weight_grad(Context& ctx, const Tensor& x, const Tensor& dy) {
-  // dy is copied (its owner may reuse the buffer); x is the saved input, which nothing writes.
-  Tensor g = dy.clone();
-  ctx.defer(
-      [this, x, g](Context& c) {
-        // The weight gradient needs no weight values (under ZeRO-3 they are released by now).
-        kernels::conv2d_backward(nullptr, weight.grad.data(), has_bias ? bias.grad.data() : nullptr, g.data(),
-                                 x.data(), nullptr, shape_for(x), c.threads);
-        c.grad_ready(&weight);
-        if (has_bias) c.grad_ready(&bias);
-      },
-      x.bytes() + g.bytes());
 }
 
 void Conv2d::collect_params(std::vector<Param*>& out) {

@@ -16,7 +16,9 @@
 //
 // Gradients: weight and bias accumulate (+=), the input gradient is written; with
 // ctx.defer_weight_grads the weight and bias gradients are deferred to the W action (as
-// Linear). Convolutions run in float32 whatever ctx.precision says.
+// Linear); with ctx.grad_slices every kernel runs slice by slice and the weight and bias
+// gradients go to Param::grad_exact (nn/context.h). Convolutions run in float32 whatever
+// ctx.precision says.
 #pragma once
 
 #include "meshtrain/kernels/conv.h"
@@ -63,7 +65,7 @@ class Conv2d : public Layer {
   int64_t kernel, stride, padding;
 
  private:
-  void defer_weight_grad(Context& ctx, const Tensor& x, const Tensor& dy);
+  void add_weight_grads(Context& ctx, const Tensor& x, const Tensor& dy);
 };
 
 }  // namespace meshtrain::nn

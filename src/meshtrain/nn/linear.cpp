@@ -25,7 +25,11 @@ Tensor Linear::forward(Context& ctx, const Tensor& x) {
   ys.back() = OC;
   Tensor y = Tensor::empty(ys);
   const float* b = has_bias && add_bias_in_forward ? bias.value.data() : nullptr;
-  kernels::linear_forward(y.data(), x.data(), weight.value.data(), b, N, C, OC, ctx.gemm_with(weight));
+  // With exact sums slice by slice (nn/context.h): the same products at every layout.
+  for_row_slices(N, ctx.training ? ctx.grad_slices : 0, [&](int64_t r0, int64_t rows) {
+    kernels::linear_forward(y.data() + r0 * OC, x.data() + r0 * C, weight.value.data(), b, rows, C, OC,
+                            ctx.gemm_with(weight));
+  });
   ctx.save(this, {x});
   return y;
 }
@@ -35,33 +39,52 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   ctx.release(this);
   const int64_t C = in_local(), OC = out_local(), N = x.numel() / C;
   Tensor dx = Tensor::empty(x.shape());
+  if (!ctx.defer_weight_grads && ctx.grad_slices <= 0) {
+    kernels::linear_backward(dx.data(), weight.grad.data(), has_bias ? bias.grad.data() : nullptr,
+                             dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.gemm_with(weight));
+    ctx.grad_ready(&weight);
+    if (has_bias) ctx.grad_ready(&bias);
+    return dx;
+  }
+  for_row_slices(N, ctx.grad_slices, [&](int64_t r0, int64_t rows) {
+    kernels::linear_backward(dx.data() + r0 * C, nullptr, nullptr, dy.data() + r0 * OC, x.data() + r0 * C,
+                             weight.value.data(), rows, C, OC, ctx.gemm_with(weight));
+  });
   if (ctx.defer_weight_grads) {  // split backward: dx now, dW (and db) at the W action
-    kernels::linear_backward(dx.data(), nullptr, nullptr, dy.data(), x.data(), weight.value.data(), N, C, OC,
-                             ctx.gemm_with(weight));
     defer_weight_grad(ctx, x, dy);
     return dx;
   }
-  kernels::linear_backward(dx.data(), weight.grad.data(), has_bias ? bias.grad.data() : nullptr,
-                           dy.data(), x.data(), weight.value.data(), N, C, OC, ctx.gemm_with(weight));
+  add_weight_grads(ctx, x, dy);
+  return dx;
+}
+
+// dW = x^T dy and db: into weight.grad and bias.grad, or with exact sums slice by slice into
+// their float64 totals. Needs no weight values (under ZeRO-3 they may be released by now).
+void Linear::add_weight_grads(Context& ctx, const Tensor& x, const Tensor& dy) {
+  const int64_t C = in_local(), OC = out_local(), N = x.numel() / C;
+  if (ctx.grad_slices <= 0) {
+    kernels::linear_backward(nullptr, weight.grad.data(), has_bias ? bias.grad.data() : nullptr, dy.data(), x.data(),
+                             nullptr, N, C, OC, ctx.gemm());
+  } else {
+    Tensor dw = Tensor::empty(weight.local_shape()), db = Tensor::empty({has_bias ? OC : 0});
+    for_row_slices(N, ctx.grad_slices, [&](int64_t r0, int64_t rows) {
+      dw.zero();
+      db.zero();
+      kernels::linear_backward(nullptr, dw.data(), has_bias ? db.data() : nullptr, dy.data() + r0 * OC,
+                               x.data() + r0 * C, nullptr, rows, C, OC, ctx.gemm());
+      weight.add_exact(dw.data());
+      if (has_bias) bias.add_exact(db.data());
+    });
+  }
   ctx.grad_ready(&weight);
   if (has_bias) ctx.grad_ready(&bias);
-  return dx;
 }
 
 void Linear::defer_weight_grad(Context& ctx, const Tensor& x, const Tensor& dy) {
   // dy is copied: the caller may go on writing into its buffer (the residual stream's
   // gradient); x is the input saved by forward, which nothing writes.
   Tensor g = dy.clone();
-  ctx.defer(
-      [this, x, g](Context& c) {
-        const int64_t C = in_local(), OC = out_local(), N = x.numel() / C;
-        // dW = x^T dy needs no weight values (under ZeRO-3 they are released by now).
-        kernels::linear_backward(nullptr, weight.grad.data(), has_bias ? bias.grad.data() : nullptr, g.data(),
-                                 x.data(), nullptr, N, C, OC, c.gemm());
-        c.grad_ready(&weight);
-        if (has_bias) c.grad_ready(&bias);
-      },
-      x.bytes() + g.bytes());
+  ctx.defer([this, x, g](Context& c) { add_weight_grads(c, x, g); }, x.bytes() + g.bytes());
 }
 
 void Linear::collect_params(std::vector<Param*>& out) {

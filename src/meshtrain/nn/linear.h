@@ -39,6 +39,9 @@ class Linear : public Layer {
   // Split backward (ctx.defer_weight_grads): hands ctx the weight and bias gradient of input x
   // and output gradient dy, to run at the W action.
   void defer_weight_grad(Context& ctx, const Tensor& x, const Tensor& dy);
+  // The weight and bias gradients of input x and output gradient dy, added (into grad, or with
+  // ctx.grad_slices slice by slice into grad_exact, nn/context.h) and reported ready.
+  void add_weight_grads(Context& ctx, const Tensor& x, const Tensor& dy);
 };
 
 }  // namespace meshtrain::nn

@@ -156,4 +156,21 @@ void Param::drop_bf16() const {
   bf16_epoch = -1;
 }
 
+void Param::add_exact(const float* g) {
+  for (size_t i = 0; i < grad_exact.size(); ++i) grad_exact[i] += static_cast<double>(g[i]);
+}
+
+void Param::add_exact(const double* g) {
+  for (size_t i = 0; i < grad_exact.size(); ++i) grad_exact[i] += g[i];
+}
+
+void for_row_slices(int64_t n, int k, const std::function<void(int64_t, int64_t)>& f) {
+  if (k <= 1) return f(0, n);
+  if (n % k != 0)
+    throw std::invalid_argument("exact gradient sums: " + std::to_string(n) + " rows do not make " + std::to_string(k) +
+                                " equal slices");
+  const int64_t rows = n / k;
+  for (int i = 0; i < k; ++i) f(i * rows, rows);
+}
+
 }  // namespace meshtrain::nn

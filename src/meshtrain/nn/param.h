@@ -95,7 +95,19 @@ struct Param {
   Shape local_shape() const { return shard.local_shape(global_shape); }
   int64_t local_numel() const { return shape_numel(local_shape()); }
   void zero_grad() { grad.zero(); }
+
+  // Exact gradient sums (Context::grad_slices): while not empty (local_numel() values), layers
+  // add their gradient contributions here in float64 instead of into `grad`; a sum of float32
+  // slice results in float64 does not depend on the order of its terms (short of an exponent
+  // spread of 29 bits), so the total is the same however a layout groups the slices.
+  std::vector<double> grad_exact;
+  void add_exact(const float* g);   // grad_exact += g (local_numel() values)
+  void add_exact(const double* g);
 };
+
+// Runs f(first_row, rows) for each of the k equal slices of n rows (k <= 1: once, all of them).
+// Throws std::invalid_argument when k does not divide n.
+void for_row_slices(int64_t n, int k, const std::function<void(int64_t, int64_t)>& f);
 
 // ---- initialisation (layout-invariant) ----
 // value[i] = std * N(0,1) drawn from stream (seed, name) at the element's global index.

@@ -94,6 +94,10 @@ class GroupJoin : public model::BranchJoin {
   }
 
   Tensor input_grad(nn::Context&, Tensor dx) override { return CopyToTP::backward(*group_, std::move(dx)); }
+  Tensor input_grad_exact(nn::Context& ctx, std::vector<double> sum, const Shape& shape) override {
+    group_->all_reduce(std::span<double>(sum));  // float64 on the wire: the sum rounded once
+    return model::BranchJoin::input_grad_exact(ctx, std::move(sum), shape);
+  }
 
  private:
   std::shared_ptr<comm::Communicator> group_;

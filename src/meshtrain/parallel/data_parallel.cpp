@@ -26,6 +26,7 @@ struct DataParallel::Bucket {
   comm::Work grad_work;
   comm::Work gather_work;
   std::vector<float> wire_out, wire_in;  // bf16 wire: packed slices (two bf16 per float slot)
+  std::vector<double> exact;             // exact sums: the bucket's float64 totals
   bool gathered = false;
 
   void view_values() {
@@ -187,6 +188,33 @@ void DataParallel::grad_ready(nn::Param* p) {
   if (++b.ready == static_cast<int>(b.params.size())) launch(b);
 }
 
+// ---- exact sums ----
+// A float64 sum of the ranks' float64 totals differs from one order to another by float64
+// round-off only, far below the float32 rounding that follows: every layout rounds to the same
+// float32 gradient (but for a total within float64 round-off of a float32 rounding boundary).
+void DataParallel::launch_exact(Bucket& b) {
+  b.exact.assign(static_cast<size_t>(b.numel), 0.0);
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    const std::vector<double>& g = b.params[i]->grad_exact;
+    if (static_cast<int64_t>(g.size()) != b.params[i]->local_numel())
+      throw std::logic_error("exact sums: " + b.params[i]->name + " has no float64 gradient total");
+    std::copy(g.begin(), g.end(), b.exact.begin() + b.offsets[i]);
+  }
+  b.grad_work = dp_->all_reduce_async(std::span<double>(b.exact), {.op = comm::ReduceOp::sum});
+}
+
+void DataParallel::finish_exact(Bucket& b) {
+  const double inv = 1.0 / static_cast<double>(dp_->size());  // exact for a power-of-two dp
+  if (opt_.zero >= 2) {
+    float* shard = b.grad_shard.data();
+    for (int64_t j = 0; j < b.slice_n; ++j) shard[j] = static_cast<float>(b.exact[static_cast<size_t>(b.slice_off + j)] * inv);
+  } else {
+    float* g = b.grads.data();
+    for (int64_t j = 0; j < b.numel; ++j) g[j] = static_cast<float>(b.exact[static_cast<size_t>(j)] * inv);
+  }
+  b.exact = {};
+}
+
 // ---- bf16 on the wire (bf16_wire.h) ----
 void DataParallel::launch_bf16(Bucket& b) {
   pack_bf16_slices(b.grads.data(), b.counts, b.wire_out);
@@ -207,6 +235,7 @@ void DataParallel::finish_bf16(Bucket& b) {
 
 void DataParallel::launch(Bucket& b) {
   if (opt_.bf16_wire) return launch_bf16(b);
+  if (opt_.exact_sums) return launch_exact(b);
   if (opt_.zero <= 1) {
     b.grad_work = dp_->all_reduce_async(span_of(b.grads), {.op = comm::ReduceOp::avg});
   } else {
@@ -223,6 +252,7 @@ void DataParallel::finish_grad_sync() {
     b->grad_work.wait();
     b->grad_work = {};
     if (opt_.bf16_wire) finish_bf16(*b);
+    if (opt_.exact_sums) finish_exact(*b);
     b->ready = 0;
     if (opt_.zero >= 2) {
       for (nn::Param* p : b->params) p->grad = Tensor();

@@ -60,6 +60,11 @@ struct DataParallelOptions {
   // as the gradient, so replicas stay identical. The all-to-all overlaps backward as the
   // float32 all-reduce does; the sum and the all-gather run when the step waits for it.
   bool bf16_wire = false;
+  // Exact sums (train/trainer.h: TrainOptions::exact_sums): the layers leave each parameter's
+  // gradient as a float64 total in Param::grad_exact; a bucket all-reduces those totals in
+  // float64 and rounds the average into its float32 gradients (stages 0-1) or this rank's slice
+  // (stages 2-3). Twice the bytes of a float32 all-reduce.
+  bool exact_sums = false;
 };
 
 // A unit of ZeRO-3: the module whose hooks gather it, and its parameters.
@@ -118,6 +123,8 @@ class DataParallel {
   void launch(Bucket& b);
   void launch_bf16(Bucket& b);  // bf16 wire: the all-to-all of bf16 slices
   void finish_bf16(Bucket& b);  // bf16 wire: the float32 sum and (stages 0, 1) the all-gather
+  void launch_exact(Bucket& b);  // exact sums: the float64 all-reduce of the totals
+  void finish_exact(Bucket& b);  // exact sums: the average rounded into the float32 gradients
   void gather_bucket(size_t b, bool wait);
   void release_bucket(size_t b);
   void on_pre(const nn::Module* m, bool backward);

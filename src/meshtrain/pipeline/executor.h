@@ -108,6 +108,8 @@ class Executor {
   // The optimizer step the coming run_step's weights belong to (nn::Context::weights_epoch):
   // bf16 weight copies are made once for it and reused by every micro-batch.
   void set_weights_epoch(int64_t epoch) { weights_epoch_ = epoch; }
+  // Exact gradient sums: the row slices of every training micro-batch (nn::Context::grad_slices).
+  void set_grad_slices(int k) { grad_slices_ = k; }
 
  private:
   enum class Msg { activation = 0, gradient = 1, portal = 2, portal_grad = 3 };
@@ -120,6 +122,7 @@ class Executor {
   int threads_;
   kernels::Precision precision_;
   int64_t weights_epoch_ = -1;
+  int grad_slices_ = 0;
   int eval_round_ = 0;
 };
 

@@ -113,6 +113,7 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     dpo.zero = o_.zero;
     if (o_.bucket_bytes > 0) dpo.bucket_bytes = o_.bucket_bytes;
     dpo.bf16_wire = o_.comm_dtype == kernels::Precision::bf16;
+    dpo.exact_sums = o_.exact_sums > 0;
     // The tied token table of the first and last stage: a bucket of its own, so both stages
     // slice it alike over dp and can sum their slices of its gradient.
     for (auto& stage : stages_)
@@ -139,6 +140,10 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
   }
   exec_ = std::make_unique<pipeline::Executor>(schedule, pp_rank, o_.pp > 1 ? &mesh_.pp_group() : nullptr,
                                                runners, o_.threads, o_.precision);
+  if (o_.exact_sums > 0) {  // every gradient a float64 total of slices (TrainOptions::exact_sums)
+    exec_->set_grad_slices(o_.exact_sums / o_.dp);
+    for (nn::Param* p : model_params()) p->grad_exact.assign(static_cast<size_t>(p->local_numel()), 0.0);
+  }
   if (o_.pp > 1 && gpt) {
     // The tied token table: the first stage's copy and the last stage's sum their gradients
     // over this group (one pair per (dp, tp) position). Models without a tied parameter
@@ -431,6 +436,8 @@ void RankTrainer::run() {
     if (ddp_) ddp_->begin_step();
     else
       for (auto& stage : stages_) stage->zero_grad();
+    if (o_.exact_sums > 0)
+      for (nn::Param* p : model_params()) std::fill(p->grad_exact.begin(), p->grad_exact.end(), 0.0);
     fill_batch(step);
     exec_->set_weights_epoch(step);
     const pipeline::StepStats pst = exec_->run_step();
@@ -460,6 +467,10 @@ void RankTrainer::run() {
     if (ddp_) {
       trace::Recorder::Span s(sh_.recorder, mesh_.rank(), trace::Track::compute, "wait for gradients", "wait");
       ddp_->finish_grad_sync();
+    } else if (o_.exact_sums > 0) {  // one rank: the float64 totals rounded once
+      for (nn::Param* p : model_params())
+        std::transform(p->grad_exact.begin(), p->grad_exact.end(), p->grad.data(),
+                       [](double g) { return static_cast<float>(g); });
     }
     if (emb_) {  // the tied token table: first stage + last stage (under ZeRO-2/3 their equal slices)
       nn::Param& wte = *(stages_[0]->tied_param() ? stages_[0] : stages_.back())->tied_param();

@@ -69,6 +69,14 @@ struct TrainOptions {
   int threads = 0;  // kernel threads per rank (0: cores / ranks)
   kernels::Precision precision = kernels::Precision::f32;  // of the matrix products (--precision)
   kernels::Precision comm_dtype = kernels::Precision::f32;  // of the dp gradient buckets on the wire (--comm-dtype)
+  // --exact-sums N (0: off): parameter gradients summed exactly, so that the loss curve does not
+  // depend on how data parallelism groups the rows (image models). Every micro-batch's rows are
+  // N equal slices, each rank computing N / dp of them: convolutions and linear layers run slice
+  // by slice (the same kernel calls at every layout), each slice's float32 parameter gradient is
+  // added into a float64 total, the totals are all-reduced in float64 and rounded to float32 once.
+  // Needs dp dividing N, N dividing the rows of a micro-batch (batch / microbatches), and the
+  // same --threads at every layout compared (a kernel's sums follow its thread count).
+  int exact_sums = 0;
   int64_t eval_every = 250;
   int64_t eval_batches = 20;
   // outputs

@@ -173,6 +173,7 @@ void check_layout(const TrainOptions& o) {
   if (o.chunks < 1) bad("--chunks must be at least 1 (model chunks per pipeline rank)");
   if (o.zero < 0 || o.zero > 3) bad("--zero must be 0, 1, 2 or 3");
   if (o.ps_servers < 0) bad("--ps-servers must be 0 (no parameter server) or a positive number of server ranks");
+  if (o.exact_sums < 0) bad("--exact-sums must be 0 (off) or a positive number of slices per micro-batch");
   if (o.staleness < -1)
     bad("--staleness must be 0 (synchronous), a positive bound, or inf (unbounded, asynchronous; also -1)");
   if (!(o.slow_worker_factor >= 1) || !std::isfinite(o.slow_worker_factor))
@@ -439,6 +440,9 @@ void check_output_dir(const std::string& flag, const std::string& path) {
 void validate_options(const TrainOptions& o, const model::GPTConfig& cfg, const Machine& m) {
   check_ranges(o, cfg);
   check_layout(o);
+  if (o.exact_sums > 0)
+    bad("--exact-sums slices the parameter gradients of convolutional networks' layers; " + cfg.name +
+        " is a transformer: drop --exact-sums");
   if (o.intra != IntraSplit::tensor)
     bad(std::string("--") + intra_flag(o.intra) + " splits a convolutional network (" +
         (o.intra == IntraSplit::spatial ? "its feature maps by row bands" : "its Inception blocks by branch") +
@@ -507,6 +511,17 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
   refuse(o.recompute, "--recompute would run its batch norms twice per micro-batch; drop --recompute");
   refuse(o.precision == kernels::Precision::bf16, "its convolutions run in float32 only; drop --precision bf16");
   refuse(o.comm_dtype == kernels::Precision::bf16, "drop --comm-dtype bf16 (float32 gradients only for now)");
+  if (o.exact_sums > 0) {
+    refuse(o.tp > 1 && o.intra != IntraSplit::branch,
+           std::string("--exact-sums makes the sums of data parallelism and of branch joins exact; --") +
+               intra_flag(o.intra) + " adds sums of its own (partial outputs, halos) that it does not cover: drop one");
+    refuse(o.exact_sums % o.dp != 0, "--exact-sums " + std::to_string(o.exact_sums) + " slices do not split over --dp " +
+                                         std::to_string(o.dp) + " ranks; use a multiple of " + std::to_string(o.dp));
+    const int64_t rows = o.batch / o.microbatches;
+    refuse(rows % o.exact_sums != 0, "a micro-batch of " + std::to_string(rows) + " rows (--batch / --microbatches) "
+                                         "does not make --exact-sums " + std::to_string(o.exact_sums) +
+                                         " equal slices; use a divisor of " + std::to_string(rows));
+  }
   refuse(o.data_order == DataOrder::sequential && o.augment,
          "--augment crops and flips by meshtrain's own draws, which --data-order sequential exists to avoid "
          "(its batches are the images in file order, for another framework to replay); drop one of them");

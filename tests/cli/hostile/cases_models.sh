@@ -7,6 +7,8 @@ expect 2 "gpt-tiny is a token model: --data images is a directory" -- \
   "$MT" train --model gpt-tiny --data images --steps 1 --quiet
 expect 2 "gpt-tiny is a token model: --data fashion-mnist names images" -- \
   "$MT" train --model gpt-tiny --data fashion-mnist --steps 1 --quiet
+expect 2 "--exact-sums slices the parameter gradients of convolutional networks' layers; gpt-tiny is a transformer" -- \
+  "$MT" train --model gpt-tiny --data corpus.txt --exact-sums 2 --steps 1 --quiet
 expect 2 "lacks train-images-idx3-ubyte|images" -- "$MT" train --model cnn-small --data images --steps 1 --quiet
 rmdir "$WORK/images"
 if [ -d /usr/share/datasets/fashion-mnist ]; then
@@ -16,6 +18,8 @@ if [ -d /usr/share/datasets/fashion-mnist ]; then
     "$MT" train --model cnn-small --data fashion-mnist --tp 3 --steps 1 --quiet
   expect 2 "--tp, --spatial and --branch-parallel each split the layers over the same intra-layer ranks" -- \
     "$MT" train --model cnn-small --data fashion-mnist --tp 2 --spatial 2 --steps 1 --quiet
+  expect 2 "--exact-sums 3 slices do not split over --dp 2 ranks; use a multiple of 2" -- \
+    "$MT" train --model cnn-small --data fashion-mnist --dp 2 --exact-sums 3 --steps 1 --quiet
   expect 2 "--sequence-parallel splits a transformer's sequence" -- \
     "$MT" train --model cnn-small --data fashion-mnist --tp 2 --sequence-parallel --steps 1 --quiet
   expect 2 "--spatial 8 cannot cut cnn-small's feature maps into 8 bands of rows" -- \
