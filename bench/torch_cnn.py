@@ -21,12 +21,12 @@ the gate: its CPU batch norm (1.13) is off by up to 0.5% in its gradients here
 --speed: images/s of meshtrain (the median of its own metrics' images_per_s over the steps after
 --warmup) against PyTorch (the same model, batch, optimizer and thread count, timed the same way:
 batch gather, forward, backward, optimizer step), per model, with the ratio meshtrain / PyTorch.
-The convolution share: meshtrain's --trace holds one span per forward, backward and optimizer
-phase and none per layer, so it cannot say how much of a step the convolutions take. The script
-measures it instead from oneDNN's own verbose log (ONEDNN_VERBOSE=1 prints every primitive
-execution with its time): the convolution primitives' milliseconds per step, over the step time
-of the same (verbose, hence a little slower) run, for meshtrain and for PyTorch, whose
-convolutions run on the same library (torch 1.13's MKL-DNN path).
+The convolution share: meshtrain's, from its own --trace (the kernels track holds a span for
+every convolution call: their milliseconds per step after --warmup, over the mean step of those
+steps, in a second run with the trace on); PyTorch's from oneDNN's verbose log (ONEDNN_VERBOSE=1
+prints every primitive execution with its time; torch 1.13 runs its convolutions on the same
+library, its MKL-DNN path): the convolution primitives' milliseconds per step over the step time
+of the same (verbose, hence a little slower) run.
 
 Threads: meshtrain runs one rank with --threads T; PyTorch gets torch.set_num_threads(T) and
 OPENBLAS_NUM_THREADS=T (its linear layers go to OpenBLAS). The OpenBLAS core-type fallback of
@@ -72,7 +72,7 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=20, help="speed: timed steps")
     p.add_argument("--warmup", type=int, default=3, help="speed: untimed steps before them")
     p.add_argument("--threads", type=int, default=2, help="meshtrain --threads, torch.set_num_threads")
-    p.add_argument("--no-conv-share", action="store_true", help="skip the oneDNN-verbose runs")
+    p.add_argument("--no-conv-share", action="store_true", help="skip the traced and oneDNN-verbose runs")
     p.add_argument("--blas-core", default="auto", help="as bench/torch_gpt.py")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--json", action="store_true", help="print one JSON line at the end")
@@ -309,20 +309,28 @@ def conv_ms(log, steps):
     return total / steps
 
 
-def meshtrain_speed(a, model, tmp, verbose=False):
-    out = os.path.join(tmp, f"{model}-speed{'-verbose' if verbose else ''}.jsonl")
-    env = dict(os.environ, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1") if verbose else None
-    r = meshtrain(a, ["train", "--model", model, "--data", a.data, "--batch", str(a.batch),
+def trace_conv_ms(path, warmup, steps):
+    """Rank 0's convolution time per step in a meshtrain --trace: its kernels-track spans (tid 2)
+    after the end of the warmup-th step (its optimizer span), over `steps` steps."""
+    events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X" and e.get("pid") == 0]
+    ends = sorted(e["ts"] + e["dur"] for e in events if e.get("cat") == "optimizer")
+    start = ends[warmup - 1] if warmup > 0 else 0.0
+    return sum(e["dur"] for e in events if e.get("tid") == 2 and e["ts"] >= start) / 1e3 / steps
+
+
+def meshtrain_speed(a, model, tmp, traced=False):
+    out = os.path.join(tmp, f"{model}-speed{'-traced' if traced else ''}.jsonl")
+    trace = os.path.join(tmp, f"{model}-speed.trace.json")
+    meshtrain(a, ["train", "--model", model, "--data", a.data, "--batch", str(a.batch),
                       "--steps", str(a.warmup + a.steps), "--threads", str(a.threads), "--seed", str(a.seed),
                       "--eval-every", "0", "--eval-batches", "1", "--quiet", "--overwrite", "--metrics", out]
-                  + sgd_flags(a), env=env)
+                  + (["--trace", trace] if traced else []) + sgd_flags(a))
     m = metrics(out)[a.warmup:]
     res = {"images_per_s": statistics.median(x["images_per_s"] for x in m),
            "step_ms": statistics.median(x["step_ms"] for x in m)}
-    if verbose:
-        # Every step's convolutions, warm-up included, over every step's time.
-        res["conv_ms_per_step"] = conv_ms(r.stdout + r.stderr, a.warmup + a.steps)
-        res["verbose_step_ms"] = statistics.mean(x["step_ms"] for x in metrics(out))
+    if traced:
+        res["conv_ms_per_step"] = trace_conv_ms(trace, a.warmup, a.steps)
+        res["traced_step_ms"] = statistics.mean(x["step_ms"] for x in m)
     return res
 
 
@@ -420,9 +428,9 @@ def main():
                 r = {"model": model, "batch": a.batch, "meshtrain": m, "torch": t,
                      "ratio": m["images_per_s"] / t["images_per_s"]}
                 if not a.no_conv_share:
-                    mv = meshtrain_speed(a, model, tmp, verbose=True)
+                    mv = meshtrain_speed(a, model, tmp, traced=True)
                     tv = torch_conv_share(a, model, tmp)
-                    r["conv_share"] = {"meshtrain": mv["conv_ms_per_step"] / mv["verbose_step_ms"],
+                    r["conv_share"] = {"meshtrain": mv["conv_ms_per_step"] / mv["traced_step_ms"],
                                        "meshtrain_conv_ms": mv["conv_ms_per_step"]}
                     if tv:
                         r["conv_share"]["torch"] = tv["conv_ms_per_step"] / tv["verbose_step_ms"]

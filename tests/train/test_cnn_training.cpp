@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -18,10 +19,12 @@
 
 #include "cnn_runs.h"
 #include "idx_files.h"
-#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/idx.h"
 #include "meshtrain/train/images.h"
+#include "meshtrain/trace/trace.h"
+#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/optimizer.h"
+#include "meshtrain/train/swimlane.h"
 #include "meshtrain/train/trainer.h"
 #include "temp_dir.h"
 
@@ -121,6 +124,41 @@ INSTANTIATE_TEST_SUITE_P(Named, CnnExactSums, ::testing::Values("cnn-small", "re
                            for (char& c : n) c = c == '-' ? '_' : c;
                            return n;
                          });
+
+// The trace's kernels track: every convolution call of every training step, forward and
+// backward (under a zero-bubble schedule its input and weight gradients apart), each inside a
+// forward or backward span of its rank's compute track; the swimlane draws no lane for it.
+TEST(CnnTrace, EveryConvolutionCallIsAKernelSpanInsideItsComputeSpan) {
+  meshtrain::testing::TempDir tmp("cnn_trace");
+  for (const std::string schedule : {"1f1b", "zb"}) {
+    train::TrainOptions o = options("cnn-small", 1, 2, 0, schedule);  // conv1 on stage 0, conv2 on stage 1 or 0
+    o.steps = 3;
+    o.trace = tmp.file("t_" + schedule + ".json");
+    train::train(o);
+    const std::vector<trace::Event> events = train::read_chrome_trace(o.trace);
+    std::map<std::string, int> calls;
+    for (const trace::Event& k : events) {
+      if (k.track != trace::Track::kernels) continue;
+      ++calls[k.name];
+      const bool inside = std::any_of(events.begin(), events.end(), [&](const trace::Event& c) {
+        return c.track == trace::Track::compute && c.rank == k.rank && c.t0_us <= k.t0_us && k.t1_us <= c.t1_us &&
+               c.category != "optimizer";
+      });
+      EXPECT_TRUE(inside) << schedule << ": " << k.name << " on rank " << k.rank << " at " << k.t0_us;
+    }
+    const int per_kind = 2 * 3 * 2;  // 2 convolutions, 3 steps, 2 micro-batches
+    EXPECT_EQ(calls["conv2d forward"], per_kind) << schedule;
+    if (schedule == "zb") {
+      // conv1 takes no input gradient (the images'): its I has no kernel call, its W one.
+      EXPECT_EQ(calls["conv2d input gradient"], per_kind / 2) << schedule;
+      EXPECT_EQ(calls["conv2d weight gradient"], per_kind) << schedule;
+    } else {
+      EXPECT_EQ(calls["conv2d backward"], per_kind) << schedule;
+    }
+    for (const std::string& lane : train::measured_swimlane(events, "t").lanes)
+      EXPECT_TRUE(lane.find("rank ") == 0 && (lane.size() == 6 || lane.ends_with(" comm"))) << lane;
+  }
+}
 
 // --data-order sequential: the file order (images 0..15 at step 0, 16..31 at step 1, ...), at
 // every layout the same curve, and a curve of its own (not the default order's).

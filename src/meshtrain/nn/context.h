@@ -9,6 +9,7 @@
 // Concurrency: a Context belongs to one rank's thread; no locking.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <unordered_map>
@@ -98,6 +99,12 @@ class Context {
   // gradient (a float32 result of the same call at every layout) into Param::grad_exact, in
   // float64. Whoever syncs gradients rounds the total into Param::grad.
   int grad_slices = 0;
+
+  // ---- kernel spans (the trace's kernels track) ----
+  // When set, layers report the time of their library kernels (convolutions) through it: a
+  // name ("conv2d forward") and the call's start and end. KernelSpan reports its lifetime.
+  using Clock = std::chrono::steady_clock;
+  std::function<void(const char* name, Clock::time_point t0, Clock::time_point t1)> kernel_span;
   void run_deferred();
   bool has_deferred() const { return !deferred_.empty(); }
 
@@ -111,6 +118,23 @@ class Context {
   std::vector<std::pair<std::function<void(Context&)>, int64_t>> deferred_;
   int64_t bytes_ = 0;
   int64_t peak_bytes_ = 0;
+};
+
+// Reports [construction, destruction) to ctx.kernel_span, if set, under `name` (a literal).
+class KernelSpan {
+ public:
+  KernelSpan(const Context& ctx, const char* name)
+      : ctx_(ctx), name_(name), t0_(ctx.kernel_span ? Context::Clock::now() : Context::Clock::time_point{}) {}
+  ~KernelSpan() {
+    if (ctx_.kernel_span) ctx_.kernel_span(name_, t0_, Context::Clock::now());
+  }
+  KernelSpan(const KernelSpan&) = delete;
+  KernelSpan& operator=(const KernelSpan&) = delete;
+
+ private:
+  const Context& ctx_;
+  const char* name_;
+  Context::Clock::time_point t0_;
 };
 
 }  // namespace meshtrain::nn

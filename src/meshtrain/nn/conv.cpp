@@ -52,6 +52,7 @@ Tensor Conv2d::forward(Context& ctx, const Tensor& x) {
   const kernels::Conv2dShape s = shape_for(x);
   Tensor y = Tensor::empty({s.N, s.OC, s.OH(), s.OW()});
   const float* b = has_bias && add_bias_in_forward ? bias.value.data() : nullptr;
+  const KernelSpan span(ctx, "conv2d forward");
   over_slices(ctx, s, [&](const kernels::Conv2dShape& t, int64_t xi, int64_t yi) {
     kernels::conv2d_forward(y.data() + yi, x.data() + xi, weight.value.data(), b, t, ctx.threads);
   });
@@ -64,6 +65,7 @@ Tensor Conv2d::forward(Context& ctx, const Tensor& x) {
 void Conv2d::add_weight_grads(Context& ctx, const Tensor& x, const Tensor& dy) {
   const kernels::Conv2dShape s = shape_for(x);
   if (ctx.grad_slices <= 0) {
+    const KernelSpan span(ctx, "conv2d weight gradient");
     kernels::conv2d_backward(nullptr, weight.grad.data(), has_bias ? bias.grad.data() : nullptr, dy.data(), x.data(),
                              nullptr, s, ctx.threads);
   } else {
@@ -71,8 +73,11 @@ void Conv2d::add_weight_grads(Context& ctx, const Tensor& x, const Tensor& dy) {
     over_slices(ctx, s, [&](const kernels::Conv2dShape& t, int64_t xi, int64_t yi) {
       dw.zero();
       db.zero();
-      kernels::conv2d_backward(nullptr, dw.data(), has_bias ? db.data() : nullptr, dy.data() + yi, x.data() + xi,
-                               nullptr, t, ctx.threads);
+      {
+        const KernelSpan span(ctx, "conv2d weight gradient");
+        kernels::conv2d_backward(nullptr, dw.data(), has_bias ? db.data() : nullptr, dy.data() + yi, x.data() + xi,
+                                 nullptr, t, ctx.threads);
+      }
       weight.add_exact(dw.data());
       if (has_bias) bias.add_exact(db.data());
     });
@@ -87,18 +92,23 @@ Tensor Conv2d::backward(Context& ctx, const Tensor& dy) {
   const kernels::Conv2dShape s = shape_for(x);
   Tensor dx = input_grad ? Tensor::empty(x.shape()) : Tensor();
   if (!ctx.defer_weight_grads && ctx.grad_slices <= 0) {  // one call: the output gradient converted once
-    kernels::conv2d_backward(input_grad ? dx.data() : nullptr, weight.grad.data(),
-                             has_bias ? bias.grad.data() : nullptr, dy.data(), x.data(), weight.value.data(), s,
-                             ctx.threads);
+    {
+      const KernelSpan span(ctx, "conv2d backward");
+      kernels::conv2d_backward(input_grad ? dx.data() : nullptr, weight.grad.data(),
+                               has_bias ? bias.grad.data() : nullptr, dy.data(), x.data(), weight.value.data(), s,
+                               ctx.threads);
+    }
     ctx.grad_ready(&weight);
     if (has_bias) ctx.grad_ready(&bias);
     return dx;
   }
-  if (input_grad)
+  if (input_grad) {
+    const KernelSpan span(ctx, "conv2d input gradient");
     over_slices(ctx, s, [&](const kernels::Conv2dShape& t, int64_t xi, int64_t yi) {
       kernels::conv2d_backward(dx.data() + xi, nullptr, nullptr, dy.data() + yi, x.data() + xi, weight.value.data(), t,
                                ctx.threads);
     });
+  }
   if (ctx.defer_weight_grads) {  // split backward: dx now, dW (and db) at the W action
     // dy is copied (its owner may reuse the buffer); x is the saved input, which nothing writes.
     // The weight gradient needs no weight values (under ZeRO-3 they are released by now).

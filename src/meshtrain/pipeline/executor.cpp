@@ -165,6 +165,7 @@ StepStats Executor::run_step() {
         auto& ctx = live[k] = std::make_unique<nn::Context>(threads_, /*training=*/true, precision_);
         ctx->weights_epoch = weights_epoch_;
         ctx->grad_slices = grad_slices_;
+        ctx->kernel_span = kernel_spans_;
         Tensor out = c.forward(*ctx, a.microbatch, input, portal);
         if (a.stage < last_stage) act_out[k] = std::move(out);
         if (c.portal_to() >= 0) ship(portal.out, a.stage, c.portal_to(), a.microbatch, Msg::portal, portal_in);

@@ -110,6 +110,11 @@ class Executor {
   void set_weights_epoch(int64_t epoch) { weights_epoch_ = epoch; }
   // Exact gradient sums: the row slices of every training micro-batch (nn::Context::grad_slices).
   void set_grad_slices(int k) { grad_slices_ = k; }
+  // Where the layers report their kernels' time in training steps (nn::Context::kernel_span;
+  // the trace's kernels track, beside the steps' compute spans). Null: not reported.
+  void set_kernel_spans(std::function<void(const char*, nn::Context::Clock::time_point, nn::Context::Clock::time_point)> f) {
+    kernel_spans_ = std::move(f);
+  }
 
  private:
   enum class Msg { activation = 0, gradient = 1, portal = 2, portal_grad = 3 };
@@ -123,6 +128,7 @@ class Executor {
   kernels::Precision precision_;
   int64_t weights_epoch_ = -1;
   int grad_slices_ = 0;
+  std::function<void(const char*, nn::Context::Clock::time_point, nn::Context::Clock::time_point)> kernel_spans_;
   int eval_round_ = 0;
 };
 

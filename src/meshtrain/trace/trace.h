@@ -17,7 +17,10 @@
 
 namespace meshtrain::trace {
 
-enum class Track : int { compute = 0, comm = 1 };
+// compute: a rank's forward, backward and optimizer spans; comm: its collectives and transfers;
+// kernels: the library kernels inside its compute spans that a layer times (convolutions),
+// nested in the forward and backward spans (a thread of its own in the Chrome trace).
+enum class Track : int { compute = 0, comm = 1, kernels = 2 };
 
 struct Event {
   int rank = 0;

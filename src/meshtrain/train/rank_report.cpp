@@ -223,6 +223,9 @@ void write_trace(const trace::Recorder& rec, const TrainOptions& o) {
                 trace::busy_us(rest, 0, trace::Track::comm) / 1e3,
                 100.0 * trace::busy_us(rest, 0, trace::Track::comm) / 1e3 / std::max(1e-9, compute_ms),
                 compute_ms);
+  if (const double conv_ms = trace::busy_us(all, 0, trace::Track::kernels) / 1e3; conv_ms > 0)
+    std::printf(" | rank 0: convolutions %.1f ms = %.0f%% of its %.1f ms of compute-track time", conv_ms,
+                100.0 * conv_ms / std::max(1e-9, compute_ms), compute_ms);
   std::printf("\n");
 }
 

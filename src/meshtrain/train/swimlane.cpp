@@ -40,7 +40,8 @@ pipeline::Swimlane measured_swimlane(const std::vector<trace::Event>& events, co
   // Lanes: every rank's compute track, then its communication track when it has events.
   std::map<std::pair<int, int>, int> lane_of;  // (rank, track) -> lane
   std::vector<std::pair<int, int>> keys;
-  for (const auto& e : events) keys.push_back({e.rank, e.track == trace::Track::comm ? 1 : 0});
+  for (const auto& e : events)
+    if (e.track != trace::Track::kernels) keys.push_back({e.rank, e.track == trace::Track::comm ? 1 : 0});
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   pipeline::Swimlane lane;
@@ -52,6 +53,7 @@ pipeline::Swimlane measured_swimlane(const std::vector<trace::Event>& events, co
   }
   for (const auto& e : events) {
     if (e.t1_us < t0) continue;  // start-up (before the first step)
+    if (e.track == trace::Track::kernels) continue;  // inside the compute blocks drawn
     pipeline::SwimBlock b;
     b.lane = lane_of[{e.rank, e.track == trace::Track::comm ? 1 : 0}];
     b.start = (std::max(e.t0_us, t0) - t0) / 1e3;
@@ -90,7 +92,8 @@ std::vector<trace::Event> read_chrome_trace(const std::string& path) {
       if (e.value("ph", "") != "X") continue;
       trace::Event ev;
       ev.rank = e.at("pid").get<int>();
-      ev.track = e.at("tid").get<int>() == 1 ? trace::Track::comm : trace::Track::compute;
+      const int tid = e.at("tid").get<int>();
+      ev.track = tid == 1 ? trace::Track::comm : tid == 2 ? trace::Track::kernels : trace::Track::compute;
       ev.name = e.at("name").get<std::string>();
       ev.category = e.value("cat", "");
       ev.t0_us = e.at("ts").get<double>();

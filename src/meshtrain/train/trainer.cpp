@@ -171,6 +171,10 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
                   rec->to_us(t0), rec->to_us(t1)});
       });
     }
+    // The layers' kernel calls (convolutions) on the rank's kernels track.
+    exec_->set_kernel_spans([rec, rank](const char* name, auto t0, auto t1) {
+      rec->add({rank, trace::Track::kernels, name, "conv", rec->to_us(t0), rec->to_us(t1)});
+    });
   }
 }
 
