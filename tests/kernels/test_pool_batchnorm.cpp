@@ -231,7 +231,8 @@ TEST(BatchNormKernel, BlockedLayoutsGiveTheNchwResults) {
       batchnorm_local_stats(sb1.data(), xb.data(), N, C, HW, 1, block);
       EXPECT_EQ(sb, sb1) << at;
       EXPECT_EQ(sb[0], stats[0]) << at;
-      for (int64_t i = 1; i < 1 + 2 * C; ++i) EXPECT_NEAR(sb[i], stats[i], 1e-12 * (1 + std::fabs(stats[i]))) << at << " " << i;
+      for (int64_t i = 1; i < 1 + 2 * C; ++i)
+        EXPECT_NEAR(sb[i], stats[i], 1e-12 * (1 + std::fabs(stats[i]))) << at << " " << i;
 
       std::vector<float> y(x.size()), yb(x.size()), yb_back(x.size());
       batchnorm_normalize(y.data(), x.data(), w.data(), bias.data(), mean.data(), rstd.data(), N, C, HW, 2, with_relu);

@@ -131,9 +131,10 @@ TEST(CnnBranch, WithExactSumsEveryLayoutHoldsTheSingleRankCurveThroughout) {
     train::TrainOptions o;
     std::string what;
   };
-  for (const Case& c : {Case{options(2), "branch 2"}, Case{options(4), "branch 4"}, Case{options(2, 1, 2), "pp 2 x branch 2"},
-                        Case{options(2, 2), "dp 2 x branch 2"}, Case{options(2, 2, 1, 3), "dp 2 x branch 2 zero 3"},
-                        Case{options(1, 2), "dp 2"}, Case{options(2, 2, 2), "dp 2 x pp 2 x branch 2"}}) {
+  for (const Case& c :
+       {Case{options(2), "branch 2"}, Case{options(4), "branch 4"}, Case{options(2, 1, 2), "pp 2 x branch 2"},
+        Case{options(2, 2), "dp 2 x branch 2"}, Case{options(2, 2, 1, 3), "dp 2 x branch 2 zero 3"},
+        Case{options(1, 2), "dp 2"}, Case{options(2, 2, 2), "dp 2 x pp 2 x branch 2"}}) {
     const train::TrainResult r = train::train(exact(c.o));
     std::printf("exact sums, %s: loss drifts %.1e, gradient norm %.1e\n", c.what.c_str(), max_rel(want, losses(r)),
                 max_rel(norms(one), norms(r)));

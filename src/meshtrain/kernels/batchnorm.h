@@ -38,7 +38,8 @@ namespace meshtrain::kernels {
 
 // ---- forward ----
 // stats (1 + 2C) = this slice's count (N * HW), per-channel sums and sums of squares (written).
-void batchnorm_local_stats(double* stats, const float* inp, int64_t N, int64_t C, int64_t HW, int threads, int block = 0);
+void batchnorm_local_stats(double* stats, const float* inp, int64_t N, int64_t C, int64_t HW, int threads,
+                           int block = 0);
 // mean (C), rstd (C) from (possibly group-summed) stats; var (C), if not null, gets the biased
 // variance. Throws std::invalid_argument if the count is not positive.
 void batchnorm_stats(float* mean, float* rstd, double* var, const double* stats, int64_t C, float eps);

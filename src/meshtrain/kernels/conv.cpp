@@ -272,7 +272,8 @@ void Conv2dShape::validate() const {
   need(src_block == 0 || (src_block > 0 && IC % src_block == 0),
        "the input's layout of " + std::to_string(src_block) + "-channel blocks cannot hold IC = " + std::to_string(IC));
   need(dst_block == 0 || (dst_block > 0 && OC % dst_block == 0),
-       "the output's layout of " + std::to_string(dst_block) + "-channel blocks cannot hold OC = " + std::to_string(OC));
+       "the output's layout of " + std::to_string(dst_block) + "-channel blocks cannot hold OC = " +
+           std::to_string(OC));
   need(H + 2 * pad_h >= KH && W + 2 * pad_w >= KW,
        "the padded image (" + std::to_string(H + 2 * pad_h) + " x " + std::to_string(W + 2 * pad_w) +
            ") is smaller than the kernel (" + std::to_string(KH) + " x " + std::to_string(KW) + ")");

@@ -8,7 +8,8 @@ namespace meshtrain::nn {
 
 Conv2d::Conv2d(std::string name, int64_t in_channels, int64_t out_channels, int64_t k, const Conv2dOptions& opt)
     : weight(name + ".weight", {out_channels, in_channels, k, k}, opt.weight_shard, /*decay=*/true),
-      has_bias(opt.bias), input_grad(opt.input_grad), in_block(opt.in_block), out_block(opt.out_block), kernel(k), stride(opt.stride), padding(opt.padding) {
+      has_bias(opt.bias), input_grad(opt.input_grad), in_block(opt.in_block), out_block(opt.out_block), kernel(k),
+      stride(opt.stride), padding(opt.padding) {
   if (in_channels <= 0 || out_channels <= 0 || k <= 0 || stride <= 0 || padding < 0)
     throw std::invalid_argument(name + ": channels, kernel and stride must be positive and padding not negative");
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_channels * k * k));

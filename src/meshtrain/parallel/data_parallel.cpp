@@ -207,7 +207,8 @@ void DataParallel::finish_exact(Bucket& b) {
   const double inv = 1.0 / static_cast<double>(dp_->size());  // exact for a power-of-two dp
   if (opt_.zero >= 2) {
     float* shard = b.grad_shard.data();
-    for (int64_t j = 0; j < b.slice_n; ++j) shard[j] = static_cast<float>(b.exact[static_cast<size_t>(b.slice_off + j)] * inv);
+    for (int64_t j = 0; j < b.slice_n; ++j)
+      shard[j] = static_cast<float>(b.exact[static_cast<size_t>(b.slice_off + j)] * inv);
   } else {
     float* g = b.grads.data();
     for (int64_t j = 0; j < b.numel; ++j) g[j] = static_cast<float>(b.exact[static_cast<size_t>(j)] * inv);

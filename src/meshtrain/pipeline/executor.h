@@ -112,9 +112,8 @@ class Executor {
   void set_grad_slices(int k) { grad_slices_ = k; }
   // Where the layers report their kernels' time in training steps (nn::Context::kernel_span;
   // the trace's kernels track, beside the steps' compute spans). Null: not reported.
-  void set_kernel_spans(std::function<void(const char*, nn::Context::Clock::time_point, nn::Context::Clock::time_point)> f) {
-    kernel_spans_ = std::move(f);
-  }
+  using KernelSpans = std::function<void(const char*, nn::Context::Clock::time_point, nn::Context::Clock::time_point)>;
+  void set_kernel_spans(KernelSpans f) { kernel_spans_ = std::move(f); }
 
  private:
   enum class Msg { activation = 0, gradient = 1, portal = 2, portal_grad = 3 };
@@ -128,7 +127,7 @@ class Executor {
   kernels::Precision precision_;
   int64_t weights_epoch_ = -1;
   int grad_slices_ = 0;
-  std::function<void(const char*, nn::Context::Clock::time_point, nn::Context::Clock::time_point)> kernel_spans_;
+  KernelSpans kernel_spans_;
   int eval_round_ = 0;
 };
 

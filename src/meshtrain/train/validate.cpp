@@ -515,8 +515,9 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
     refuse(o.tp > 1 && o.intra != IntraSplit::branch,
            std::string("--exact-sums makes the sums of data parallelism and of branch joins exact; --") +
                intra_flag(o.intra) + " adds sums of its own (partial outputs, halos) that it does not cover: drop one");
-    refuse(o.exact_sums % o.dp != 0, "--exact-sums " + std::to_string(o.exact_sums) + " slices do not split over --dp " +
-                                         std::to_string(o.dp) + " ranks; use a multiple of " + std::to_string(o.dp));
+    refuse(o.exact_sums % o.dp != 0, "--exact-sums " + std::to_string(o.exact_sums) +
+                                         " slices do not split over --dp " + std::to_string(o.dp) +
+                                         " ranks; use a multiple of " + std::to_string(o.dp));
     const int64_t rows = o.batch / o.microbatches;
     refuse(rows % o.exact_sums != 0, "a micro-batch of " + std::to_string(rows) + " rows (--batch / --microbatches) "
                                          "does not make --exact-sums " + std::to_string(o.exact_sums) +
