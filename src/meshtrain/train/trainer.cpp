@@ -660,7 +660,8 @@ void RankTrainer::run() {
     if (res.predicted && !res.steps.empty()) report_prediction();
     if (o_.dp > 1)
       std::printf("data-parallel traffic: rank 0 sent %.0f bytes per step (gradients on the wire as %s)\n",
-                  per_step(&StepRecord::comm_bytes_sent), wire);
+                  per_step(&StepRecord::comm_bytes_sent),
+                  o_.exact_sums > 0 ? "float64 totals, --exact-sums" : wire);
     if (o_.tp > 1)
       std::printf("tensor-parallel traffic: rank 0 sent %.0f bytes per step (activations on the wire as %s)\n",
                   per_step(&StepRecord::tp_bytes_sent), wire);
