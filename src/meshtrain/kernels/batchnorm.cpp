@@ -1,5 +1,6 @@
-// Batch normalisation: every pass loops over channels (the OpenMP loop) and, inside, over the
-// N contiguous HW rows of that channel. The sums accumulate in double per row and per channel.
+// Batch normalisation: on NCHW every pass loops over channels (the OpenMP loop) and, inside,
+// over the N contiguous HW rows of that channel; on a blocked layout over groups of channels
+// (below). The sums accumulate in double per row and per channel.
 #include "meshtrain/kernels/batchnorm.h"
 #include "meshtrain/kernels/layout.h"
 
@@ -129,15 +130,6 @@ void backward_data(float* dinp, const float* dout, const float* inp, const float
   }
 }
 
-// Calls f.template operator()<B>() for the supported blocks (8 and 16).
-template <class F>
-void dispatch(int block, int64_t C, F&& f) {
-  check_activation_block(block, C, "batchnorm");
-  if (block == 16) return f.template operator()<16>();
-  if (block == 8) return f.template operator()<8>();
-  throw std::invalid_argument("batchnorm: no kernel for " + std::to_string(block) + "-channel blocks (8 or 16)");
-}
-
 }  // namespace blocked
 }  // namespace
 
@@ -148,7 +140,8 @@ void batchnorm_local_stats(double* stats, const float* inp, int64_t N, int64_t C
   double* sum = stats + 1;      // (C)
   double* sumsq = stats + 1 + C;  // (C)
   if (block)
-    return blocked::dispatch(block, C, [&]<int B>() { blocked::local_stats<B>(sum, sumsq, inp, N, C, HW, threads); });
+    return with_block(block, C, "batchnorm",
+                      [&]<int B>() { blocked::local_stats<B>(sum, sumsq, inp, N, C, HW, threads); });
 #pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
   for (int64_t c = 0; c < C; ++c) {
     double s = 0.0, q = 0.0;
@@ -202,7 +195,7 @@ void batchnorm_normalize(float* out, const float* inp, const float* weight, cons
                          const float* mean, const float* rstd, int64_t N, int64_t C, int64_t HW, int threads,
                          bool relu, int block) {
   if (block)
-    return blocked::dispatch(block, C, [&]<int B>() {
+    return with_block(block, C, "batchnorm", [&]<int B>() {
       blocked::normalize<B>(out, inp, weight, bias, mean, rstd, N, C, HW, threads, relu);
     });
 #pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
@@ -232,7 +225,7 @@ void batchnorm_backward_sums(double* sums, const float* dout, const float* inp, 
   double* sdy = sums;       // (C)
   double* sdyx = sums + C;  // (C)
   if (block)
-    return blocked::dispatch(block, C, [&]<int B>() {
+    return with_block(block, C, "batchnorm", [&]<int B>() {
       blocked::backward_sums<B>(sdy, sdyx, dout, inp, mean, rstd, N, C, HW, threads, relu);
     });
 #pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))
@@ -275,7 +268,7 @@ void batchnorm_backward_data(float* dinp, const float* dout, const float* inp, c
                              int64_t C, int64_t HW, int threads, const ReluAfter* relu, int block) {
   if (!(count > 0)) throw std::invalid_argument("batchnorm: backward with count 0");
   if (block)
-    return blocked::dispatch(block, C, [&]<int B>() {
+    return with_block(block, C, "batchnorm", [&]<int B>() {
       blocked::backward_data<B>(dinp, dout, inp, weight, mean, rstd, sums, count, N, C, HW, threads, relu);
     });
 #pragma omp parallel for num_threads(threads) if (parallel : split_channels(N * C * HW, threads))

@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 namespace meshtrain::kernels {
 
@@ -34,5 +36,17 @@ void to_activation_layout(float* out, const float* nchw, int64_t N, int64_t C, i
 void from_activation_layout(float* nchw, const float* inp, int64_t N, int64_t C, int64_t HW, int block);
 // Throws std::invalid_argument naming `who` when a layout of block `block` cannot hold C channels.
 void check_activation_block(int block, int64_t C, const char* who);
+
+// For the kernels written per block size: calls f.template operator()<B>() with B = block, the
+// blocked kernels being instantiated for 8 and 16 (AVX2's and AVX-512's); throws
+// std::invalid_argument naming `who` for another block or one that does not divide C.
+template <class F>
+void with_block(int block, int64_t C, const char* who, F&& f) {
+  check_activation_block(block, C, who);
+  if (block == 16) return f.template operator()<16>();
+  if (block == 8) return f.template operator()<8>();
+  throw std::invalid_argument(std::string(who) + ": no kernel for " + std::to_string(block) +
+                              "-channel blocks (8 or 16)");
+}
 
 }  // namespace meshtrain::kernels

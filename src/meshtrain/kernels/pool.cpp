@@ -293,26 +293,20 @@ void global_avg_blocked_backward(float* dinp, const float* dout, int64_t N, int6
   }
 }
 
-void check_blocked(int64_t C, int64_t HW, int block) {
-  if (HW <= 0) throw std::invalid_argument("global_avgpool: the plane must not be empty");
-  check_activation_block(block, C, "global_avgpool");
-  if (block != 8 && block != 16)
-    throw std::invalid_argument("global_avgpool: no kernel for " + std::to_string(block) + "-channel blocks (8 or 16)");
-}
 }  // namespace
 
 void global_avgpool_blocked_forward(float* out, const float* inp, int64_t N, int64_t C, int64_t HW, int block,
                                     int threads) {
-  check_blocked(C, HW, block);
-  if (block == 16) global_avg_blocked<16>(out, inp, N, C, HW, threads);
-  else global_avg_blocked<8>(out, inp, N, C, HW, threads);
+  if (HW <= 0) throw std::invalid_argument("global_avgpool: the plane must not be empty");
+  with_block(block, C, "global_avgpool",
+             [&]<int B>() { global_avg_blocked<B>(out, inp, N, C, HW, threads); });
 }
 
 void global_avgpool_blocked_backward(float* dinp, const float* dout, int64_t N, int64_t C, int64_t HW, int block,
                                      int threads) {
-  check_blocked(C, HW, block);
-  if (block == 16) global_avg_blocked_backward<16>(dinp, dout, N, C, HW, threads);
-  else global_avg_blocked_backward<8>(dinp, dout, N, C, HW, threads);
+  if (HW <= 0) throw std::invalid_argument("global_avgpool: the plane must not be empty");
+  with_block(block, C, "global_avgpool",
+             [&]<int B>() { global_avg_blocked_backward<B>(dinp, dout, N, C, HW, threads); });
 }
 
 }  // namespace meshtrain::kernels
