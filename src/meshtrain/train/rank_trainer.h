@@ -1,4 +1,5 @@
-// The trainer's rank loop, shared by trainer.cpp (the loop), rank_checkpoints.cpp (saving
+// The trainer's rank loop, shared by trainer.cpp (the loop), rank_data.cpp (the step's and the
+// validation batches, the evaluation, the launcher's heartbeat), rank_checkpoints.cpp (saving
 // this rank's pieces, restoring, choosing what to resume) and rank_report.cpp (progress
 // lines, the header, the trace). Internal to train/: not part of the library's interface.
 #pragma once
@@ -102,6 +103,7 @@ class RankTrainer {
     mesh_.dp_group().all_reduce(a, {.op = comm::ReduceOp::avg});
     return a[0];
   }
+  // ---- rank_data.cpp ----
   // The validation loss (and accuracy, for a classifier) over --eval-batches batches.
   std::pair<float, std::optional<float>> evaluate();
   static constexpr int64_t kEvalChunk = 32;  // evaluation batches per executor run (a heartbeat after each)
