@@ -48,6 +48,15 @@ inline train::TrainOptions cnn_options(const std::string& model, int dp, int pp,
   return o;
 }
 
+// The named CNNs, as the parameter of a test over all three, and the test name of each
+// ("resnet_small": gtest names take no '-').
+inline auto named_cnns() { return ::testing::Values("cnn-small", "resnet-small", "inception-small"); }
+inline std::string cnn_test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& c : n) c = c == '-' ? '_' : c;
+  return n;
+}
+
 inline std::vector<float> losses(const train::TrainResult& r) {
   std::vector<float> out;
   for (const auto& s : r.steps) out.push_back(s.loss);

@@ -89,12 +89,7 @@ TEST_P(CnnSpatial, RowBandsReproduceTheSingleRankCurve) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Named, CnnSpatial, ::testing::Values("cnn-small", "resnet-small", "inception-small"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) c = c == '-' ? '_' : c;
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Named, CnnSpatial, meshtrain::testing::named_cnns(), meshtrain::testing::cnn_test_name);
 
 // ---- bytes ----
 

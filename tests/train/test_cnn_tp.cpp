@@ -68,12 +68,7 @@ TEST_P(CnnTpLayouts, EveryTensorParallelLayoutReproducesTheSingleRankCurve) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Named, CnnTpLayouts, ::testing::Values("cnn-small", "resnet-small", "inception-small"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) c = c == '-' ? '_' : c;
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Named, CnnTpLayouts, meshtrain::testing::named_cnns(), meshtrain::testing::cnn_test_name);
 
 // Saved at tp 2, resumed at one rank and at dp 2 x tp 4; saved at one rank, resumed at tp 2:
 // the batch norms' split running statistics and the split momentum come back whole.

@@ -77,12 +77,7 @@ TEST_P(CnnLayouts, EveryLayoutReproducesTheSingleRankCurve) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Named, CnnLayouts, ::testing::Values("cnn-small", "resnet-small", "inception-small"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) c = c == '-' ? '_' : c;
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Named, CnnLayouts, meshtrain::testing::named_cnns(), meshtrain::testing::cnn_test_name);
 
 // Exact gradient sums (--exact-sums 4: every micro-batch of 8 rows as 4 slices of 2): data
 // parallelism no longer splits a float32 sum differently from one rank, so every layout holds
@@ -117,12 +112,7 @@ TEST_P(CnnExactSums, EveryOptimizerAtEveryLayoutStaysOnTheSingleRankCurve) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Named, CnnExactSums, ::testing::Values("cnn-small", "resnet-small", "inception-small"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) c = c == '-' ? '_' : c;
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Named, CnnExactSums, meshtrain::testing::named_cnns(), meshtrain::testing::cnn_test_name);
 
 // The trace's kernels track: every convolution call of every training step, forward and
 // backward (under a zero-bubble schedule its input and weight gradients apart), each inside a
