@@ -70,6 +70,42 @@ bool managed_by(const std::string& path, const std::string& dir) {
   return first == "latest" || first.rfind("latest.", 0) == 0 || first.rfind("step_", 0) == 0;
 }
 
+// A step folder's name: step_ and digits (a save in progress is a hidden .tmp folder beside it).
+bool step_name(const std::string& name) {
+  return name.size() > 5 && name.rfind("step_", 0) == 0 && name.find_first_not_of("0123456789", 5) == std::string::npos;
+}
+
+// A directory meshtrain's checkpoints live in, whatever this command was told: it holds a step
+// folder with an index, or a `latest` naming one.
+bool checkpoint_dir_on_disk(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  std::ifstream latest(dir / "latest");
+  std::string named;
+  if (latest >> named && step_name(named)) return true;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (step_name(it->path().filename().string()) && fs::exists(it->path() / "index.json", ec)) return true;
+  return false;
+}
+
+// Where `resolved` (an absolute path) lies among the files of a checkpoint on disk: "" when it
+// does not, else the checkpoint directory or step folder it belongs to. Its managed names
+// (latest, latest.*, step_*) and everything inside a step folder belong to it.
+std::string inside_checkpoint(const std::string& resolved) {
+  const fs::path p(resolved), rel = p.relative_path();
+  fs::path walk = p.root_path();
+  for (const fs::path& component : rel) {
+    const std::string part = component.string();
+    const fs::path dir = walk;
+    walk /= part;
+    std::error_code ec;
+    const bool managed_name = part == "latest" || part.rfind("latest.", 0) == 0 || step_name(part);
+    if (managed_name && checkpoint_dir_on_disk(dir)) return (fs::is_directory(walk, ec) ? walk : dir).string();
+    if (step_name(part) && fs::exists(walk / "index.json", ec) && walk != p) return walk.string();
+  }
+  return "";
+}
+
 std::string kind_name(OutputKind k) {
   switch (k) {
     case OutputKind::metrics: return "a metrics file";
@@ -202,6 +238,16 @@ void PathPlan::check() const {
           managed_by(out.resolved, other.resolved))
         bad(named(out) + " lies among the files " + named(other) + " manages (`latest` and the step_* folders, " +
             "which every save replaces and --keep-checkpoints deletes): choose a path outside them for " + out.flag);
+    }
+    // Never into a checkpoint on disk, whatever the flags (--overwrite included): a save
+    // replaces these names and a resume trusts them. (The checks above name the flags when the
+    // checkpoint is one this command reads or writes.)
+    if (is_output(out.role) || out.role == Role::checkpoint_dir) {
+      const std::string ck = inside_checkpoint(out.resolved);
+      if (!ck.empty())
+        bad(named(out) + " lies among the files of the checkpoint " + ck + " (a checkpoint directory's `latest`, " +
+            "its step_* folders and everything in them are meshtrain's, and no flag lets another output replace " +
+            "them): choose a path outside it for " + out.flag);
     }
     if (out.role == Role::output_file && !overwrite_) {
       const bool ours = written_by_meshtrain(out.path, out.kind);
