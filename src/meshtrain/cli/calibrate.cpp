@@ -58,7 +58,7 @@ void add_calibrate_command(CLI::App& app) {
   auto args = std::make_shared<CalibrateArgs>();
   CLI::App* cmd = app.add_subcommand("calibrate", "Measure this machine and write the planner's machine file (JSON)");
   cmd->add_flag("--quick", args->quick, "A few seconds: fewer shapes, thread counts, sizes and repetitions");
-  cmd->add_option("-o,--out", args->out, "The machine file to write (default: machine.json)");
+  cmd->add_option("-o,--out", args->out, "The machine file to write (default: machine.json)")->check(non_empty_path());
   cmd->add_option("--threads", args->threads, "The most threads measured (default: every core)")->check(integer<int>(1));
   cmd->add_flag("--overwrite", args->overwrite, "Let --out replace an existing file meshtrain did not write");
   cmd->callback([args] { run_calibrate(*args); });

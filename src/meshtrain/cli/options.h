@@ -55,4 +55,14 @@ CLI::Validator integer(T lo = std::numeric_limits<T>::min()) {
       "", "integer");
 }
 
+// A CLI11 check for a path flag: an empty value would silently mean "not given" (or a file
+// with no name, found only when writing it): refused with a sentence, exit 2.
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "the path is empty; give a file name (or leave the flag out)" : std::string();
+      },
+      "", "path");
+}
+
 }  // namespace meshtrain::cli

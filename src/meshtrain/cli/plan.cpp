@@ -273,13 +273,14 @@ void add_plan_command(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   CLI::App* c = app.add_subcommand("plan", "Rank the layouts of a model on a cluster by predicted step time");
   c->add_option("--model", a->model, "A named model (gpt-tiny, gpt-small, gpt2-124m, cnn-small, ...)");
-  c->add_option("--config", a->config, "A model config file (JSON), as train reads it");
-  c->add_option("--cluster", a->cluster, "The cluster file (JSON; examples/clusters/, docs/planner.md)");
+  c->add_option("--config", a->config, "A model config file (JSON), as train reads it")->check(non_empty_path());
+  c->add_option("--cluster", a->cluster, "The cluster file (JSON; examples/clusters/, docs/planner.md)")
+      ->check(non_empty_path());
   c->add_option("--global-batch", a->batch, "Samples per step, all data-parallel ranks together")
       ->check(integer<int64_t>(1));
   c->add_option("--seq", a->seq, "Sequence length (default: the model's)")->check(integer<int64_t>(1));
   c->add_option("--top", a->top, "How many layouts to print")->check(integer<int>(1))->capture_default_str();
-  c->add_option("--svg", a->svg, "Draw the best layout's predicted step into this SVG file");
+  c->add_option("--svg", a->svg, "Draw the best layout's predicted step into this SVG file")->check(non_empty_path());
   c->add_option("--optimizer", a->optimizer, "adamw, sgd or lamb (its state's memory)")
       ->check(CLI::IsMember({"adamw", "sgd", "lamb"}))
       ->capture_default_str();

@@ -260,8 +260,9 @@ void add_schedule_command(CLI::App& app) {
                 "Simulated time per kind, e.g. F=1,B=2,I=1,W=1,send=0,transfer=0 (these are the defaults)");
   c->add_option("--action-costs", opt->action_costs,
                 "File of measured times of single actions, one '<action> <time>' per line (e.g. '2F0 12.5'), "
-                "replayed instead of the per-kind --costs");
-  c->add_option("--svg", opt->svg, "Also draw the simulated swimlane into this SVG file");
+                "replayed instead of the per-kind --costs")
+      ->check(non_empty_path());
+  c->add_option("--svg", opt->svg, "Also draw the simulated swimlane into this SVG file")->check(non_empty_path());
   c->add_flag("--overwrite", opt->overwrite, "Let --svg replace an existing file meshtrain did not write");
   c->callback([opt, chunks] { run_schedule(*opt, chunks->count() > 0); });
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "meshtrain/cli/commands.h"
+#include "meshtrain/cli/options.h"
 #include "meshtrain/pipeline/svg.h"
 #include "meshtrain/train/outputs.h"
 #include "meshtrain/train/swimlane.h"
@@ -44,8 +45,8 @@ void add_trace_command(CLI::App& app) {
   trace->require_subcommand(1);
   auto opt = std::make_shared<RenderOptions>();
   CLI::App* r = trace->add_subcommand("render", "Draw a trace's measured swimlane as SVG");
-  r->add_option("trace", opt->input, "The Chrome-trace JSON written by train --trace")->required();
-  r->add_option("-o,--output", opt->output, "The SVG file to write")->required();
+  r->add_option("trace", opt->input, "The Chrome-trace JSON written by train --trace")->required()->check(non_empty_path());
+  r->add_option("-o,--output", opt->output, "The SVG file to write")->required()->check(non_empty_path());
   r->add_flag("--overwrite", opt->overwrite, "Let -o replace an existing file meshtrain did not write");
   r->callback([opt] { render(*opt); });
 }
