@@ -13,6 +13,7 @@
 #include <string>
 
 #include "meshtrain/cli/commands.h"
+#include "meshtrain/cli/options.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/outputs.h"
@@ -150,7 +151,12 @@ std::shared_ptr<const model::ModelSpec> checked_cnn_checkpoint(const std::string
   std::shared_ptr<const model::ModelSpec> spec;
   try {
     const nlohmann::json m = index.config.value("model", nlohmann::json::object());
-    spec = model::cnn_spec(model::cnn_config(m.value("name", std::string())));
+    model::CNNConfig cfg = model::cnn_config(m.value("name", std::string()));
+    // A model trained on upsampled images (a config's "scale") takes them so here too.
+    const int64_t scale = m.value("scale", int64_t{1});
+    if (scale < 1 || scale > 16) throw std::invalid_argument("its scale " + std::to_string(scale) + " is not 1..16");
+    cfg.scale = scale, cfg.height *= scale, cfg.width *= scale;
+    spec = model::cnn_spec(cfg);
   } catch (const std::exception& e) {
     throw UsageError("checkpoint " + folder + ": its index names no CNN this meshtrain knows (" + e.what() + ")");
   }
@@ -169,8 +175,10 @@ void add_checkpoint_command(CLI::App& app) {
   auto opt = std::make_shared<ConvertOptions>();
   CLI::App* c = ck->add_subcommand("convert", "Write a checkpoint's model as one GPT-2 safetensors file");
   c->add_flag("--to-single", opt->to_single, "One file with every tensor whole (GPT-2 names, float32)");
-  c->add_option("from", opt->from, "Checkpoint directory (its newest valid step) or one step folder")->required();
-  c->add_option("out", opt->out, "The safetensors file to write")->required();
+  c->add_option("from", opt->from, "Checkpoint directory (its newest valid step) or one step folder")
+      ->required()
+      ->check(non_empty_path());
+  c->add_option("out", opt->out, "The safetensors file to write")->required()->check(non_empty_path());
   c->add_flag("--overwrite", opt->overwrite, "Let OUT replace an existing file meshtrain did not write");
   c->callback([opt] {
     try {

@@ -3,6 +3,7 @@
 // parameters and batch-norm running statistics read from the pieces the ranks saved (any
 // layout), and the test split of --data (default: the data set the model trains on) is run
 // through it in evaluation mode, in order, every image once.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -26,6 +27,29 @@ struct EvalOptions {
   int threads = 2;
 };
 
+// --batch: at most the test images (a larger batch is only padding), and its images and
+// activations within the memory available (an upper bound: the largest activation between
+// units, three times over for a unit's input, output and temporaries).
+void check_eval_batch(const EvalOptions& o, const model::ModelSpec& spec, const train::ImageDataset& data) {
+  const int64_t images = data.num_images(train::Split::val);
+  if (o.batch > images)
+    throw UsageError("--batch " + std::to_string(o.batch) + " is more than the " + std::to_string(images) +
+                     " test images of " + data.path() + "; give at most " + std::to_string(images));
+  double largest = 0;
+  for (int64_t u = 0; u <= spec.num_units(); ++u) largest = std::max(largest, spec.boundary_bytes(u, o.batch, 1, 1));
+  const double need = static_cast<double>(o.batch) * data.channels() * data.height() * data.width() * 4 + 3 * largest;
+  const train::Machine m = train::Machine::probe();
+  if (m.memory_bytes > 0 && need > static_cast<double>(m.memory_bytes)) {
+    const int64_t fits = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(o.batch) *
+                                                                   static_cast<double>(m.memory_bytes) / need / 2));
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "--batch %lld needs about %.1f GiB for its images and activations, more than the %.1f GiB "
+                  "available (%s); give a smaller --batch, e.g. %lld", static_cast<long long>(o.batch), need / (1 << 30),
+                  static_cast<double>(m.memory_bytes) / (1 << 30), m.memory_source.c_str(), static_cast<long long>(fits));
+    throw UsageError(buf);
+  }
+}
+
 void evaluate(const EvalOptions& o) {
   train::check_threads("--threads", o.threads, train::Machine::probe(), /*zero_means_auto=*/false);
   if (o.batch < 1) throw UsageError("--batch must be at least 1");
@@ -39,11 +63,14 @@ void evaluate(const EvalOptions& o) {
   const std::shared_ptr<const model::ModelSpec> spec = checked_cnn_checkpoint(folder, index);
   train::ImageDataset data = [&] {
     try {
-      return train::ImageDataset::open(o.data);
+      train::ImageDataset d = train::ImageDataset::open(o.data);
+      d.fit_to(*spec, "--data");
+      return d;
     } catch (const train::DataError& e) {
       throw UsageError(e.what());
     }
   }();
+  check_eval_batch(o, *spec, data);
   auto stage = spec->make_stage({0, -1, true, true}, 0, {});
   train::PieceReader rd(index);
   std::vector<nn::Param*> all = stage->params();
@@ -89,8 +116,10 @@ void add_eval_command(CLI::App& app) {
   auto opt = std::make_shared<EvalOptions>();
   CLI::App* c = app.add_subcommand("eval", "A classifier checkpoint's test accuracy and confusion matrix");
   c->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (its newest valid step) or one step folder")
-      ->required();
+      ->required()
+      ->check(non_empty_path());
   c->add_option("--data", opt->data, "The data set: fashion-mnist or a directory of the four IDX files")
+      ->check(non_empty_path())
       ->capture_default_str();
   c->add_option("--batch", opt->batch, "Images per forward pass")->check(integer<int64_t>(1))->capture_default_str();
   c->add_option("--threads", opt->threads, "Kernel threads")->check(integer<int>(1))->capture_default_str();

@@ -74,9 +74,10 @@ std::string tool_step_folder(const std::string& path, const std::string& purpose
                                  " is not a directory; give a checkpoint directory or one of its step folders");
   if (fs::exists(fs::path(path) / "index.json", ec)) return path;
   const train::ResumePoint rp = train::find_resume_point(path);
-  for (const std::string& note : rp.notes) std::fprintf(stderr, "meshtrain: note: %s\n", note.c_str());
+  // No step folder: train's note ("starting from step 0") means nothing to a tool that reads.
   if (!rp.folder)
     throw train::CheckpointError("checkpoint directory " + path + " holds no step folder; " + purpose);
+  for (const std::string& note : rp.notes) std::fprintf(stderr, "meshtrain: note: %s\n", note.c_str());
   return *rp.folder;
 }
 
@@ -173,7 +174,7 @@ void generate(const GenerateOptions& o) {
 void add_generate_command(CLI::App& app) {
   auto opt = std::make_shared<GenerateOptions>();
   CLI::App* c = app.add_subcommand("generate", "Sample text from a checkpoint");
-  c->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (or one step folder)")->required();
+  c->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (or one step folder)")->required()->check(non_empty_path());
   c->add_option("--prompt", opt->prompt, "Text to continue");
   c->add_option("--tokens", opt->tokens, "Tokens to sample")->check(integer<int64_t>(1))->capture_default_str();
   c->add_option("--temperature", opt->temperature, "Softmax temperature, above 0 (tiny: greedy)")

@@ -18,8 +18,10 @@ namespace meshtrain::model {
 // ---- configs ----
 
 nlohmann::json CNNConfig::to_json() const {
-  return {{"family", "cnn"}, {"name", name},     {"channels", channels}, {"height", height},
-          {"width", width},  {"classes", classes}, {"batch", batch}};
+  nlohmann::json j = {{"family", "cnn"}, {"name", name},       {"channels", channels}, {"height", height},
+                      {"width", width},  {"classes", classes}, {"batch", batch}};
+  if (scale != 1) j["scale"] = scale;  // absent at 1, as checkpoints before it wrote
+  return j;
 }
 
 std::vector<std::string> cnn_config_names() { return {"cnn-small", "resnet-small", "inception-small"}; }

@@ -53,6 +53,9 @@ namespace meshtrain::model {
 struct CNNConfig {
   std::string name = "cnn-small";  // the architecture: cnn-small, resnet-small, inception-small
   int64_t channels = 1, height = 28, width = 28;  // input images
+  // The data set's images upsampled this many times each way make the input (a config's
+  // "scale": height and width are the data set's times it). Asked for, never inferred.
+  int64_t scale = 1;
   int64_t classes = 10;
   int64_t batch = 64;  // recommended global batch
   nlohmann::json to_json() const;

@@ -360,8 +360,9 @@ std::shared_ptr<const ModelSpec> model_spec_from_file(const std::string& path) {
       if (!k.is_number_integer() || k.get<int64_t>() < 1 || k.get<int64_t>() > 16)
         throw std::invalid_argument(source + ": \"scale\" must be an integer 1..16 (the input's size over the data "
                                     "set's), not " + k.dump());
-      cfg.height *= k.get<int64_t>();
-      cfg.width *= k.get<int64_t>();
+      cfg.scale = k.get<int64_t>();
+      cfg.height *= cfg.scale;
+      cfg.width *= cfg.scale;
     }
     return cnn_spec(cfg);
   }

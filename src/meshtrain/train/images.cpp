@@ -186,6 +186,28 @@ void ImageDataset::write_image(const Part& p, int64_t index, const Augmentation&
   }
 }
 
+void ImageDataset::fit_to(const model::ModelSpec& spec, const std::string& flag) {
+  const int64_t scale = spec.cnn() ? spec.cnn()->scale : 1;
+  const Shape want = spec.sample_shape();
+  const Shape files{channels(), height_, width_};
+  if (want.size() != 3 || want[0] != files[0] || want[1] != files[1] * scale || want[2] != files[2] * scale) {
+    std::string why = want.size() == 3 && scale == 1 && want[1] % files[1] == 0 && want[2] % files[2] == 0 &&
+                              want[1] / files[1] == want[2] / files[2]
+                          ? "; to train on them upsampled, give a config with \"scale\": " +
+                                std::to_string(want[1] / files[1])
+                          : "";
+    throw DataError("the images of " + flag + " " + path_ + " are " + shape_str(files) +
+                    (scale > 1 ? " (" + shape_str({files[0], files[1] * scale, files[2] * scale}) + " at the config's " +
+                                     "\"scale\": " + std::to_string(scale) + ")"
+                               : std::string()) +
+                    ", but " + spec.name() + " takes " + shape_str(want) + "; give a data set of that size" + why);
+  }
+  if (classes() != spec.classes())
+    throw DataError("the images of " + flag + " " + path_ + " are in " + std::to_string(classes()) + " classes, but " +
+                    spec.name() + " has " + std::to_string(spec.classes()) + "; give a data set of that many");
+  set_scale(scale);
+}
+
 void ImageDataset::set_scale(int64_t scale) {
   if (scale < 1 || scale > 16)
     throw std::invalid_argument("an image scale must be 1..16, got " + std::to_string(scale));

@@ -58,6 +58,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/model/spec.h"
 #include "meshtrain/train/data.h"
 
 namespace meshtrain::train {
@@ -123,6 +124,11 @@ class ImageDataset {
   void batch(Split split, DataOrder order, uint64_t seed, int64_t step, int64_t B,
              int64_t row_begin, int64_t row_end, float* images, int32_t* labels,
              bool augment) const;
+
+  // Sets the scale `spec` asks for (a CNN config's "scale"; 1 otherwise) and refuses, with
+  // DataError naming `flag`, the data and both sizes, images that are then not the model's
+  // input, or labels of another number of classes: an image is never resized to fit.
+  void fit_to(const model::ModelSpec& spec, const std::string& flag);
 
   // Evaluation batches in order: ceil(num_images / B) of them.
   int64_t num_eval_batches(Split split, int64_t B) const;
