@@ -6,6 +6,10 @@
 #include <stdexcept>
 
 #include "meshtrain/comm/select.h"
+#include "meshtrain/parallel/cnn_branch.h"
+#include "meshtrain/parallel/cnn_spatial.h"
+#include "meshtrain/parallel/cnn_tp.h"
+#include "meshtrain/parallel/tensor_parallel.h"
 #include "meshtrain/pipeline/passes.h"
 #include "meshtrain/pipeline/schedule.h"
 
@@ -172,22 +176,30 @@ model::StageSpec stage_spec(const std::vector<pipeline::LayerSpan>& spans, size_
   return st;
 }
 
+}  // namespace
+
 void check_layout(const model::ModelSpec& spec, const Layout& l) {
   if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.microbatches < 1 || l.chunks < 1)
     bad("a layout needs dp, tp, pp, micro-batches and chunks of at least 1 (" + l.describe() + ")");
   if (l.batch % (static_cast<int64_t>(l.dp) * l.microbatches) != 0)
     bad("the global batch " + std::to_string(l.batch) + " does not divide into dp " + std::to_string(l.dp) + " x " +
         std::to_string(l.microbatches) + " micro-batches");
-  if (const model::GPTConfig* g = spec.gpt()) {
-    if (g->n_head % l.tp != 0)
-      bad("tp " + std::to_string(l.tp) + " does not divide " + spec.name() + "'s " + std::to_string(g->n_head) +
-          " attention heads");
-    if (l.sequence_parallel && l.seq % l.tp != 0) bad("sequence parallelism needs tp to divide the sequence length");
-  }
   if (l.zero < 0 || l.zero > 3) bad("the ZeRO stage must be 0 to 3");
+  if (const model::GPTConfig* g = spec.gpt()) {
+    if (l.split != Layout::Split::tensor) bad(spec.name() + " is a transformer: its layers split with tp only");
+    parallel::validate_tp(*g, l.tp, {.sequence_parallel = l.sequence_parallel, .pad_vocab = l.pad_vocab}, l.seq);
+  } else if (const model::CNNConfig* c = spec.cnn(); c && l.tp > 1) {
+    switch (l.split) {
+      case Layout::Split::tensor: parallel::validate_cnn_tp(*c, l.tp); break;
+      case Layout::Split::spatial: parallel::validate_cnn_spatial(*c, l.tp); break;
+      case Layout::Split::branch: parallel::validate_cnn_branch(*c, l.tp, l.branch_balance); break;
+    }
+  }
+  const int stages = l.pp * (l.pp > 1 ? l.chunks : 1);
+  if (spec.num_units() < stages)
+    bad(spec.name() + " has " + std::to_string(spec.num_units()) + " units to cut between pipeline stages, fewer than " +
+        "the " + std::to_string(stages) + " stages of pp " + std::to_string(l.pp) + (l.chunks > 1 ? " x chunks" : ""));
 }
-
-}  // namespace
 
 std::string Layout::describe() const {
   std::string s = "dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) +

@@ -56,6 +56,14 @@ struct Layout {
   bool bf16 = false;  // bf16 matrix products (bf16 weight copies)
   int optimizer_state = 2;  // floats of optimizer state per parameter: AdamW/LAMB 2, SGD momentum 1, SGD 0
   int64_t bucket_bytes = 4 << 20;
+  // How the tp axis splits a convolutional network (train's --tp, --spatial, --branch-parallel):
+  // filters and channels, row bands, or an Inception block's branches (placed by
+  // `branch_balance`: "", "flops" or one rank per branch). Transformers: always tensor.
+  enum class Split { tensor, spatial, branch } split = Split::tensor;
+  std::string branch_balance;
+  // A vocabulary tp does not divide is padded (train's --pad-vocab; the planner assumes it and
+  // prints the flag).
+  bool pad_vocab = true;
   // Units per pipeline stage (stage s = chunk * pp + rank); empty: balanced by FLOPs as the
   // trainer does without --pp-balance.
   std::vector<pipeline::LayerSpan> stages;
@@ -119,9 +127,17 @@ struct Prediction {
   pipeline::Timeline timeline;     // the simulated step (seconds)
 };
 
+// The one check of whether `spec` can run at layout `l`, shared by train (its start-up
+// validation), plan (--layout and every layout its search tries) and launch (the layouts a
+// job's survivors may take). Throws std::invalid_argument with a sentence: counts below 1, a
+// batch dp x micro-batches does not divide, a ZeRO stage outside 0..3, a split the model's
+// layers cannot take (tp against a transformer's heads, hidden size and vocabulary, or a CNN's
+// channel counts, feature-map rows or branches: parallel/'s validate_* say which values
+// work), more pipeline stages than units.
+void check_layout(const model::ModelSpec& spec, const Layout& l);
+
 // Predicts one layout. Throws std::invalid_argument with a sentence for a layout the model
-// cannot take (tp not dividing the heads, fewer units than stages, a batch dp x micro-batches
-// does not divide).
+// cannot take (check_layout).
 Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware& hw);
 
 // The memory model alone (also train's start-up check).

@@ -34,6 +34,11 @@ plan::Layout plan_layout(const TrainOptions& o, const std::vector<pipeline::Laye
   l.optimizer_state = static_cast<int>(state_prefixes(o.optim).size());
   l.bucket_bytes = o.bucket_bytes > 0 ? o.bucket_bytes : parallel::kDefaultBucketBytes;
   l.stages = spans;
+  l.split = o.intra == IntraSplit::spatial  ? plan::Layout::Split::spatial
+            : o.intra == IntraSplit::branch ? plan::Layout::Split::branch
+                                            : plan::Layout::Split::tensor;
+  l.branch_balance = o.branch_balance;
+  l.pad_vocab = o.pad_vocab;
   return l;
 }
 

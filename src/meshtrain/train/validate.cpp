@@ -22,10 +22,7 @@
 
 #include "meshtrain/comm/world.h"
 #include "meshtrain/parallel/mesh.h"
-#include "meshtrain/parallel/cnn_branch.h"
-#include "meshtrain/parallel/cnn_spatial.h"
-#include "meshtrain/parallel/cnn_tp.h"
-#include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/plan/cost.h"
 
 namespace meshtrain::train {
 
@@ -451,8 +448,7 @@ void validate_options(const TrainOptions& o, const model::GPTConfig& cfg, const 
     make_pipeline_schedule(o);
     stage_layers(o, cfg);
   }
-  if (o.tp > 1)
-    parallel::validate_tp(cfg, o.tp, {.sequence_parallel = o.sequence_parallel, .pad_vocab = o.pad_vocab}, o.seq);
+  plan::check_layout(*model::gpt_spec(cfg), plan_layout(o, {}));  // the check plan and launch share
   check_threads("--threads", o.threads, m, /*zero_means_auto=*/true);
   check_ranks(o.ps_servers > 0 ? "--dp and --ps-servers" : "--dp, --tp and --pp", local_ranks(o), o.threads, m);
   check_memory(o, *model::gpt_spec(cfg), m);
@@ -487,20 +483,7 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
   };
   refuse(o.sequence_parallel, "--sequence-parallel splits a transformer's sequence; drop it");
   refuse(o.pad_vocab, "--pad-vocab pads a transformer's vocabulary; drop it");
-  if (o.tp > 1 && (o.intra == IntraSplit::tensor || o.intra == IntraSplit::branch)) {
-    try {
-      if (o.intra == IntraSplit::tensor) parallel::validate_cnn_tp(*spec.cnn(), o.tp);
-      else parallel::validate_cnn_branch(*spec.cnn(), o.tp, o.branch_balance);
-    } catch (const std::invalid_argument& e) {
-      bad(e.what());
-    }
-  }
   if (o.tp > 1 && o.intra == IntraSplit::spatial) {
-    try {
-      parallel::validate_cnn_spatial(*spec.cnn(), o.tp);
-    } catch (const std::invalid_argument& e) {
-      bad(e.what());
-    }
     // Zero-bubble schedules defer the weight gradients past the unit's backward, where the
     // spatial layout sums their band-partial parts (parallel/cnn_spatial.h).
     refuse(o.pp > 1 && (o.schedule == "zb" || o.schedule == "zb-h1"),
@@ -531,6 +514,7 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
     make_pipeline_schedule(o);
     stage_units(o, *spec.cnn());
   }
+  plan::check_layout(spec, plan_layout(o, {}));  // the split's own rules: the check plan and launch share
   check_threads("--threads", o.threads, m, /*zero_means_auto=*/true);
   check_ranks("--dp, --tp and --pp", local_ranks(o), o.threads, m);
   check_memory(o, spec, m);
