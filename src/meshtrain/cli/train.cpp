@@ -260,7 +260,9 @@ void add_train_command(CLI::App& app) {
         if (used == 0 || used != staleness->size())
           throw std::invalid_argument("--staleness must be a number of steps (0: synchronous) or inf (unbounded), not '" + *staleness + "'");
       }
-      {  // the cost model's hardware (plan/cost.h): predicted against measured at the end
+      // The cost model's hardware (plan/cost.h), predicted against measured at the end: read or
+      // measured once every input has been checked.
+      o.on_checked = [machine](train::TrainOptions& run) {
         std::string source;
         const bool mpi = comm::launched_by_mpirun();
         // The quick calibration runs as a child process (`meshtrain calibrate --quick`), so its
@@ -273,10 +275,10 @@ void add_train_command(CLI::App& app) {
           return std::system(cmd.c_str()) == 0;
         };
         if (auto m = plan::machine_for_run(*machine, !mpi, &source, child)) {
-          o.hardware = std::make_shared<const plan::Hardware>(plan::hardware_from_machine(*m, 0));
-          o.hardware_source = source;
+          run.hardware = std::make_shared<const plan::Hardware>(plan::hardware_from_machine(*m, 0));
+          run.hardware_source = source;
         }
-      }
+      };
       if ((o.fail_rank >= 0) != (o.fail_at_step >= 0))
         throw std::invalid_argument("--fail-rank and --fail-at-step inject a failure together; give both or neither");
       if (o.fail_rank >= o.dp * o.tp * o.pp)

@@ -72,7 +72,12 @@ std::string describe(const OptimizerConfig& c) {
       << (c.kind == OptimizerKind::lamb ? ", trust ratio per weight tensor)" : ")");
   }
   s << " | weight decay " << weight_decay_of(c) << (c.kind == OptimizerKind::sgd ? " (L2)" : " (decoupled)");
-  s << " | lr " << c.lr << ", " << c.warmup_steps << " warm-up steps, then ";
+  s << " | lr " << c.lr << ", " << c.warmup_steps << " warm-up steps";
+  // A warm-up longer than the run: say where the rate stops, since it never reaches --lr.
+  if (c.decay_steps > 0 && c.warmup_steps > c.decay_steps)
+    s << " (NOTE: more than the run's " << c.decay_steps << " steps, so the rate ends at " << lr_at(c, c.decay_steps - 1)
+      << " and never reaches " << c.lr << "; lower --warmup to use --lr)";
+  s << ", then ";
   if (c.schedule == LrSchedule::step)
     s << "x" << c.step_gamma << " every " << c.step_every << " steps";
   else

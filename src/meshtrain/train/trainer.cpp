@@ -657,15 +657,7 @@ ImageDataset open_images(const TrainOptions& o, const model::ModelSpec& spec) {
               ImageDataset::kFashionMnist + " (the Debian package dataset-fashion-mnist) or a directory "
               "holding the four IDX files");
   ImageDataset d = ImageDataset::open(o.data);
-  const Shape want = spec.sample_shape();
-  // A model taking larger images (a config's "scale"): the data set's, upsampled.
-  if (want.size() == 3 && d.height() > 0 && want[1] % d.height() == 0 && want[1] / d.height() > 1 &&
-      want[1] * d.width() == want[2] * d.height())
-    d.set_scale(want[1] / d.height());
-  if (Shape{d.channels(), d.height(), d.width()} != want || d.classes() != spec.classes())
-    throw bad("the images of " + o.data + " are " + shape_str({d.channels(), d.height(), d.width()}) + " in " +
-              std::to_string(d.classes()) + " classes, but " + spec.name() + " takes " + shape_str(want) + " in " +
-              std::to_string(spec.classes()) + "; use a data set of that shape");
+  d.fit_to(spec, "--data");
   return d;
 }
 }  // namespace
@@ -692,7 +684,10 @@ TrainResult train(TrainOptions o) {
                 " names images; give a text file or a uint16 .bin token file");
     tokens.emplace(TokenDataset::open(o.data, o.val_fraction, o.seq));
     validate_dataset(o, res.config, *tokens);  // vocabulary and split lengths (train/validate.h)
-    if (o.ps_servers > 0) return train_parameter_server(o, res.config, *tokens);  // train/ps_trainer.h
+    if (o.ps_servers > 0) {
+      if (o.on_checked) o.on_checked(o);
+      return train_parameter_server(o, res.config, *tokens);  // train/ps_trainer.h
+    }
   } else {
     resolve_image_options(o, *spec);
     images.emplace(open_images(o, *spec));
@@ -705,6 +700,7 @@ TrainResult train(TrainOptions o) {
   // Checkpoints are settled before any rank starts: what to resume from (verified, and
   // matching this run), or that a new run will not overwrite another run's step folders.
   std::optional<CheckpointIndex> resume = prepare_checkpoints(o, *spec, lead);
+  if (o.on_checked) o.on_checked(o);
   std::unique_ptr<trace::Recorder> recorder;
   if (!o.trace.empty()) recorder = std::make_unique<trace::Recorder>();
   Shared sh{o,   res.config, *spec, tokens ? &*tokens : nullptr, images ? &*images : nullptr,

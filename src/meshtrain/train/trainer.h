@@ -97,6 +97,10 @@ struct TrainOptions {
   // end prints them against what it measured. Null: no prediction (library calls).
   std::shared_ptr<const plan::Hardware> hardware;
   std::string hardware_source;  // where the hardware came from, for the message
+  // Called once every option, the data and the checkpoints have been checked, before any rank
+  // starts: work that must not come before a refusal (the CLI measures the machine here when
+  // it has no machine file yet, so bad input is refused at once, not after the measurement).
+  std::function<void(TrainOptions&)> on_checked;
   // Test fault injection (--fail-rank R --fail-at-step N): world rank R throws at the start of
   // step N (0-based), as a rank lost mid-run; the other ranks fail at their next collective and
   // the run exits 1 naming rank R. -1: off.
