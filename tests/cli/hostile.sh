@@ -20,5 +20,7 @@ for f in "${files[@]}"; do
   echo "== $(basename "$f")"
   source "$f"
 done
+echo "cases per subcommand:"
+tally
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" -eq 0 ]

@@ -13,6 +13,30 @@ set -u
 : "${HOSTILE_TIMEOUT:=120}"
 PASSED=0
 FAILED=0
+declare -A CASES=()  # cases per subcommand (tallied by expect, printed by tally)
+
+_subcommand() {  # the meshtrain subcommand a case runs: the words after the program
+  local prev="" a
+  for a in "$@"; do
+    if [ "$prev" = "$MT" ]; then
+      case "$a" in bench|checkpoint|trace) prev=$a; continue ;; esac
+      echo "$a"; return
+    fi
+    case "$prev" in bench|checkpoint|trace) echo "$prev $a"; return ;; esac
+    prev=$a
+  done
+  # bash -c '... "$0" SUBCOMMAND ...' "$MT": the word after "$0"
+  local text="$*" w
+  for w in train launch plan calibrate schedule eval generate "trace render" "checkpoint convert" "bench comm"; do
+    case "$text" in *'"$0" '"$w"*|*'"\$0" '"$w"*|*"\"\$0\" $w"*) echo "$w"; return ;; esac
+  done
+  echo "other"
+}
+
+tally() {  # prints the cases per subcommand, most first
+  local k
+  for k in "${!CASES[@]}"; do echo "${CASES[$k]} $k"; done | sort -rn | awk '{n=$1; $1=""; printf "  %-20s %d\n", substr($0, 2), n}'
+}
 
 _snapshot() {  # every file under $WORK with its checksum, sorted
   (cd "$WORK" && find . \( -type f -o -type l \) -print0 | LC_ALL=C sort -z |
@@ -39,6 +63,9 @@ expect() {
     return 1
   done
   shift  # --
+  local sub
+  sub=$(_subcommand "$@")
+  CASES[$sub]=$(( ${CASES[$sub]:-0} + 1 ))
   local before after out rc changed=""
   before=$(_snapshot)
   out=$(cd "$WORK" && timeout --kill-after=10 "$HOSTILE_TIMEOUT" "$@" 2>&1 </dev/null)
