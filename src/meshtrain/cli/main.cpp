@@ -16,12 +16,17 @@
 namespace {
 
 // The error line of a failure while running; a refused rank thread also says what to lower.
-std::string describe(const std::exception& e) {
+// `command`: the subcommand that ran ("train"), so that advice names only flags it has.
+std::string describe(const std::exception& e, const std::string& command = "train") {
   std::string m = e.what();
-  if (dynamic_cast<const std::bad_alloc*>(&e))
+  if (dynamic_cast<const std::bad_alloc*>(&e)) {
+    if (command != "train" && command != "launch")
+      return "out of memory (an allocation was refused: " + m + "); give `meshtrain " + command +
+             "` smaller sizes (see its --help)";
     return "out of memory (an allocation was refused: " + m +
            "); the start-up estimate counts the main buffers only, so lower --batch, --seq or the model size, "
            "or add --microbatches or --zero";
+  }
   if (dynamic_cast<const meshtrain::comm::ThreadStartError*>(&e))
     m += "; lower the number of ranks (--dp x --tp x --pp plus --ps-servers, or --world of bench comm) or raise "
          "the limit on threads (ulimit -u) and memory";
@@ -173,7 +178,7 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     // Includes a refused rank thread: a limit of this machine met while running (exit 1).
-    std::fprintf(stderr, "meshtrain: error: %s\n", describe(e).c_str());
+    std::fprintf(stderr, "meshtrain: error: %s\n", describe(e, parsed_command(app).first).c_str());
     return 1;
   }
   return 0;
