@@ -35,13 +35,18 @@
 //     larger layout.
 //   - --events FILE: one JSON line per event (start, failure with the lost ranks and hosts and
 //     the checkpoint resumed from, restart with the new layout and hosts, resumed with the
-//     restart's seconds, grow, done or give-up).
+//     restart's seconds, grow, done or give-up). Planned through the output policy
+//     (train/outputs.h) before anything runs: never the job's --data, --config, --metrics or
+//     --trace, never a name its checkpoint directory manages, and an existing file that is not
+//     an events file only with --overwrite. A write that fails names the file and the cause.
 //   - It gives up with exit 1 and a sentence after K restarts (--max-restarts, default 3) or
 //     when fewer than R ranks survive (--min-ranks, default 1); with exit 2 when no layout of
 //     the survivors takes the job's global batch (the sentence says what would).
-// Bad input (exit 2): no train arguments, --min-ranks above the job's ranks, restarts without
-// --checkpoint-dir to resume from, --np and --hosts together, --np unlike the job's ranks, a
-// hosts file that does not parse or names no host, fewer slots than the job's ranks.
+// Bad input (exit 2): no train arguments, a number that is not finite or out of range (--np
+// and --min-ranks at least 1, the seconds above 0 and at most a week), --min-ranks above the
+// job's ranks, restarts without --checkpoint-dir to resume from, --np and --hosts together,
+// --np unlike the job's ranks, a hosts file that does not parse or names no host, fewer slots
+// than the job's ranks, an --events path the output policy refuses.
 #include <signal.h>
 #include <unistd.h>
 
@@ -66,19 +71,25 @@
 
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/cli/launch_hosts.h"
+#include "meshtrain/cli/options.h"
 #include "meshtrain/io/file.h"
 #include "meshtrain/model/spec.h"
+#include "meshtrain/train/outputs.h"
+#include "meshtrain/train/trainer.h"
 
 namespace meshtrain::cli {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+constexpr double kWeekS = 604'800;
 
 struct LaunchArgs {
   int max_restarts = 3;
   int min_ranks = 1;
-  int np = 0;
+  int np = 0;  // 0: not given (a given --np is at least 1)
   int max_ranks = 0;  // 0: the job's ranks, or with --grow every usable slot
   std::string hosts_file;
   std::string mpirun = "mpirun";
@@ -87,6 +98,7 @@ struct LaunchArgs {
   double probe_timeout_s = 30;
   double stall_timeout_s = 600;  // 0: never
   std::string events;
+  bool overwrite = false;  // --events may replace a file meshtrain did not write
   std::vector<std::string> train;  // the arguments after `--` (starting with "train")
 };
 
@@ -268,25 +280,42 @@ std::vector<int> lost_ranks(const std::string& tail) {
   return lost;
 }
 
+// The events, printed and (--events) appended to the file, each line whole (io::AppendFile).
+// A write that fails (a full disk) is said at once, naming the file and the cause; the job
+// goes on supervised, later events are only printed, and close() throws the error so that the
+// launcher exits 1 (a write may come from a watching thread, which must not throw).
 class Events {
  public:
-  explicit Events(const std::string& path) : path_(path) {
-    if (!path_.empty()) std::ofstream(path_, std::ios::trunc);
+  explicit Events(const std::string& path) {
+    if (!path.empty()) file_.emplace(path, /*truncate=*/true, "events file");
   }
   void write(nlohmann::json j) {  // from the launcher's threads: one line at a time
     std::lock_guard g(m_);
     j["time_s"] = std::chrono::duration<double>(Clock::now() - start_).count();
     std::printf("launch: %s\n", j.dump().c_str());
     std::fflush(stdout);
-    if (path_.empty()) return;
-    std::ofstream f(path_, std::ios::app);
-    f << j.dump() << "\n";
-    f.flush();
-    if (!f) throw std::runtime_error("launch: could not write the events file " + path_);
+    if (!file_ || error_) return;
+    try {
+      file_->append(j.dump() + "\n");
+    } catch (const io::WriteError& e) {
+      error_ = e.what();
+      std::fprintf(stderr, "launch: %s; later events are printed only\n", e.what());
+    }
+  }
+  // Closes the file; throws io::WriteError when a write failed.
+  void close() {
+    std::lock_guard g(m_);
+    if (file_ && !error_) try {
+        file_->close();
+      } catch (const io::WriteError& e) {
+        error_ = e.what();
+      }
+    if (error_) throw io::WriteError(*error_);
   }
 
  private:
-  std::string path_;
+  std::optional<io::AppendFile> file_;
+  std::optional<std::string> error_;
   Clock::time_point start_ = Clock::now();
   std::mutex m_;
 };
@@ -316,6 +345,7 @@ class Launcher {
     args_ = a_.train;
     shape_ = {int_flag(args_, "--dp", 1), int_flag(args_, "--tp", 1), int_flag(args_, "--pp", 1)};
     check_args();
+    check_paths();
     set_up_hosts();
 
     struct sigaction sa {};
@@ -345,7 +375,9 @@ class Launcher {
         std::filesystem::remove(path, ec);
       }
     } cleanup{status_file_};
-    return loop();
+    const int code = loop();
+    events.close();  // a failed write of the events file: exit 1, naming it and the cause
+    return code;
   }
 
  private:
@@ -393,6 +425,29 @@ class Launcher {
       }
     }
     micro_ = int_flag(args_, "--microbatches", 1);
+  }
+
+  // --events through the output policy (train/outputs.h), with the job's own paths around it:
+  // it must not be the job's input, one of its outputs or a name its checkpoint directory
+  // manages. The job's outputs are side files here: whether they may be replaced is train's
+  // own check (its --overwrite). The directory is planned as train plans it, also on --resume
+  // (its restarts all resume): a save manages `latest` and step_*, nothing else in it.
+  void check_paths() const {
+    try {
+      train::PathPlan plan(a_.overwrite);
+      if (const auto d = flag_value(args_, "--data")) plan.input_file("the job's --data", *d);
+      if (const auto c = flag_value(args_, "--config")) plan.input_file("the job's --config", *c);
+      if (dir_) plan.output_checkpoint_dir("the job's --checkpoint-dir", *dir_);
+      if (const auto m = flag_value(args_, "--metrics")) plan.side_file("the job's --metrics", *m);
+      if (const auto t = flag_value(args_, "--trace")) {
+        plan.side_file("the job's --trace", *t);
+        plan.side_file("the job's swimlane", train::trace_svg_path(*t));
+      }
+      if (!a_.events.empty()) plan.output_file("--events", a_.events, train::OutputKind::events);
+      plan.check();
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
   }
 
   void set_up_hosts() {
@@ -688,22 +743,36 @@ void add_launch_command(CLI::App& app) {
   auto a = std::make_shared<LaunchArgs>();
   CLI::App* c = app.add_subcommand(
       "launch", "Run `meshtrain train` supervised; resume a failed job on the surviving ranks and hosts");
-  c->add_option("--np", a->np, "Run the job as this many MPI processes on this machine (through mpirun)");
+  c->add_option("--np", a->np, "Run the job as this many MPI processes on this machine (through mpirun)")
+      ->check(integer<int>(1));
   c->add_option("--hosts", a->hosts_file, "Run the job as MPI processes across the hosts of this file (`NAME slots=N` per line)");
   c->add_option("--mpirun", a->mpirun, "The mpirun program (its settings from OMPI_MCA_* variables)")->capture_default_str();
   c->add_flag("--grow", a->grow, "Take lost hosts and slots back when they answer again, at the next step boundary");
-  c->add_option("--probe-every-s", a->probe_every_s, "With --grow: seconds between asking lost hosts")->capture_default_str();
-  c->add_option("--probe-timeout-s", a->probe_timeout_s, "Seconds a host has to answer before it counts as lost")->capture_default_str();
+  c->add_option("--probe-every-s", a->probe_every_s, "With --grow: seconds between asking lost hosts")
+      ->check(number(0, kWeekS, false))
+      ->capture_default_str();
+  c->add_option("--probe-timeout-s", a->probe_timeout_s, "Seconds a host has to answer before it counts as lost")
+      ->check(number(0, kWeekS, false))
+      ->capture_default_str();
   c->add_option("--stall-timeout-s", a->stall_timeout_s,
                 "End and restart a job that makes no step for this many seconds (at least 10 x its longest gap "
                 "between steps; 0: never)")
+      ->check(number(0, kWeekS, true))
       ->capture_default_str();
-  c->add_option("--max-restarts", a->max_restarts, "Give up after this many restarts")->capture_default_str();
-  c->add_option("--min-ranks", a->min_ranks, "Give up when fewer ranks than this survive")->capture_default_str();
+  c->add_option("--max-restarts", a->max_restarts, "Give up after this many restarts")
+      ->check(integer<int>(0))
+      ->capture_default_str();
+  c->add_option("--min-ranks", a->min_ranks, "Give up when fewer ranks than this survive")
+      ->check(integer<int>(1))
+      ->capture_default_str();
   c->add_option("--max-ranks", a->max_ranks,
                 "Never run the job on more ranks than this (0: its own ranks, or with --grow every slot)")
+      ->check(integer<int>(0))
       ->capture_default_str();
   c->add_option("--events", a->events, "Write one JSON line per event (failure, restart, done) to this file");
+  c->add_flag("--overwrite", a->overwrite,
+              "Let --events replace an existing file that meshtrain did not write (the job's own outputs keep "
+              "train's --overwrite)");
   c->add_option("train", a->train, "-- train ARGS...: the job")->expected(-1);
   c->callback([a] {
     const int code = Launcher(*a).run();

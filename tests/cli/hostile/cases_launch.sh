@@ -1,0 +1,45 @@
+# `meshtrain launch`: its events file never destroys data, its numbers are read strictly, a
+# failure that would repeat is not retried, and it leaves nothing of its own behind.
+# Sourced by tests/cli/hostile.sh ($MT: the program, $WORK: the scratch folder with corpus.txt).
+J=(train --data corpus.txt --quiet)   # the job: gpt-tiny, two steps unless a case says otherwise
+L=("$MT" launch --max-restarts 0)
+
+# ---- --events goes through the output policy ----
+echo "my notes" > "$WORK/notes.txt"
+expect 2 "--events notes.txt already exists and was not written by meshtrain .*add --overwrite" -- \
+  "${L[@]}" --events notes.txt -- "${J[@]}" --steps 2
+expect 0 "" --may-write notes.txt -- "${L[@]}" --overwrite --events notes.txt -- "${J[@]}" --steps 2
+expect 0 '^\{"args":.*"event":"start"' -- head -1 notes.txt
+expect 0 "" --may-write notes.txt -- "${L[@]}" --events notes.txt -- "${J[@]}" --steps 2  # its own: replaced
+expect 2 "--events corpus.txt is the same file as the job's --data corpus.txt" -- \
+  "${L[@]}" --events corpus.txt -- "${J[@]}" --steps 2
+expect 2 "--events m.jsonl is the same file as the job's --metrics m.jsonl" -- \
+  "${L[@]}" --events m.jsonl -- "${J[@]}" --steps 2 --metrics m.jsonl
+expect 0 "" --may-write ck -- "$MT" "${J[@]}" --steps 2 --checkpoint-dir ck --checkpoint-every 1
+expect 2 "--events ck/step_00000002/index.json lies among the files the job's --checkpoint-dir ck manages" -- \
+  "$MT" launch --events ck/step_00000002/index.json -- "${J[@]}" --steps 3 --checkpoint-dir ck --resume
+expect 2 "--events ck/latest lies among the files the job's --checkpoint-dir ck manages" -- \
+  "$MT" launch --events ck/latest -- "${J[@]}" --steps 3 --checkpoint-dir ck --resume
+expect 2 "--events missing/ev.jsonl: the directory missing does not exist" -- \
+  "${L[@]}" --events missing/ev.jsonl -- "${J[@]}" --steps 2
+expect 2 "--events /proc/ev.jsonl: .*(not writable|no file can be created in the directory /proc \(.+\))" -- \
+  "${L[@]}" --events /proc/ev.jsonl -- "${J[@]}" --steps 2
+expect 2 "--events ck is a directory" -- "${L[@]}" --events ck -- "${J[@]}" --steps 2
+rm -rf "$WORK/notes.txt" "$WORK/ck"
+
+# ---- every number finite and in range ----
+expect 2 "--np: '0' is out of range; give an integer from 1" -- "${L[@]}" --np 0 -- "${J[@]}" --steps 2
+expect 2 "--np: '-2' is out of range" -- "${L[@]}" --np -2 -- "${J[@]}" --steps 2
+expect 2 "--probe-every-s: 'nan' is not a finite number; give a number above 0 and at most 604800" -- \
+  "$MT" launch --grow --probe-every-s nan -- "${J[@]}" --steps 2 --checkpoint-dir ck
+expect 2 "--probe-every-s: '0' is out of range" -- "$MT" launch --grow --probe-every-s 0 -- "${J[@]}" --checkpoint-dir ck
+expect 2 "--probe-timeout-s: 'inf' is not a finite number" -- "${L[@]}" --probe-timeout-s inf -- "${J[@]}" --steps 2
+expect 2 "--probe-timeout-s: '1e9' is out of range" -- "${L[@]}" --probe-timeout-s 1e9 -- "${J[@]}" --steps 2
+expect 2 "--stall-timeout-s: 'nan' is not a finite number; give a number from 0 to 604800" -- \
+  "${L[@]}" --stall-timeout-s nan -- "${J[@]}" --steps 2
+expect 2 "--stall-timeout-s: '-1' is out of range" -- "${L[@]}" --stall-timeout-s -1 -- "${J[@]}" --steps 2
+expect 2 "--max-restarts: '-1' is out of range" -- "$MT" launch --max-restarts -1 -- "${J[@]}" --steps 2
+expect 2 "--max-restarts: '1.5' is not a whole number" -- "$MT" launch --max-restarts 1.5 -- "${J[@]}" --steps 2
+expect 2 "--min-ranks: '0' is out of range" -- "${L[@]}" --min-ranks 0 -- "${J[@]}" --steps 2
+expect 2 "--max-ranks: '99999999999' is out of range" -- "${L[@]}" --max-ranks 99999999999 -- "${J[@]}" --steps 2
+
