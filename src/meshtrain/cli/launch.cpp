@@ -39,6 +39,9 @@
 //     (train/outputs.h) before anything runs: never the job's --data, --config, --metrics or
 //     --trace, never a name its checkpoint directory manages, and an existing file that is not
 //     an events file only with --overwrite. A write that fails names the file and the cause.
+//   - A failure that would repeat is not retried: mpirun's refusal to run as root (refused up
+//     front when this process is root and OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM) are not 1), and a
+//     job that failed before its first step with the same output as the attempt before: exit 2.
 //   - It gives up with exit 1 and a sentence after K restarts (--max-restarts, default 3) or
 //     when fewer than R ranks survive (--min-ranks, default 1); with exit 2 when no layout of
 //     the survivors takes the job's global batch (the sentence says what would).
@@ -46,7 +49,8 @@
 // and --min-ranks at least 1, the seconds above 0 and at most a week), --min-ranks above the
 // job's ranks, restarts without --checkpoint-dir to resume from, --np and --hosts together,
 // --np unlike the job's ranks, a hosts file that does not parse or names no host, fewer slots
-// than the job's ranks, an --events path the output policy refuses.
+// than the job's ranks, an --events path the output policy refuses, mpirun as root without
+// its permission.
 #include <signal.h>
 #include <unistd.h>
 
@@ -320,6 +324,11 @@ class Events {
   std::mutex m_;
 };
 
+// mpirun's refusal to start as root (OpenMPI 4: "mpirun has detected an attempt to run as root").
+bool mpirun_refused_root(const std::string& tail) {
+  return tail.find("has detected an attempt to run as root") != std::string::npos;
+}
+
 // The step `latest` names in a checkpoint directory (-1: none).
 int64_t latest_step(const std::optional<std::string>& dir) {
   if (!dir) return -1;
@@ -450,6 +459,25 @@ class Launcher {
     }
   }
 
+  // OpenMPI's mpirun will not start as root without its permission, and a restart would meet
+  // the same refusal: said before anything runs. A --mpirun of another name may be a wrapper
+  // that adds --allow-run-as-root; its refusal, if any, is caught in the job's output (loop).
+  void check_mpirun_as_root() const {
+    if (a_.np == 0 && a_.hosts_file.empty()) return;
+    const std::string name = fs::path(a_.mpirun).filename().string();
+    if (geteuid() != 0 || (name != "mpirun" && name != "mpiexec" && name != "orterun")) return;
+    auto one = [](const char* var) {
+      const char* v = std::getenv(var);
+      return v != nullptr && std::string(v) == "1";
+    };
+    if (one("OMPI_ALLOW_RUN_AS_ROOT") && one("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")) return;
+    throw UsageError(kRootAdvice);
+  }
+  static constexpr const char* kRootAdvice =
+      "this process runs as root, and OpenMPI's mpirun refuses to start as root unless told: set "
+      "OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, or give --mpirun a wrapper that adds "
+      "--allow-run-as-root, or run as another user";
+
   void set_up_hosts() {
     if (!a_.hosts_file.empty()) {
       hosts_ = read_hosts(a_.hosts_file);
@@ -464,6 +492,7 @@ class Launcher {
     } else {
       threads_ = Host{"threads", shape_.world()};
     }
+    check_mpirun_as_root();  // after the hosts file's own faults, before anything is made
     if (mpi()) set_flag(args_, "--backend", "mpi");
     world0_ = shape_.world();
     // The job's status file (train/trainer.h), where world rank 0 can write it: the checkpoint
@@ -681,6 +710,25 @@ class Launcher {
       if (r.stalled_s > 0) fail["stalled_s"] = r.stalled_s;
       if (probed()) fail["lost_hosts"] = lost_hosts, fail["probe_s"] = probe_s;
       events_->write(fail);
+      // A failure that will repeat (see the header): said once, not retried.
+      if (!started.load()) {
+        if (mpi() && mpirun_refused_root(r.tail)) {
+          events_->write({{"event", "give_up"}, {"reason", "mpirun_root"}});
+          std::fprintf(stderr, "launch: mpirun refused to start the job: %s\n", kRootAdvice);
+          return 2;
+        }
+        const std::string output = r.tail + r.out_tail;
+        if (unstarted_output_ && *unstarted_output_ == output) {
+          events_->write({{"event", "give_up"}, {"reason", "same_failure"}});
+          std::fprintf(stderr, "launch: the job failed again before its first step with the same output (exit %d); "
+                               "a restart would fail alike: giving up (its output above says what to fix)\n",
+                       r.code);
+          return 2;
+        }
+        unstarted_output_ = output;
+      } else {
+        unstarted_output_.reset();
+      }
       if (restarts >= a_.max_restarts) {
         events_->write({{"event", "give_up"}, {"reason", "restarts"}});
         std::fprintf(stderr, "launch: the job failed %d time(s) and --max-restarts is %d; giving up (the last "
@@ -727,6 +775,7 @@ class Launcher {
   int world0_ = 1;           // the job's ranks at the start
   std::vector<int> rank_host_;
   std::string status_file_;
+  std::optional<std::string> unstarted_output_;  // the output of the last attempt that failed before its first step
   double every_s_ = 0;  // train's --checkpoint-every-s
   Events* events_ = nullptr;
   std::mutex watch_m_;

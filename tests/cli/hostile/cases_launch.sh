@@ -43,3 +43,20 @@ expect 2 "--max-restarts: '1.5' is not a whole number" -- "$MT" launch --max-res
 expect 2 "--min-ranks: '0' is out of range" -- "${L[@]}" --min-ranks 0 -- "${J[@]}" --steps 2
 expect 2 "--max-ranks: '99999999999' is out of range" -- "${L[@]}" --max-ranks 99999999999 -- "${J[@]}" --steps 2
 
+# ---- a failure that would repeat is not retried (exit 2, said once) ----
+if [ "$(id -u)" = 0 ]; then  # mpirun refuses root: said before anything runs
+  expect 2 "mpirun refuses to start as root unless told: set OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" -- \
+    env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM "$MT" launch --np 2 -- "${J[@]}" --steps 2 --dp 2 --checkpoint-dir ck
+  expect 1 "" -- test -e ck
+fi
+# An mpirun (a wrapper) that refuses root at run time: not restarted, the fix said.
+printf '#!/bin/sh\necho "mpirun has detected an attempt to run as root." >&2\nexit 1\n' > "$WORK/root-mpirun"
+# An mpirun that fails the same way every time before the job begins: one restart, then stop.
+printf '#!/bin/sh\necho "no route to the hosts" >&2\nexit 1\n' > "$WORK/failing-mpirun"
+chmod +x "$WORK/root-mpirun" "$WORK/failing-mpirun"
+expect 2 "launch: mpirun refused to start the job: .*OMPI_ALLOW_RUN_AS_ROOT=1" -- \
+  "$MT" launch --np 2 --mpirun ./root-mpirun -- "${J[@]}" --steps 2 --dp 2 --checkpoint-dir ck
+expect 2 "failed again before its first step with the same output \(exit 1\)" -- \
+  "$MT" launch --np 2 --mpirun ./failing-mpirun -- "${J[@]}" --steps 2 --dp 2 --checkpoint-dir ck
+rm -rf "$WORK/root-mpirun" "$WORK/failing-mpirun" "$WORK/ck"
+
