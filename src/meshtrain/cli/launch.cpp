@@ -42,6 +42,9 @@
 //   - A failure that would repeat is not retried: mpirun's refusal to run as root (refused up
 //     front when this process is root and OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM) are not 1), and a
 //     job that failed before its first step with the same output as the attempt before: exit 2.
+//   - What the launcher made goes when it ends, whatever the exit: the status file (and a
+//     temporary one a killed job left), and the checkpoint directory it created when the job
+//     never began its steps and left nothing there.
 //   - It gives up with exit 1 and a sentence after K restarts (--max-restarts, default 3) or
 //     when fewer than R ranks survive (--min-ranks, default 1); with exit 2 when no layout of
 //     the survivors takes the job's global batch (the sentence says what would).
@@ -355,6 +358,11 @@ class Launcher {
     shape_ = {int_flag(args_, "--dp", 1), int_flag(args_, "--tp", 1), int_flag(args_, "--pp", 1)};
     check_args();
     check_paths();
+    // From here on the launcher makes files: they go again on every way out.
+    struct Cleanup {
+      Launcher* l;
+      ~Cleanup() { l->clean_up(); }
+    } cleanup{this};
     set_up_hosts();
 
     struct sigaction sa {};
@@ -377,13 +385,6 @@ class Launcher {
                   "(measured at each restart)\n",
                   every_s->c_str());
     }
-    struct Cleanup {
-      std::string path;
-      ~Cleanup() {
-        std::error_code ec;
-        std::filesystem::remove(path, ec);
-      }
-    } cleanup{status_file_};
     const int code = loop();
     events.close();  // a failed write of the events file: exit 1, naming it and the cause
     return code;
@@ -478,6 +479,29 @@ class Launcher {
       "OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, or give --mpirun a wrapper that adds "
       "--allow-run-as-root, or run as another user";
 
+  // Removes what the launcher made (see the header): the status file, the temporary file of a
+  // job killed while writing it (io::write_file_atomic: .NAME.PID.N.tmp), and the checkpoint
+  // directory it created, folder by folder up to the first it made, when no job ever began its
+  // steps and each is empty.
+  void clean_up() noexcept {
+    std::error_code ec;
+    if (!status_file_.empty()) {
+      fs::remove(status_file_, ec);
+      const fs::path status(status_file_);
+      const std::string prefix = "." + status.filename().string() + ".";
+      for (auto it = fs::directory_iterator(status.parent_path(), ec); !ec && it != fs::directory_iterator();
+           it.increment(ec)) {
+        const std::string n = it->path().filename().string();
+        if (n.starts_with(prefix) && n.ends_with(".tmp")) fs::remove(it->path(), ec);
+      }
+    }
+    if (made_dir_.empty() || ever_started_.load()) return;
+    for (fs::path p = made_leaf_;; p = p.parent_path()) {
+      if (!fs::is_directory(p, ec) || !fs::is_empty(p, ec) || !fs::remove(p, ec)) return;
+      if (p == made_dir_ || p == p.parent_path()) return;
+    }
+  }
+
   void set_up_hosts() {
     if (!a_.hosts_file.empty()) {
       hosts_ = read_hosts(a_.hosts_file);
@@ -501,8 +525,18 @@ class Launcher {
     status_file_ = dir_ ? (std::filesystem::path(*dir_) / name).string()
                         : (std::filesystem::temp_directory_path() / ("meshtrain" + name)).string();
     if (dir_) {
+      // train makes it too; the launcher polls in it first. The folders it makes here are
+      // removed again when the job never begins its steps (clean_up).
       std::error_code ec;
-      std::filesystem::create_directories(*dir_, ec);  // train makes it too; the launcher polls in it first
+      fs::path leaf = fs::absolute(*dir_, ec).lexically_normal();
+      if (leaf.filename().empty()) leaf = leaf.parent_path();
+      fs::path top;
+      for (fs::path p = leaf; !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path()) {
+        top = p;
+        if (p == p.parent_path()) break;
+      }
+      fs::create_directories(leaf, ec);
+      if (!ec && !top.empty()) made_dir_ = top, made_leaf_ = leaf;
     }
     setenv("MESHTRAIN_LAUNCH_STATUS", status_file_.c_str(), 1);
   }
@@ -614,6 +648,7 @@ class Launcher {
       std::atomic<bool> started{false}, done{false};
       // The restart's cost: from the failure (or the stop for --grow) until the job said it resumed.
       auto on_start = [&] {
+        ever_started_.store(true);
         if (!restart_at) return;
         const double restart_s = std::chrono::duration<double>(Clock::now() - *restart_at).count();
         events_->write({{"event", "resumed"}, {"restart_s", restart_s}, {"layout", shape_.str()}});
@@ -775,6 +810,8 @@ class Launcher {
   int world0_ = 1;           // the job's ranks at the start
   std::vector<int> rank_host_;
   std::string status_file_;
+  fs::path made_dir_, made_leaf_;         // the first folder the launcher made for the checkpoints, and the directory
+  std::atomic<bool> ever_started_{false};  // a job began its steps
   std::optional<std::string> unstarted_output_;  // the output of the last attempt that failed before its first step
   double every_s_ = 0;  // train's --checkpoint-every-s
   Events* events_ = nullptr;

@@ -58,5 +58,18 @@ expect 2 "launch: mpirun refused to start the job: .*OMPI_ALLOW_RUN_AS_ROOT=1" -
   "$MT" launch --np 2 --mpirun ./root-mpirun -- "${J[@]}" --steps 2 --dp 2 --checkpoint-dir ck
 expect 2 "failed again before its first step with the same output \(exit 1\)" -- \
   "$MT" launch --np 2 --mpirun ./failing-mpirun -- "${J[@]}" --steps 2 --dp 2 --checkpoint-dir ck
-rm -rf "$WORK/root-mpirun" "$WORK/failing-mpirun" "$WORK/ck"
+expect 1 "" -- test -e ck  # the directory the launcher made for a job that never began is gone
+rm -f "$WORK/root-mpirun" "$WORK/failing-mpirun"
 
+# ---- nothing of the launcher's own is left ----
+# A job that refuses its input: no empty checkpoint directory (train alone makes none).
+expect 2 "missing.txt" -- "$MT" launch -- train --data missing.txt --steps 2 --quiet --checkpoint-dir ck_a/b/c
+expect 1 "" -- test -e ck_a
+# A job that ran: its checkpoints, and no status file of the launcher's.
+expect 0 "" --may-write ck -- "$MT" launch -- "${J[@]}" --steps 2 --checkpoint-dir ck --checkpoint-every 1
+expect 0 "^latest step_00000001 step_00000002 $" -- bash -c 'printf "%s " $(ls -A ck)'
+# Given up (exit 1): the same.
+expect 1 "giving up" --may-write ck2 -- \
+  "$MT" launch --max-restarts 0 -- "${J[@]}" --steps 4 --dp 2 --checkpoint-dir ck2 --checkpoint-every 1 --fail-rank 1 --fail-at-step 2
+expect 0 "^latest step_00000001 step_00000002 $" -- bash -c 'printf "%s " $(ls -A ck2)'
+rm -rf "$WORK/ck" "$WORK/ck2"
