@@ -386,7 +386,9 @@ class Launcher {
                   every_s->c_str());
     }
     const int code = loop();
-    events.close();  // a failed write of the events file: exit 1, naming it and the cause
+    // A failed write of the events file (said when it happened, naming the file and the cause)
+    // turns a success into exit 1; a job's own failure keeps its code.
+    if (code == 0) events.close();
     return code;
   }
 

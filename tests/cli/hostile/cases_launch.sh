@@ -26,6 +26,18 @@ expect 2 "--events /proc/ev.jsonl: .*(not writable|no file can be created in the
   "${L[@]}" --events /proc/ev.jsonl -- "${J[@]}" --steps 2
 expect 2 "--events ck is a directory" -- "${L[@]}" --events ck -- "${J[@]}" --steps 2
 rm -rf "$WORK/notes.txt" "$WORK/ck"
+# A write that fails while the job runs (a full disk): named with its cause; the job goes on and
+# what would have been exit 0 is exit 1. Needs the right to mount a tmpfs (root, as in CI).
+mkdir -p "$WORK/full_ev"
+if mount -t tmpfs -o size=64k tmpfs "$WORK/full_ev" 2>/dev/null; then
+  dd if=/dev/zero of="$WORK/full_ev/filler" bs=64k 2>/dev/null
+  expect 1 "error: cannot write events file full_ev/ev.jsonl: No space left on device" --may-write full_ev -- \
+    "${L[@]}" --events full_ev/ev.jsonl -- "${J[@]}" --steps 2
+  umount "$WORK/full_ev"
+else
+  echo "skipped: cannot mount a tmpfs on $WORK/full_ev (mounting needs root); the full events file case did not run"
+fi
+rmdir "$WORK/full_ev"
 
 # ---- every number finite and in range ----
 expect 2 "--np: '0' is out of range; give an integer from 1" -- "${L[@]}" --np 0 -- "${J[@]}" --steps 2
