@@ -481,6 +481,46 @@ TEST(StopCli, ASecondSignalExitsAtOnceAndLeavesTheLastCheckpoint) {
   }
 }
 
+// Two SIGINTs to `launch` in quick succession, the second landing somewhere in the save the
+// first asked for (a sweep of delays; the stop's save is the run's first checkpoint). Whatever
+// the moment, the files are consistent: `latest` names the newest step folder installed (none:
+// no `latest`), a save cut short stays in its temporary folder only, and neither `latest.tmp`
+// nor the launcher's status file stays. Before a commit's last moves were shielded from the
+// second signal (train/stop.h, StopDeferred), an exit between writing `latest.tmp` and its
+// rename left it there and no `latest`.
+TEST(StopCli, TwoSignalsToLaunchLeaveLatestWholeAndNoTemporaryFile) {
+  for (const int delay_ms : {0, 10, 30, 60, 100, 150}) {
+    SCOPED_TRACE("second signal " + std::to_string(delay_ms) + " ms after the first");
+    meshtrain::testing::TempDir tmp("stop_cli");
+    const std::string ck = tmp.file("ck");
+    Child child(words_of("launch --max-restarts 0 -- train --data " + corpus_in(tmp) +
+                         " --batch 4 --seq 16 --eval-batches 1 --threads 1 --eval-every 0 --log-every 1 --warmup 0 "
+                         "--lr 0.001 --min-lr 0.001 --steps 1000000 --checkpoint-every 1000 --checkpoint-dir " + ck));
+    ASSERT_TRUE(child.started());
+    const auto deadline = Clock::now() + std::chrono::seconds(120);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(child.next_event(deadline)) << child.output();
+    child.send(SIGINT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    child.send(SIGINT);
+    const int status = child.wait_status(deadline);
+    ASSERT_TRUE(WIFEXITED(status)) << child.output();
+    // 130: the second signal ended the job; 0: both came before the job took the first.
+    EXPECT_TRUE(WEXITSTATUS(status) == 130 || WEXITSTATUS(status) == 0) << "exit " << WEXITSTATUS(status);
+    int64_t newest = -1;
+    for (const auto& e : fs::directory_iterator(ck)) {
+      const std::string name = e.path().filename().string();
+      EXPECT_FALSE(name.starts_with("latest.")) << name << " left in " << ck << "\n" << child.output();
+      EXPECT_EQ(name.find("launch-status"), std::string::npos) << name << " left in " << ck;
+      if (name.starts_with("step_") && name.find('.') == std::string::npos)
+        newest = std::max<int64_t>(newest, std::stoll(name.substr(5)));
+    }
+    if (newest >= 0)
+      EXPECT_EQ(train::open_checkpoint(ck).step, newest) << child.output();  // throws if `latest` is not whole
+    else
+      EXPECT_FALSE(fs::exists(fs::path(ck) / "latest")) << child.output();
+  }
+}
+
 // ---- a full disk ----
 
 class FullDiskCli : public ::testing::Test {

@@ -18,8 +18,9 @@
 //     is asked with a one-process mpirun, under --probe-timeout-s). Their slots are held back.
 //     The launcher picks the largest layout the remaining slots hold at the same global batch
 //     (so the loss curve stays the single-rank one): the most ranks, keeping tp and pp where
-//     they still fit, dp and the micro-batches dividing the batch, tp dividing the heads, pp at
-//     most the model's units; and restarts with --resume from the newest checkpoint that
+//     they still fit, each a layout the model takes by the check train and plan share
+//     (plan::check_layout: dp and the micro-batches dividing the batch, tp splitting the model's
+//     layers, pp at most its units); and restarts with --resume from the newest checkpoint that
 //     verifies (train picks it), or from the start when none was saved; when train's start-up
 //     memory check refuses that layout, the next one of the list. An injected failure
 //     (--fail-rank/--fail-at-step, a test flag) is dropped on restart.
@@ -35,13 +36,25 @@
 //     larger layout.
 //   - --events FILE: one JSON line per event (start, failure with the lost ranks and hosts and
 //     the checkpoint resumed from, restart with the new layout and hosts, resumed with the
-//     restart's seconds, grow, done or give-up).
+//     restart's seconds, grow, done or give-up). Planned through the output policy
+//     (train/outputs.h) before anything runs: never the job's --data, --config, --metrics or
+//     --trace, never a name its checkpoint directory manages, and an existing file that is not
+//     an events file only with --overwrite. A write that fails names the file and the cause.
+//   - A failure that would repeat is not retried: mpirun's refusal to run as root (refused up
+//     front when this process is root and OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM) are not 1), and a
+//     job that failed before its first step with the same output as the attempt before: exit 2.
+//   - What the launcher made goes when it ends, whatever the exit: the status file (and a
+//     temporary one a killed job left), and the checkpoint directory it created when the job
+//     never began its steps and left nothing there.
 //   - It gives up with exit 1 and a sentence after K restarts (--max-restarts, default 3) or
 //     when fewer than R ranks survive (--min-ranks, default 1); with exit 2 when no layout of
 //     the survivors takes the job's global batch (the sentence says what would).
-// Bad input (exit 2): no train arguments, --min-ranks above the job's ranks, restarts without
-// --checkpoint-dir to resume from, --np and --hosts together, --np unlike the job's ranks, a
-// hosts file that does not parse or names no host, fewer slots than the job's ranks.
+// Bad input (exit 2): no train arguments, a number that is not finite or out of range (--np
+// and --min-ranks at least 1, the seconds above 0 and at most a week), --min-ranks above the
+// job's ranks, restarts without --checkpoint-dir to resume from, --np and --hosts together,
+// --np unlike the job's ranks, a hosts file that does not parse or names no host, fewer slots
+// than the job's ranks, an --events path the output policy refuses, mpirun as root without
+// its permission.
 #include <signal.h>
 #include <unistd.h>
 
@@ -66,19 +79,26 @@
 
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/cli/launch_hosts.h"
+#include "meshtrain/cli/options.h"
 #include "meshtrain/io/file.h"
 #include "meshtrain/model/spec.h"
+#include "meshtrain/plan/cost.h"
+#include "meshtrain/train/outputs.h"
+#include "meshtrain/train/trainer.h"
 
 namespace meshtrain::cli {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+constexpr double kWeekS = 604'800;
 
 struct LaunchArgs {
   int max_restarts = 3;
   int min_ranks = 1;
-  int np = 0;
+  int np = 0;  // 0: not given (a given --np is at least 1)
   int max_ranks = 0;  // 0: the job's ranks, or with --grow every usable slot
   std::string hosts_file;
   std::string mpirun = "mpirun";
@@ -87,6 +107,7 @@ struct LaunchArgs {
   double probe_timeout_s = 30;
   double stall_timeout_s = 600;  // 0: never
   std::string events;
+  bool overwrite = false;  // --events may replace a file meshtrain did not write
   std::vector<std::string> train;  // the arguments after `--` (starting with "train")
 };
 
@@ -139,18 +160,24 @@ struct Shape {
 };
 
 // The layouts of at most `ranks` ranks for the same global batch, best first (see the header):
-// the most ranks, then the most tp, then pp, kept.
-std::vector<Shape> survivors_layouts(int ranks, const Shape& was, int64_t batch, int micro, int64_t heads,
-                                     int64_t units) {
+// the most ranks, then the most tp, then pp, kept. Each is one the model can take by the check
+// train and plan share (plan::check_layout): `job` holds the job's other layout settings.
+std::vector<Shape> survivors_layouts(int ranks, const Shape& was, const model::ModelSpec& spec, plan::Layout job) {
   std::vector<Shape> out;
+  const int chunks = job.chunks;
   for (int w = ranks; w >= 1; --w)
     for (int tp = was.tp; tp >= 1; --tp)
       for (int pp = was.pp; pp >= 1; --pp) {
         if (w % (tp * pp) != 0) continue;
-        const int dp = w / (tp * pp);
-        if (heads % tp != 0 || pp > units) continue;
-        if (batch % (static_cast<int64_t>(dp) * micro) != 0) continue;  // train's rule: dp x micro-batches
-        out.push_back({dp, tp, pp});
+        job.dp = w / (tp * pp), job.tp = tp, job.pp = pp;
+        job.chunks = pp > 1 ? chunks : 1;
+        job.sequence_parallel = job.sequence_parallel && tp > 1;
+        try {
+          plan::check_layout(spec, job);
+        } catch (const std::invalid_argument&) {
+          continue;
+        }
+        out.push_back({job.dp, tp, pp});
       }
   return out;
 }
@@ -268,28 +295,50 @@ std::vector<int> lost_ranks(const std::string& tail) {
   return lost;
 }
 
+// The events, printed and (--events) appended to the file, each line whole (io::AppendFile).
+// A write that fails (a full disk) is said at once, naming the file and the cause; the job
+// goes on supervised, later events are only printed, and close() throws the error so that the
+// launcher exits 1 (a write may come from a watching thread, which must not throw).
 class Events {
  public:
-  explicit Events(const std::string& path) : path_(path) {
-    if (!path_.empty()) std::ofstream(path_, std::ios::trunc);
+  explicit Events(const std::string& path) {
+    if (!path.empty()) file_.emplace(path, /*truncate=*/true, "events file");
   }
   void write(nlohmann::json j) {  // from the launcher's threads: one line at a time
     std::lock_guard g(m_);
     j["time_s"] = std::chrono::duration<double>(Clock::now() - start_).count();
     std::printf("launch: %s\n", j.dump().c_str());
     std::fflush(stdout);
-    if (path_.empty()) return;
-    std::ofstream f(path_, std::ios::app);
-    f << j.dump() << "\n";
-    f.flush();
-    if (!f) throw std::runtime_error("launch: could not write the events file " + path_);
+    if (!file_ || error_) return;
+    try {
+      file_->append(j.dump() + "\n");
+    } catch (const io::WriteError& e) {
+      error_ = e.what();
+      std::fprintf(stderr, "launch: %s; later events are printed only\n", e.what());
+    }
+  }
+  // Closes the file; throws io::WriteError when a write failed.
+  void close() {
+    std::lock_guard g(m_);
+    if (file_ && !error_) try {
+        file_->close();
+      } catch (const io::WriteError& e) {
+        error_ = e.what();
+      }
+    if (error_) throw io::WriteError(*error_);
   }
 
  private:
-  std::string path_;
+  std::optional<io::AppendFile> file_;
+  std::optional<std::string> error_;
   Clock::time_point start_ = Clock::now();
   std::mutex m_;
 };
+
+// mpirun's refusal to start as root (OpenMPI 4: "mpirun has detected an attempt to run as root").
+bool mpirun_refused_root(const std::string& tail) {
+  return tail.find("has detected an attempt to run as root") != std::string::npos;
+}
 
 // The step `latest` names in a checkpoint directory (-1: none).
 int64_t latest_step(const std::optional<std::string>& dir) {
@@ -316,6 +365,12 @@ class Launcher {
     args_ = a_.train;
     shape_ = {int_flag(args_, "--dp", 1), int_flag(args_, "--tp", 1), int_flag(args_, "--pp", 1)};
     check_args();
+    check_paths();
+    // From here on the launcher makes files: they go again on every way out.
+    struct Cleanup {
+      Launcher* l;
+      ~Cleanup() { l->clean_up(); }
+    } cleanup{this};
     set_up_hosts();
 
     struct sigaction sa {};
@@ -338,14 +393,11 @@ class Launcher {
                   "(measured at each restart)\n",
                   every_s->c_str());
     }
-    struct Cleanup {
-      std::string path;
-      ~Cleanup() {
-        std::error_code ec;
-        std::filesystem::remove(path, ec);
-      }
-    } cleanup{status_file_};
-    return loop();
+    const int code = loop();
+    // A failed write of the events file (said when it happened, naming the file and the cause)
+    // turns a success into exit 1; a job's own failure keeps its code.
+    if (code == 0) events.close();
+    return code;
   }
 
  private:
@@ -374,13 +426,12 @@ class Launcher {
     if ((a_.max_restarts > 0 || a_.grow) && !dir_)
       throw UsageError("launch resumes a job from its checkpoints: give train --checkpoint-dir DIR "
                        "(or --max-restarts 0 without --grow to only supervise)");
-    // The model's heads and units bound the layouts the survivors can take.
+    // The model bounds the layouts the survivors can take (job_layout, survivors_layouts).
     try {
       const auto cfg = flag_value(args_, "--config");
       const auto spec = cfg ? model::model_spec_from_file(*cfg)
                             : model::model_spec(flag_value(args_, "--model").value_or("gpt-tiny"));
-      heads_ = spec->gpt() ? spec->gpt()->n_head : 1;
-      units_ = spec->num_units();
+      spec_ = spec;
       batch_ = spec->default_batch();
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
@@ -393,6 +444,83 @@ class Launcher {
       }
     }
     micro_ = int_flag(args_, "--microbatches", 1);
+  }
+
+  // The job's layout settings other than dp, tp and pp, for the survivors' layouts.
+  plan::Layout job_layout() const {
+    plan::Layout l;
+    l.batch = batch_, l.microbatches = micro_;
+    l.chunks = int_flag(args_, "--chunks", 1);
+    l.seq = spec_->gpt() ? int_flag(args_, "--seq", static_cast<int>(spec_->default_seq())) : 1;
+    l.sequence_parallel = has_flag(args_, "--sequence-parallel");
+    l.pad_vocab = has_flag(args_, "--pad-vocab");
+    l.zero = int_flag(args_, "--zero", 0);
+    return l;
+  }
+
+  // --events through the output policy (train/outputs.h), with the job's own paths around it:
+  // it must not be the job's input, one of its outputs or a name its checkpoint directory
+  // manages. The job's outputs are side files here: whether they may be replaced is train's
+  // own check (its --overwrite). The directory is planned as train plans it, also on --resume
+  // (its restarts all resume): a save manages `latest` and step_*, nothing else in it.
+  void check_paths() const {
+    try {
+      train::PathPlan plan(a_.overwrite);
+      if (const auto d = flag_value(args_, "--data")) plan.input_file("the job's --data", *d);
+      if (const auto c = flag_value(args_, "--config")) plan.input_file("the job's --config", *c);
+      if (dir_) plan.output_checkpoint_dir("the job's --checkpoint-dir", *dir_);
+      if (const auto m = flag_value(args_, "--metrics")) plan.side_file("the job's --metrics", *m);
+      if (const auto t = flag_value(args_, "--trace")) {
+        plan.side_file("the job's --trace", *t);
+        plan.side_file("the job's swimlane", train::trace_svg_path(*t));
+      }
+      if (!a_.events.empty()) plan.output_file("--events", a_.events, train::OutputKind::events);
+      plan.check();
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  }
+
+  // OpenMPI's mpirun will not start as root without its permission, and a restart would meet
+  // the same refusal: said before anything runs. A --mpirun of another name may be a wrapper
+  // that adds --allow-run-as-root; its refusal, if any, is caught in the job's output (loop).
+  void check_mpirun_as_root() const {
+    if (a_.np == 0 && a_.hosts_file.empty()) return;
+    const std::string name = fs::path(a_.mpirun).filename().string();
+    if (geteuid() != 0 || (name != "mpirun" && name != "mpiexec" && name != "orterun")) return;
+    auto one = [](const char* var) {
+      const char* v = std::getenv(var);
+      return v != nullptr && std::string(v) == "1";
+    };
+    if (one("OMPI_ALLOW_RUN_AS_ROOT") && one("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")) return;
+    throw UsageError(kRootAdvice);
+  }
+  static constexpr const char* kRootAdvice =
+      "this process runs as root, and OpenMPI's mpirun refuses to start as root unless told: set "
+      "OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, or give --mpirun a wrapper that adds "
+      "--allow-run-as-root, or run as another user";
+
+  // Removes what the launcher made (see the header): the status file, the temporary file of a
+  // job killed while writing it (io::write_file_atomic: .NAME.PID.N.tmp), and the checkpoint
+  // directory it created, folder by folder up to the first it made, when no job ever began its
+  // steps and each is empty.
+  void clean_up() noexcept {
+    std::error_code ec;
+    if (!status_file_.empty()) {
+      fs::remove(status_file_, ec);
+      const fs::path status(status_file_);
+      const std::string prefix = "." + status.filename().string() + ".";
+      for (auto it = fs::directory_iterator(status.parent_path(), ec); !ec && it != fs::directory_iterator();
+           it.increment(ec)) {
+        const std::string n = it->path().filename().string();
+        if (n.starts_with(prefix) && n.ends_with(".tmp")) fs::remove(it->path(), ec);
+      }
+    }
+    if (made_dir_.empty() || ever_started_.load()) return;
+    for (fs::path p = made_leaf_;; p = p.parent_path()) {
+      if (!fs::is_directory(p, ec) || !fs::is_empty(p, ec) || !fs::remove(p, ec)) return;
+      if (p == made_dir_ || p == p.parent_path()) return;
+    }
   }
 
   void set_up_hosts() {
@@ -409,6 +537,7 @@ class Launcher {
     } else {
       threads_ = Host{"threads", shape_.world()};
     }
+    check_mpirun_as_root();  // after the hosts file's own faults, before anything is made
     if (mpi()) set_flag(args_, "--backend", "mpi");
     world0_ = shape_.world();
     // The job's status file (train/trainer.h), where world rank 0 can write it: the checkpoint
@@ -417,8 +546,18 @@ class Launcher {
     status_file_ = dir_ ? (std::filesystem::path(*dir_) / name).string()
                         : (std::filesystem::temp_directory_path() / ("meshtrain" + name)).string();
     if (dir_) {
+      // train makes it too; the launcher polls in it first. The folders it makes here are
+      // removed again when the job never begins its steps (clean_up).
       std::error_code ec;
-      std::filesystem::create_directories(*dir_, ec);  // train makes it too; the launcher polls in it first
+      fs::path leaf = fs::absolute(*dir_, ec).lexically_normal();
+      if (leaf.filename().empty()) leaf = leaf.parent_path();
+      fs::path top;
+      for (fs::path p = leaf; !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path()) {
+        top = p;
+        if (p == p.parent_path()) break;
+      }
+      fs::create_directories(leaf, ec);
+      if (!ec && !top.empty()) made_dir_ = top, made_leaf_ = leaf;
     }
     setenv("MESHTRAIN_LAUNCH_STATUS", status_file_.c_str(), 1);
   }
@@ -497,7 +636,7 @@ class Launcher {
         }
       }
       if (back.empty()) continue;
-      const auto layouts = survivors_layouts(std::min(total_capacity(), limit()), shape_, batch_, micro_, heads_, units_);
+      const auto layouts = survivors_layouts(std::min(total_capacity(), limit()), shape_, *spec_, job_layout());
       if (layouts.empty() || layouts.front().world() <= shape_.world()) continue;
       const Shape* bigger = &layouts.front();
       grow_to_ = *bigger;
@@ -530,6 +669,7 @@ class Launcher {
       std::atomic<bool> started{false}, done{false};
       // The restart's cost: from the failure (or the stop for --grow) until the job said it resumed.
       auto on_start = [&] {
+        ever_started_.store(true);
         if (!restart_at) return;
         const double restart_s = std::chrono::duration<double>(Clock::now() - *restart_at).count();
         events_->write({{"event", "resumed"}, {"restart_s", restart_s}, {"layout", shape_.str()}});
@@ -626,6 +766,25 @@ class Launcher {
       if (r.stalled_s > 0) fail["stalled_s"] = r.stalled_s;
       if (probed()) fail["lost_hosts"] = lost_hosts, fail["probe_s"] = probe_s;
       events_->write(fail);
+      // A failure that will repeat (see the header): said once, not retried.
+      if (!started.load()) {
+        if (mpi() && mpirun_refused_root(r.tail)) {
+          events_->write({{"event", "give_up"}, {"reason", "mpirun_root"}});
+          std::fprintf(stderr, "launch: mpirun refused to start the job: %s\n", kRootAdvice);
+          return 2;
+        }
+        const std::string output = r.tail + r.out_tail;
+        if (unstarted_output_ && *unstarted_output_ == output) {
+          events_->write({{"event", "give_up"}, {"reason", "same_failure"}});
+          std::fprintf(stderr, "launch: the job failed again before its first step with the same output (exit %d); "
+                               "a restart would fail alike: giving up (its output above says what to fix)\n",
+                       r.code);
+          return 2;
+        }
+        unstarted_output_ = output;
+      } else {
+        unstarted_output_.reset();
+      }
       if (restarts >= a_.max_restarts) {
         events_->write({{"event", "give_up"}, {"reason", "restarts"}});
         std::fprintf(stderr, "launch: the job failed %d time(s) and --max-restarts is %d; giving up (the last "
@@ -639,7 +798,7 @@ class Launcher {
         std::fprintf(stderr, "launch: %d rank(s) survive, fewer than --min-ranks %d; giving up\n", survivors, a_.min_ranks);
         return 1;
       }
-      candidates_ = survivors_layouts(survivors, shape_, batch_, micro_, heads_, units_);
+      candidates_ = survivors_layouts(survivors, shape_, *spec_, job_layout());
       candidate_ = 0;
       const std::optional<Shape> next = candidates_.empty() ? std::nullopt : std::optional<Shape>(candidates_.front());
       if (!next) {
@@ -665,13 +824,17 @@ class Launcher {
   std::vector<std::string> args_;
   Shape shape_;
   std::optional<std::string> dir_;
-  int64_t heads_ = 1, units_ = 1, batch_ = 0;
+  std::shared_ptr<const model::ModelSpec> spec_;
+  int64_t batch_ = 0;
   int micro_ = 1;
   std::vector<Host> hosts_;  // MPI: the hosts (--np: this machine)
   Host threads_;             // threads: the child's ranks
   int world0_ = 1;           // the job's ranks at the start
   std::vector<int> rank_host_;
   std::string status_file_;
+  fs::path made_dir_, made_leaf_;         // the first folder the launcher made for the checkpoints, and the directory
+  std::atomic<bool> ever_started_{false};  // a job began its steps
+  std::optional<std::string> unstarted_output_;  // the output of the last attempt that failed before its first step
   double every_s_ = 0;  // train's --checkpoint-every-s
   Events* events_ = nullptr;
   std::mutex watch_m_;
@@ -688,22 +851,38 @@ void add_launch_command(CLI::App& app) {
   auto a = std::make_shared<LaunchArgs>();
   CLI::App* c = app.add_subcommand(
       "launch", "Run `meshtrain train` supervised; resume a failed job on the surviving ranks and hosts");
-  c->add_option("--np", a->np, "Run the job as this many MPI processes on this machine (through mpirun)");
-  c->add_option("--hosts", a->hosts_file, "Run the job as MPI processes across the hosts of this file (`NAME slots=N` per line)");
+  c->add_option("--np", a->np, "Run the job as this many MPI processes on this machine (through mpirun)")
+      ->check(integer<int>(1));
+  c->add_option("--hosts", a->hosts_file, "Run the job as MPI processes across the hosts of this file (`NAME slots=N` per line)")
+      ->check(non_empty_path());
   c->add_option("--mpirun", a->mpirun, "The mpirun program (its settings from OMPI_MCA_* variables)")->capture_default_str();
   c->add_flag("--grow", a->grow, "Take lost hosts and slots back when they answer again, at the next step boundary");
-  c->add_option("--probe-every-s", a->probe_every_s, "With --grow: seconds between asking lost hosts")->capture_default_str();
-  c->add_option("--probe-timeout-s", a->probe_timeout_s, "Seconds a host has to answer before it counts as lost")->capture_default_str();
+  c->add_option("--probe-every-s", a->probe_every_s, "With --grow: seconds between asking lost hosts")
+      ->check(number(0, kWeekS, false))
+      ->capture_default_str();
+  c->add_option("--probe-timeout-s", a->probe_timeout_s, "Seconds a host has to answer before it counts as lost")
+      ->check(number(0, kWeekS, false))
+      ->capture_default_str();
   c->add_option("--stall-timeout-s", a->stall_timeout_s,
                 "End and restart a job that makes no step for this many seconds (at least 10 x its longest gap "
                 "between steps; 0: never)")
+      ->check(number(0, kWeekS, true))
       ->capture_default_str();
-  c->add_option("--max-restarts", a->max_restarts, "Give up after this many restarts")->capture_default_str();
-  c->add_option("--min-ranks", a->min_ranks, "Give up when fewer ranks than this survive")->capture_default_str();
+  c->add_option("--max-restarts", a->max_restarts, "Give up after this many restarts")
+      ->check(integer<int>(0))
+      ->capture_default_str();
+  c->add_option("--min-ranks", a->min_ranks, "Give up when fewer ranks than this survive")
+      ->check(integer<int>(1))
+      ->capture_default_str();
   c->add_option("--max-ranks", a->max_ranks,
                 "Never run the job on more ranks than this (0: its own ranks, or with --grow every slot)")
+      ->check(integer<int>(0))
       ->capture_default_str();
-  c->add_option("--events", a->events, "Write one JSON line per event (failure, restart, done) to this file");
+  c->add_option("--events", a->events, "Write one JSON line per event (failure, restart, done) to this file")
+      ->check(non_empty_path());
+  c->add_flag("--overwrite", a->overwrite,
+              "Let --events replace an existing file that meshtrain did not write (the job's own outputs keep "
+              "train's --overwrite)");
   c->add_option("train", a->train, "-- train ARGS...: the job")->expected(-1);
   c->callback([a] {
     const int code = Launcher(*a).run();

@@ -4,9 +4,14 @@
 // that fits T (no fraction, exponent or hex, and no minus sign for an unsigned T). CLI11's own
 // conversion would clamp `--steps 99999999999999999999999` and wrap `--seed -1`; this refuses
 // both with a sentence (exit 2, as every ParseError). `lo` raises the smallest value accepted.
+//
+// number(lo, hi, lo_included) is the same for a flag of real numbers: a finite decimal number
+// from lo (above lo when !lo_included) to hi. CLI11 reads "nan" and "inf" as numbers, and a
+// NaN passes every comparison written as `v <= 0`.
 #pragma once
 
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
@@ -63,6 +68,29 @@ inline CLI::Validator non_empty_path() {
         return text.empty() ? "the path is empty; give a file name (or leave the flag out)" : std::string();
       },
       "", "path");
+}
+
+inline CLI::Validator number(double lo, double hi, bool lo_included) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        auto fmt = [](double x) {
+          std::string t = std::to_string(x);
+          t.erase(t.find_last_not_of('0') + 1);
+          if (t.back() == '.') t.pop_back();
+          return t;
+        };
+        const std::string range = std::string(lo_included ? "a number from " : "a number above ") + fmt(lo) +
+                                  (lo_included ? " to " : " and at most ") + fmt(hi);
+        const char* begin = text.data() + (text.size() > 1 && text[0] == '+' ? 1 : 0);
+        const char* end = text.data() + text.size();
+        double v = 0;
+        auto [ptr, ec] = std::from_chars(begin, end, v);
+        if (ec != std::errc() || ptr != end || !std::isfinite(v))
+          return "'" + text + "' is not a finite number; give " + range;
+        if (v > hi || v < lo || (!lo_included && v == lo)) return "'" + text + "' is out of range; give " + range;
+        return {};
+      },
+      "", "number");
 }
 
 }  // namespace meshtrain::cli

@@ -16,6 +16,8 @@
 #include <map>
 #include <sstream>
 
+#include "meshtrain/train/stop.h"
+
 namespace meshtrain::train {
 
 namespace fs = std::filesystem;
@@ -469,9 +471,14 @@ std::string commit_save(const std::string& dir, int64_t step, const nlohmann::js
     }
     write_file_atomic((fs::path(tmp) / kIndexFile).string(), index_text(j));
     fsync_directory(tmp);
-    install_folder(tmp, final_path);
-    fsync_directory(dir);
-    write_file_atomic((fs::path(dir) / kLatestFile).string(), name + "\n");
+    {
+      // A second stop signal (train/stop.h) waits for these: without that it could end the
+      // process with `latest.tmp` left and `latest` not naming the folder just installed.
+      const StopDeferred deferred;
+      install_folder(tmp, final_path);
+      fsync_directory(dir);
+      write_file_atomic((fs::path(dir) / kLatestFile).string(), name + "\n");
+    }
     if (keep_last > 0) prune(dir, step, keep_last);
     return final_path;
   });

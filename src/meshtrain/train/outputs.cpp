@@ -113,6 +113,7 @@ std::string kind_name(OutputKind k) {
     case OutputKind::svg: return "a swimlane";
     case OutputKind::safetensors: return "a converted checkpoint";
     case OutputKind::machine: return "a machine file";
+    case OutputKind::events: return "a launcher's events file";
   }
   return "a file";
 }
@@ -150,6 +151,12 @@ bool written_by_meshtrain(const std::string& path, OutputKind kind) {
       const std::string text = head(path, 1 << 20);
       const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
       return j.is_object() && j.contains("kind") && j["kind"].is_string() && j["kind"] == "meshtrain machine";
+    }
+    case OutputKind::events: {
+      std::string first = head(path, 1 << 16);
+      first = first.substr(0, first.find('\n'));
+      const nlohmann::json j = nlohmann::json::parse(first, nullptr, /*allow_exceptions=*/false);
+      return j.is_object() && j.contains("event") && j["event"] == "start";
     }
   }
   return false;

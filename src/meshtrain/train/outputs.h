@@ -32,6 +32,7 @@ enum class OutputKind {
   svg,          // an SVG carrying pipeline::kSvgMark (swimlanes)
   safetensors,  // a safetensors file whose metadata has "writer": "meshtrain"
   machine,      // a JSON object whose "kind" is "meshtrain machine" (meshtrain calibrate)
+  events,       // JSON lines whose first line is an object with "event": "start" (launch --events)
 };
 
 // True when `path` is empty or carries the mark of a file meshtrain writes as `kind`.
