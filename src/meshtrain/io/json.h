@@ -31,7 +31,7 @@ namespace meshtrain::io {
 class JsonError : public std::invalid_argument {
  public:
   JsonError(const std::string& source, std::string problem, const std::string& fix)
-      : std::invalid_argument(source + " " + problem + "; " + fix), problem_(std::move(problem)) {}
+      : std::invalid_argument(source + " " + problem + (fix.empty() ? "" : "; " + fix)), problem_(std::move(problem)) {}
   const std::string& problem() const { return problem_; }
 
  private:
@@ -39,7 +39,8 @@ class JsonError : public std::invalid_argument {
 };
 
 // `source` names the file in messages ("model config file m.json", or just the path); `hint`
-// ends the refusal of an empty or malformed text (what the file must hold, how to get one).
+// ends the refusal of an empty or malformed text (what the file must hold, how to get one);
+// it may be empty where the caller words the refusal itself from problem().
 nlohmann::json parse_json_strict(std::string_view text, const std::string& source, const std::string& hint);
 
 // The bytes of the regular file `path`; `hint` ends the refusal ("give --config a JSON file").
