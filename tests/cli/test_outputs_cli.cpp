@@ -173,7 +173,7 @@ TEST(CliOutputs, PipelineTraceRendersOneBlockPerForwardAndBackward) {
   // Bad input: no such trace, or a file that is no trace.
   Result missing = run("trace render " + scratch().file("none.json") + " -o " + scratch().file("x.svg"));
   EXPECT_EQ(missing.code, 2) << missing.output;
-  EXPECT_NE(missing.output.find("cannot open the trace"), std::string::npos) << missing.output;
+  EXPECT_NE(missing.output.find("none.json does not exist; give the JSON file"), std::string::npos) << missing.output;
   Result not_trace = run("trace render " + corpus() + " -o " + scratch().file("x.svg"));
   EXPECT_EQ(not_trace.code, 2) << not_trace.output;
   // The trace as its own output: refused, the trace unchanged.

@@ -147,7 +147,7 @@ TEST(ClusterFile, RefusesBadFilesNamingTheField) {
       {"unknown link class", [](json& j) { j["links"]["rail"] = json::object(); }, "links.rail is not a field"},
       {"zero devices", [](json& j) { j["devices_per_node"] = 0; }, "devices_per_node is 0"},
       {"zero nodes", [](json& j) { j["nodes"] = 0; }, "nodes is 0"},
-      {"fraction nodes", [](json& j) { j["nodes"] = 1.5; }, "nodes is number, not an integer"},
+      {"fraction nodes", [](json& j) { j["nodes"] = 1.5; }, "nodes is 1.5, not an integer"},
       {"missing name", [](json& j) { j.erase("name"); }, "name is missing"},
       {"note not text", [](json& j) { j["note"] = 3; }, "note is number, not a string"},
       {"kind", [](json& j) { j["kind"] = "meshtrain machine"; }, "kind is not 'meshtrain cluster'"},
@@ -192,6 +192,31 @@ TEST(ClusterFile, RefusesBadFilesNamingTheField) {
   EXPECT_EQ(refusal(device_cluster()), "");
 }
 
+// Counts are range-checked before they become ints: 2^32 + 1 nodes never wraps to 1 node, and
+// 1e12 (a JSON float) is refused rather than cast.
+TEST(ClusterFile, RefusesCountsBeyondTheirRangeNeverWrapping) {
+  const std::vector<BadCase> cases = {
+      {"nodes 2^32+1", [](json& j) { j["nodes"] = 4294967297ULL; }, "nodes is 4294967297, more than 1048576"},
+      {"nodes 1e12", [](json& j) { j["nodes"] = 1e12; }, "nodes is 1000000000000.0, not an integer from 1 to 1048576"},
+      {"nodes uint64", [](json& j) { j["nodes"] = 18446744073709551615ULL; }, "nodes is 18446744073709551615, more than"},
+      {"nodes -2^32", [](json& j) { j["nodes"] = -4294967296LL; }, "nodes is -4294967296, less than 1"},
+      {"devices 2^31", [](json& j) { j["devices_per_node"] = 2147483648LL; }, "devices_per_node is 2147483648, more than"},
+      {"version 2^32+1", [](json& j) { j["version"] = 4294967297ULL; }, "version is 4294967297, more than 2147483647"},
+      {"devices in all", [](json& j) { j["nodes"] = 1 << 19; j["devices_per_node"] = 4; },
+       "nodes is 524288, which with 4 devices per node makes more than 1048576 devices"},
+  };
+  for (const auto& c : cases) {
+    json j = device_cluster();
+    c.spoil(j);
+    const std::string m = refusal(j);
+    EXPECT_EQ(m.rfind("c.json: ", 0), 0u) << c.name << ": " << m;
+    EXPECT_NE(m.find(c.words), std::string::npos) << c.name << ": " << m;
+  }
+  json j = device_cluster();
+  j["nodes"] = 1 << 18;
+  EXPECT_EQ(refusal(j), "") << "2^18 nodes of 4 devices read";
+}
+
 TEST(ClusterFile, ReadingAFileSaysWhatIsWrongWithIt) {
   meshtrain::testing::TempDir dir("cluster");
   auto message = [](const std::string& path) -> std::string {
@@ -202,10 +227,25 @@ TEST(ClusterFile, ReadingAFileSaysWhatIsWrongWithIt) {
     }
     return "";
   };
-  EXPECT_NE(message(dir.file("absent.json")).find("cannot open the cluster file"), std::string::npos);
+  EXPECT_NE(message(dir.file("absent.json")).find("absent.json does not exist; give a cluster file"), std::string::npos);
   std::ofstream(dir.file("bad.json")) << "{ not json";
-  EXPECT_NE(message(dir.file("bad.json")).find("bad.json: not JSON"), std::string::npos);
+  EXPECT_NE(message(dir.file("bad.json")).find("bad.json is not valid JSON: syntax error at line 1"), std::string::npos);
   EXPECT_NE(message(dir.path().string()).find("is a directory"), std::string::npos);
+  // The strict reading (io/json.h): a key given twice, at the top or nested, and a number
+  // beyond a double, each named.
+  std::ofstream(dir.file("dup.json")) << R"({"kind": "meshtrain cluster", "nodes": 1, "nodes": 4294967297})";
+  EXPECT_NE(message(dir.file("dup.json")).find("dup.json gives the field \"nodes\" more than once in the top-level object"),
+            std::string::npos)
+      << message(dir.file("dup.json"));
+  std::string nested = device_cluster().dump();
+  nested.insert(nested.find("\"latency_us\""), "\"latency_us\": 1, ");
+  std::ofstream(dir.file("nested.json")) << nested;
+  EXPECT_NE(message(dir.file("nested.json")).find("more than once in links.inter_node"), std::string::npos)
+      << message(dir.file("nested.json"));
+  std::ofstream(dir.file("big.json")) << R"({"kind": "meshtrain cluster", "device": {"gemm_tflops": 1e999}})";
+  EXPECT_NE(message(dir.file("big.json")).find("big.json gives device.gemm_tflops as 1e999, a number beyond the range of a double"),
+            std::string::npos)
+      << message(dir.file("big.json"));
   json j = {{"kind", "meshtrain cluster"}, {"version", 1}, {"name", "cpu"}, {"nodes", 1},
             {"machine", "missing.machine.json"}, {"memory_gb", 2}};
   std::ofstream(dir.file("c.json")) << j.dump();

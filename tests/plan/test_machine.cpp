@@ -78,7 +78,7 @@ TEST(MachineFile, WritesAndReadsAFile) {
     meshtrain::plan::read_machine_file(dir.file("bad.json"));
     FAIL() << "bad JSON accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("bad.json: not JSON"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bad.json is not valid JSON: syntax error at line 1"), std::string::npos) << e.what();
   }
 }
 
@@ -94,7 +94,7 @@ TEST(MachineFile, RefusesBadFilesNamingTheField) {
       {"unknown top", [](json& j) { j["colour"] = 1; }, "colour is not a field"},
       {"unknown nested", [](json& j) { j["gemm"][0]["speed"] = 1; }, "gemm[0].speed is not a field"},
       {"wrong type", [](json& j) { j["cores"] = "two"; }, "cores is string, not an integer"},
-      {"fractional int", [](json& j) { j["gemm"][0]["m"] = 1.5; }, "gemm[0].m is number, not an integer"},
+      {"fractional int", [](json& j) { j["gemm"][0]["m"] = 1.5; }, "gemm[0].m is 1.5, not an integer"},
       {"negative rate", [](json& j) { j["gemm"][1]["gflops"] = -1; }, "gemm[1].gflops is -1"},
       {"zero rate", [](json& j) { j["elementwise"][0]["bytes_per_s"] = 0; }, "elementwise[0].bytes_per_s is 0"},
       {"string rate", [](json& j) { j["attention"][0]["gflops"] = "fast"; }, "attention[0].gflops is string"},
@@ -119,6 +119,58 @@ TEST(MachineFile, RefusesBadFilesNamingTheField) {
     EXPECT_NE(m.find(c.field), std::string::npos) << c.name << ": " << m;
   }
   EXPECT_EQ(refusal(meshtrain::plan::to_json(sample())), "");
+}
+
+// Counts stored as int are range-checked before narrowing: 2^32 + 1 cores never wraps to 1.
+TEST(MachineFile, RefusesCountsBeyondTheirRangeNeverWrapping) {
+  const std::vector<BadCase> cases = {
+      {"cores 2^32+1", [](json& j) { j["cores"] = 4294967297ULL; }, "cores is 4294967297, more than 1048576"},
+      {"cores 1e12", [](json& j) { j["cores"] = 1e12; }, "cores is 1000000000000.0, not an integer from 1 to 1048576"},
+      {"cores uint64", [](json& j) { j["cores"] = 18446744073709551615ULL; }, "cores is 18446744073709551615, more than"},
+      {"cores negative", [](json& j) { j["cores"] = -4294967295LL; }, "cores is -4294967295, less than 1"},
+      {"version 2^32+2", [](json& j) { j["version"] = 4294967298ULL; }, "version is 4294967298, more than 2147483647"},
+      {"gemm threads", [](json& j) { j["gemm"][0]["threads"] = 4294967297ULL; }, "gemm[0].threads is 4294967297, more than"},
+      {"elementwise threads", [](json& j) { j["elementwise"][0]["threads"] = 1e10; }, "elementwise[0].threads is 10000000000.0"},
+      {"attention threads", [](json& j) { j["attention"][0]["threads"] = 2147483648LL; }, "attention[0].threads is 2147483648"},
+      {"world", [](json& j) { j["links"][0]["world"] = 4294967298ULL; }, "links[0].world is 4294967298, more than"},
+      {"llc beyond int64", [](json& j) { j["llc_bytes"] = 9223372036854775808ULL; }, "llc_bytes is 9223372036854775808, more than 9223372036854775807"},
+  };
+  for (const auto& c : cases) {
+    json j = meshtrain::plan::to_json(sample());
+    c.spoil(j);
+    const std::string m = refusal(j);
+    EXPECT_EQ(m.rfind("m.json: ", 0), 0u) << c.name << ": " << m;
+    EXPECT_NE(m.find(c.field), std::string::npos) << c.name << ": " << m;
+  }
+  json j = meshtrain::plan::to_json(sample());
+  j["cores"] = meshtrain::plan::kMaxMachineCount;
+  EXPECT_EQ(refusal(j), "") << "the largest count reads";
+}
+
+// The file as a whole goes through the strict reading (io/json.h): a key given twice or a
+// number beyond a double is refused naming the file and the field.
+TEST(MachineFile, RefusesADuplicateKeyAndAnOverflowingNumber) {
+  meshtrain::testing::TempDir dir("machine");
+  const std::string text = meshtrain::plan::to_json(sample()).dump(2);
+  auto message = [&](const std::string& name, const std::string& body) -> std::string {
+    std::ofstream(dir.file(name)) << body;
+    try {
+      meshtrain::plan::read_machine_file(dir.file(name));
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::string dup = text;
+  dup.insert(dup.find("\"cores\""), "\"cores\": 2,\n  ");
+  EXPECT_NE(message("dup.json", dup).find("dup.json gives the field \"cores\" more than once in the top-level object"),
+            std::string::npos)
+      << message("dup.json", dup);
+  std::string big = text;
+  const size_t at = big.find("\"gflops\": ") + 10;
+  big.replace(at, big.find_first_of(",\n}", at) - at, "1e999");
+  EXPECT_NE(message("big.json", big).find("big.json gives attention[0].gflops as 1e999"), std::string::npos)
+      << message("big.json", big);
 }
 
 // ---- calibrate --quick on this machine ----

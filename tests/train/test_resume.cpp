@@ -301,6 +301,21 @@ TEST_F(Resume, MetricsTrimDropsCutAndDuplicateLines) {
   EXPECT_FALSE(fs::exists(t.backup));
 }
 
+// A line the strict reading refuses (a key given twice, io/json.h) is dropped as a cut line is,
+// never read with its last value winning; its step is then missing.
+TEST_F(Resume, MetricsTrimDropsALineWithAKeyGivenTwice) {
+  const fs::path m = tmp.path() / "m.jsonl";
+  std::ofstream(m) << "{\"step\":1,\"loss\":5}\n{\"step\":2,\"loss\":4,\"step\":3}\n{\"step\":3,\"loss\":3}\n";
+  const std::string original = read_all(m);
+  const auto t = train::trim_metrics_for_resume(m.string(), 3);
+  EXPECT_EQ(t.kept, 2);
+  EXPECT_EQ(t.dropped, 1);
+  EXPECT_EQ(t.duplicates, 0);
+  EXPECT_EQ(t.missing, (std::vector<int64_t>{2}));
+  EXPECT_EQ(metric_steps(m), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(read_all(t.backup), original);
+}
+
 // The steps a file lacks come from the source (a checkpoint's recorded line) where it has
 // them; the rest are listed. Adding lines drops nothing, so no backup is written.
 TEST_F(Resume, MetricsTrimRebuildsMissingLinesAndListsTheRest) {

@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <set>
 #include <stdexcept>
+
+#include "meshtrain/io/json.h"
 
 namespace meshtrain::model {
 
@@ -176,44 +174,11 @@ std::vector<std::string> gpt_config_names() { return {"gpt-tiny", "gpt-small", "
 
 GPTConfig gpt_config_from_file(const std::string& path) {
   const std::string source = "model config file " + path;
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw std::invalid_argument(source + " is a directory; give --config a JSON file");
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
-    throw std::invalid_argument(source + " is not a regular file (a pipe, socket or device); give --config a JSON file");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::invalid_argument("cannot open model config file " + path + "; check the --config path");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  nlohmann::json j;
-  // A key given twice in one object would silently take its last value: refuse it instead.
-  std::vector<std::set<std::string>> keys;  // the keys seen in each open object
-  std::string duplicate;
-  const nlohmann::json::parser_callback_t no_duplicates = [&](int, nlohmann::json::parse_event_t event,
-                                                               nlohmann::json& parsed) {
-    if (event == nlohmann::json::parse_event_t::object_start) keys.emplace_back();
-    else if (event == nlohmann::json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    else if (event == nlohmann::json::parse_event_t::key && !keys.empty() && parsed.is_string() &&
-             !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty())
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
-  try {
-    j = nlohmann::json::parse(text, no_duplicates);
-  } catch (const nlohmann::json::parse_error& e) {
-    // The position as line and column; the library's own text stays out of the message.
-    const size_t at = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
-    const size_t line = 1 + static_cast<size_t>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n'));
-    const size_t nl = text.rfind('\n', at == 0 ? 0 : at - 1);
-    const size_t column = nl == std::string::npos || at == 0 ? at + 1 : at - nl;
-    throw std::invalid_argument(source + " is not valid JSON: " +
-                                (text.find_first_not_of(" \t\r\n") == std::string::npos
-                                     ? std::string("it is empty")
-                                     : "syntax error at line " + std::to_string(line) + ", column " + std::to_string(column)) +
-                                "; it must be an object such as {\"n_layer\": 4, \"n_embd\": 128, ...}");
-  }
-  if (!duplicate.empty())
-    throw std::invalid_argument(source + " gives the field \"" + duplicate +
-                                "\" more than once; keep one value for it");
+  // One strict reading for every JSON file (io/json.h): a key given twice, an overflowing
+  // number or bad syntax is refused naming the file.
+  const std::string text = io::read_text_file(path, source, "give --config a JSON file");
+  const nlohmann::json j =
+      io::parse_json_strict(text, source, "it must be an object such as {\"n_layer\": 4, \"n_embd\": 128, ...}");
   try {
     return GPTConfig::from_json(j, source);
   } catch (const nlohmann::json::exception&) {

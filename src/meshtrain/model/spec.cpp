@@ -1,11 +1,11 @@
 #include "meshtrain/model/spec.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <mutex>
-#include <fstream>
 #include <stdexcept>
+
+#include "meshtrain/io/json.h"
 
 namespace meshtrain::model {
 
@@ -331,13 +331,14 @@ std::shared_ptr<const ModelSpec> model_spec(const std::string& name) {
 }
 
 std::shared_ptr<const ModelSpec> model_spec_from_file(const std::string& path) {
-  std::error_code ec;
-  // Anything but a readable regular file: gpt_config_from_file says what is wrong with it.
-  if (!std::filesystem::is_regular_file(path, ec)) return gpt_spec(gpt_config_from_file(path));
-  std::ifstream f(path);
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  const std::string source = "model config file " + path;
+  // The strict reading every JSON file gets (io/json.h): a key given twice ("scale", "name")
+  // is refused, not taken at its last value.
+  const std::string text = io::read_text_file(path, source, "give --config a JSON file");
+  nlohmann::json j = io::parse_json_strict(text, source,
+                                           "it must be an object such as {\"n_layer\": 4, \"n_embd\": 128, ...} or "
+                                           "{\"family\": \"cnn\", \"name\": \"resnet-small\"}");
   if (j.is_object() && j.contains("family") && j["family"] != "gpt") {
-    const std::string source = "model config file " + path;
     if (j["family"] != "cnn")
       throw std::invalid_argument(source + ": \"family\" must be \"gpt\" or \"cnn\", not " + j["family"].dump());
     for (auto it = j.begin(); it != j.end(); ++it)

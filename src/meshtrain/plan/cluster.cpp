@@ -2,11 +2,12 @@
 // (plan/cluster.h).
 #include "meshtrain/plan/cluster.h"
 
+#include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <limits>
 #include <stdexcept>
 
+#include "meshtrain/io/json.h"
 #include "meshtrain/plan/json_reader.h"
 
 namespace meshtrain::plan {
@@ -81,14 +82,14 @@ Hardware read_machine(Reader& top, const std::string& base_dir, std::string* pat
 Cluster cluster_from_json(const json& j, const std::string& source, const std::string& base_dir) {
   Reader r(j, source, "");
   if (r.str("kind") != kClusterFileKind) r.fail("kind", std::string("is not '") + kClusterFileKind + "'");
-  const int64_t version = r.integer("version", 1);
+  const int64_t version = r.integer("version", 1, std::numeric_limits<int>::max());
   if (version != kClusterFileVersion)
     r.fail("version", "is " + std::to_string(version) + " but this meshtrain reads version " +
                           std::to_string(kClusterFileVersion));
   Cluster c;
   c.name = r.str("name");
   if (r.has("note")) c.note = r.str("note");
-  const int nodes = static_cast<int>(r.integer("nodes", 1));
+  const int nodes = r.int32("nodes", 1, kMaxClusterDevices);
   const bool machine = r.has("machine");
   if (machine && r.has("device")) r.fail("device", "is given beside machine; give one of them");
   if (!machine && !r.has("device"))
@@ -96,14 +97,20 @@ Cluster cluster_from_json(const json& j, const std::string& source, const std::s
   if (machine) {
     c.hardware = read_machine(r, base_dir, &c.machine_path);
     const int cores = c.hardware.cores;
+    if (int64_t{cores} * nodes > kMaxClusterDevices)
+      r.fail("nodes", "is " + std::to_string(nodes) + ", which with the machine's " + std::to_string(cores) +
+                          " cores makes more than " + std::to_string(kMaxClusterDevices) + " cores");
     // Ranks are threads of one process per node; each node has the machine's cores.
-    c.hardware.devices_per_node =
-        r.has("devices_per_node") ? static_cast<int>(r.integer("devices_per_node", 1)) : kCpuRanksPerCore * cores;
+    c.hardware.devices_per_node = r.has("devices_per_node") ? r.int32("devices_per_node", 1, kMaxClusterDevices)
+                                                            : kCpuRanksPerCore * cores;
     c.hardware.cores = cores * nodes;
   } else {
-    c.hardware.devices_per_node = static_cast<int>(r.integer("devices_per_node", 1));
+    c.hardware.devices_per_node = r.int32("devices_per_node", 1, kMaxClusterDevices);
     read_device(r, c.hardware);
   }
+  if (int64_t{c.hardware.devices_per_node} * nodes > kMaxClusterDevices)
+    r.fail("nodes", "is " + std::to_string(nodes) + ", which with " + std::to_string(c.hardware.devices_per_node) +
+                        " devices per node makes more than " + std::to_string(kMaxClusterDevices) + " devices");
   c.hardware.nodes = nodes;
   c.hardware.name = c.name;
   read_links(r, c.hardware, machine);
@@ -112,19 +119,7 @@ Cluster cluster_from_json(const json& j, const std::string& source, const std::s
 }
 
 Cluster read_cluster_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw std::invalid_argument(path + " is a directory; give a cluster file (JSON, docs/planner.md)");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::invalid_argument(path + ": cannot open the cluster file; give the path of a JSON cluster file (docs/planner.md)");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    throw std::invalid_argument(path + ": not JSON (" + e.what() + "); fix the file (docs/planner.md lists its fields)");
-  }
+  const json j = io::read_json_file_strict(path, path, "give a cluster file (JSON; docs/planner.md lists its fields)");
   return cluster_from_json(j, path, std::filesystem::path(path).parent_path().string());
 }
 

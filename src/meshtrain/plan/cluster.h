@@ -17,7 +17,8 @@
 // field, a value of the wrong type, a rate that is not a positive finite number, both or
 // neither of "device" and "machine", a sustained rate above the peak, or another version is
 // refused with std::invalid_argument naming the file and the field ("c.json: devices_per_node
-// is 0, less than 1; ...").
+// is 0, less than 1; ..."), as is a count beyond kMaxClusterDevices (never wrapped to an int),
+// and a key given twice or a number beyond a double (io/json.h).
 //
 // Limits: one kind of device and two link classes (inside a node, across nodes); no
 // topology beyond that (rails, oversubscribed spines), no per-node differences.
@@ -36,6 +37,10 @@ inline constexpr const char* kClusterFileKind = "meshtrain cluster";
 // Ranks per core a machine-file cluster runs at most by default (threads of one process:
 // beyond a few per core, time-sharing only adds switching).
 inline constexpr int kCpuRanksPerCore = 4;
+// The most devices (nodes x devices_per_node) and, for a machine cluster, cores (nodes x the
+// machine's cores) a cluster file may describe: about a million, so that the planner's "1024 x
+// the nodes" stays within an int.
+inline constexpr int kMaxClusterDevices = 1 << 20;
 
 struct Cluster {
   std::string name;

@@ -4,6 +4,9 @@
 // std::invalid_argument naming the file and the field's path ("m.json: gemm[3].gflops is -1,
 // not a positive finite number; <hint>").
 //
+// Integers are range-checked before they are narrowed (integer(key, lo, hi), int32): a value
+// beyond the field's range is refused, never wrapped.
+//
 // Limits: objects only (arrays are walked by the caller, item() names their entries); no
 // defaults: a field is either required (take) or looked up first (has).
 #pragma once
@@ -12,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <limits>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -65,12 +69,22 @@ class JsonReader {
     }
     fail(name(key), "is '" + s + "', not one of " + list);
   }
-  int64_t integer(const std::string& key, int64_t lo) {
+  // An integer from lo to hi, checked before any narrowing: a number written with a fraction
+  // or an exponent (1e12) is refused, not rounded, and so is one beyond int64 (never wrapped).
+  int64_t integer(const std::string& key, int64_t lo, int64_t hi) {
     const json& v = take(key);
+    const std::string range = "an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+    if (v.is_number_float()) fail(name(key), "is " + v.dump() + ", not " + range + " (write it without a fraction or exponent)");
     if (!v.is_number_integer()) fail(name(key), "is " + std::string(v.type_name()) + ", not an integer");
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi) : v.get<int64_t>() > hi)
+      fail(name(key), "is " + v.dump() + ", more than " + std::to_string(hi) + " (it must be " + range + ")");
     const int64_t x = v.get<int64_t>();
     if (x < lo) fail(name(key), "is " + std::to_string(x) + ", less than " + std::to_string(lo));
     return x;
+  }
+  // An integer that is stored as an int: hi is at most INT_MAX.
+  int int32(const std::string& key, int lo, int hi = std::numeric_limits<int>::max()) {
+    return static_cast<int>(integer(key, lo, hi));
   }
   // A number above 0 and finite (or at least 0 when `zero_ok`).
   double rate(const std::string& key, bool zero_ok = false) {

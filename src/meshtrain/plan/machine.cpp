@@ -3,20 +3,23 @@
 #include "meshtrain/plan/machine.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <initializer_list>
+#include <limits>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include "meshtrain/io/file.h"
+#include "meshtrain/io/json.h"
 #include "meshtrain/plan/json_reader.h"
 
 namespace meshtrain::plan {
 
 namespace {
 using nlohmann::json;
+// The upper bound of an int64 field (sizes and shapes): nothing is narrowed.
+constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
 
 // ---- strict reading (plan/json_reader.h) ----
 // A JSON object of a machine file being read: each field is taken once by name, and done()
@@ -93,7 +96,7 @@ MachineProfile from_json(const json& j, const std::string& source) {
   Reader r(j, source, "");
   MachineProfile p;
   if (r.str("kind") != kMachineFileKind) r.fail("kind", std::string("is not '") + kMachineFileKind + "'");
-  p.version = static_cast<int>(r.integer("version", 1));
+  p.version = r.int32("version", 1);
   if (p.version != kMachineFileVersion)
     r.fail("version", "is " + std::to_string(p.version) + " but this meshtrain reads version " +
                           std::to_string(kMachineFileVersion));
@@ -102,12 +105,12 @@ MachineProfile from_json(const json& j, const std::string& source) {
   p.meshtrain_commit = r.str("meshtrain_commit");
   p.host = r.str("host");
   p.cpu_model = r.str("cpu_model");
-  p.cores = static_cast<int>(r.integer("cores", 1));
+  p.cores = r.int32("cores", 1, kMaxMachineCount);
   p.gemm_backend = r.str("gemm_backend");
   p.bf16_isa = r.str("bf16_isa");
   p.calibrate_seconds = r.rate("calibrate_seconds");
   p.call_overhead_s = r.rate("call_overhead_s");
-  p.llc_bytes = r.integer("llc_bytes", 0);
+  p.llc_bytes = r.integer("llc_bytes", 0, kNoLimit);
   p.shared_core_efficiency = r.rate("shared_core_efficiency");
   p.oversubscribed_handoff_s = r.rate("oversubscribed_handoff_s");
 
@@ -116,9 +119,9 @@ MachineProfile from_json(const json& j, const std::string& source) {
     Reader g(gemm[i], source, item("gemm", i));
     GemmRate x;
     x.shape = g.str("shape");
-    x.m = g.integer("m", 1), x.n = g.integer("n", 1), x.k = g.integer("k", 1);
+    x.m = g.integer("m", 1, kNoLimit), x.n = g.integer("n", 1, kNoLimit), x.k = g.integer("k", 1, kNoLimit);
     x.precision = g.word("precision", {"float32", "bf16"});
-    x.threads = static_cast<int>(g.integer("threads", 1));
+    x.threads = g.int32("threads", 1, kMaxMachineCount);
     x.gflops = g.rate("gflops");
     x.cold = g.boolean("cold");
     g.done();
@@ -129,8 +132,8 @@ MachineProfile from_json(const json& j, const std::string& source) {
     Reader e(ew[i], source, item("elementwise", i));
     ElementwiseRate x;
     x.op = e.word("op", {"add", "layernorm", "gelu", "adamw"});
-    x.elements = e.integer("elements", 1);
-    x.threads = static_cast<int>(e.integer("threads", 1));
+    x.elements = e.integer("elements", 1, kNoLimit);
+    x.threads = e.int32("threads", 1, kMaxMachineCount);
     x.bytes_per_s = e.rate("bytes_per_s");
     e.done();
     p.elementwise.push_back(x);
@@ -139,8 +142,9 @@ MachineProfile from_json(const json& j, const std::string& source) {
   for (std::size_t i = 0; i < att.size(); ++i) {
     Reader a(att[i], source, item("attention", i));
     AttentionRate x;
-    x.b = a.integer("b", 1), x.t = a.integer("t", 1), x.c = a.integer("c", 1), x.nh = a.integer("nh", 1);
-    x.threads = static_cast<int>(a.integer("threads", 1));
+    x.b = a.integer("b", 1, kNoLimit), x.t = a.integer("t", 1, kNoLimit), x.c = a.integer("c", 1, kNoLimit),
+    x.nh = a.integer("nh", 1, kNoLimit);
+    x.threads = a.int32("threads", 1, kMaxMachineCount);
     x.gflops = a.rate("gflops");
     a.done();
     p.attention.push_back(x);
@@ -152,7 +156,7 @@ MachineProfile from_json(const json& j, const std::string& source) {
     LinkFit x;
     x.link = l.word("link", {"threads", "mpi_shared_memory", "mpi_tcp"});
     x.op = l.word("op", {"all_reduce", "sendrecv"});
-    x.world = static_cast<int>(l.integer("world", 2));
+    x.world = l.int32("world", 2, kMaxMachineCount);
     x.alpha_s = l.rate("alpha_s");
     x.beta_s_per_byte = l.rate("beta_s_per_byte");
     x.max_fit_error = l.rate("max_fit_error", /*zero_ok=*/true);
@@ -161,7 +165,7 @@ MachineProfile from_json(const json& j, const std::string& source) {
     for (std::size_t k = 0; k < pts.size(); ++k) {
       Reader pt(pts[k], source, item(where + ".points", k));
       LinkPoint lp;
-      lp.bytes = pt.integer("bytes", 1);
+      lp.bytes = pt.integer("bytes", 1, kNoLimit);
       lp.seconds = pt.rate("seconds");
       pt.done();
       if (!x.points.empty() && lp.bytes <= x.points.back().bytes)
@@ -188,17 +192,7 @@ MachineProfile from_json(const json& j, const std::string& source) {
 }
 
 MachineProfile read_machine_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::invalid_argument(path + ": cannot open the machine file; give the path of a file written by meshtrain calibrate");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    throw std::invalid_argument(path + ": not JSON (" + e.what() + "); write it again with meshtrain calibrate");
-  }
-  return from_json(j, path);
+  return from_json(io::read_json_file_strict(path, path, "write it again with meshtrain calibrate"), path);
 }
 
 void write_machine_file(const MachineProfile& p, const std::string& path) {

@@ -9,7 +9,8 @@
 //
 // from_json is strict: an unknown or missing field, a value of the wrong type, a rate that is
 // not a positive finite number, or another version is refused with std::invalid_argument
-// naming the file and the field (e.g. "machine.json: gemm[3].gflops is -1; ...").
+// naming the file and the field (e.g. "machine.json: gemm[3].gflops is -1; ..."), as is a
+// count beyond kMaxMachineCount, a key given twice or a number beyond a double (io/json.h).
 //
 // Limits: one process's view (one host); the links of several hosts come from several files.
 #pragma once
@@ -25,6 +26,9 @@
 namespace meshtrain::plan {
 
 inline constexpr int kMachineFileVersion = 2;
+// The most cores, threads and ranks (a link's world) a machine file may record; larger counts
+// are refused, never wrapped to an int.
+inline constexpr int kMaxMachineCount = 1 << 20;
 // The "kind" every machine file carries; also how the output policy knows a file it wrote.
 inline constexpr const char* kMachineFileKind = "meshtrain machine";
 

@@ -16,6 +16,7 @@
 #include <map>
 #include <sstream>
 
+#include "meshtrain/io/json.h"
 #include "meshtrain/train/stop.h"
 
 namespace meshtrain::train {
@@ -132,9 +133,10 @@ nlohmann::json read_index(const std::string& folder) {
   const std::string raw = read_text(path);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(raw);
-  } catch (const nlohmann::json::exception& e) {
-    corrupt(folder, std::string(kIndexFile) + " is not valid JSON (" + e.what() + ")");
+    // Strict (io/json.h): a key given twice is damage even where the CRC matches.
+    j = io::parse_json_strict(raw, kIndexFile, "");
+  } catch (const io::JsonError& e) {
+    corrupt(folder, std::string(kIndexFile) + " " + e.problem());
   }
   if (!j.is_object() || !j.contains("index_crc32") || !j["index_crc32"].is_number_unsigned())
     corrupt(folder, std::string(kIndexFile) + " has no index_crc32");
@@ -459,7 +461,12 @@ std::string commit_save(const std::string& dir, int64_t step, const nlohmann::js
         const auto meta = read_safetensors_metadata((fs::path(tmp) / f).string());
         const auto it = meta.find(kPiecesKey);
         if (it == meta.end()) throw CheckpointError(f + " has no piece table");
-        const auto table = nlohmann::json::parse(it->second);
+        nlohmann::json table;
+        try {
+          table = io::parse_json_strict(it->second, f, "");
+        } catch (const io::JsonError& e) {
+          throw CheckpointError(f + "'s piece table " + e.problem());
+        }
         for (auto p = table.begin(); p != table.end(); ++p) {
           auto& t = j["tensors"][(*p)["name"].get<std::string>()];
           t["shape"] = (*p)["shape"];

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "meshtrain/io/json.h"
 #include "meshtrain/kernels/gemm.h"
 #include "meshtrain/tensor/tensor.h"
 
@@ -91,8 +92,14 @@ MetricsTrim trim_metrics_for_resume(const std::string& path, int64_t step, const
       const std::string line = text.substr(at, nl - at);
       at = nl + 1;
       ++lines;
-      // A line cut by a kill does not parse and is dropped with the rest.
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      // A line cut by a kill does not parse and is dropped with the rest; so is a line the
+      // strict reading refuses (a key given twice, io/json.h).
+      nlohmann::json j;
+      try {
+        j = io::parse_json_strict(line, path, "");
+      } catch (const io::JsonError&) {
+        continue;
+      }
       if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
       const int64_t s = j["step"].get<int64_t>();
       if (s < 1 || s > step) continue;

@@ -52,7 +52,8 @@ class MetricsWriter {
 // that it holds exactly one line for each of steps 1..`step`:
 //  - keeps the last line written for a step (lines a killed run wrote twice collapse: the later
 //    one is the run that went on from there); drops lines of later steps (the resumed run
-//    writes them again) and lines that do not parse (cut by a kill);
+//    writes them again) and lines that do not parse (cut by a kill) or that the strict reading
+//    refuses (a key given twice: io/json.h);
 //  - rebuilds the line of a step in 1..`step` that the file lacks from `source` (the line a
 //    checkpoint of that step recorded: a run killed between committing the checkpoint and
 //    writing the line, or one that had no --metrics), and lists the steps it cannot rebuild;

@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/io/json.h"
+
 namespace meshtrain::train {
 
 static_assert(std::endian::native == std::endian::little,
@@ -207,9 +209,9 @@ Header parse_header(const std::string& path, const char* data, int64_t size) {
   const int64_t buffer_bytes = size - h.data_start;
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(data + 8, data + 8 + n);
-  } catch (const nlohmann::json::exception& e) {
-    bad_file(path, std::string("the header is not valid JSON (") + e.what() + ")");
+    j = io::parse_json_strict(std::string_view(data + 8, static_cast<std::size_t>(n)), path, "");
+  } catch (const io::JsonError& e) {
+    bad_file(path, "the header " + e.problem());
   }
   if (!j.is_object()) bad_file(path, "the header is not a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it) {

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/io/json.h"
+
 namespace meshtrain::train {
 
 namespace {
@@ -73,17 +75,9 @@ pipeline::Swimlane measured_swimlane(const std::vector<trace::Event>& events, co
 }
 
 std::vector<trace::Event> read_chrome_trace(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw std::invalid_argument("the trace " + path + " is a directory; give the JSON file `train --trace` wrote");
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument("cannot open the trace " + path + "; give the JSON file `train --trace` wrote");
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception&) {
-    throw std::invalid_argument(path + " is not JSON; give the file `train --trace` wrote");
-  }
+  // The strict reading (io/json.h): a key given twice or an overflowing number is refused.
+  const nlohmann::json doc =
+      io::read_json_file_strict(path, "the trace " + path, "give the JSON file `train --trace` wrote");
   if (!doc.is_object() || !doc.contains("traceEvents") || !doc["traceEvents"].is_array())
     throw std::invalid_argument(path + " has no traceEvents array; give the file `train --trace` wrote");
   std::vector<trace::Event> out;
