@@ -24,6 +24,7 @@
 #include "meshtrain/plan/cost.h"
 #include "meshtrain/tensor/tensor.h"
 #include "meshtrain/train/trainer.h"
+#include "meshtrain/train/validate.h"
 #include "temp_dir.h"
 #include "train/cnn_runs.h"
 
@@ -166,6 +167,73 @@ TEST(CostModel, BadLayoutsAreRefusedWithASentence) {
   EXPECT_THROW(plan::predict(*spec, l, device()), std::invalid_argument);  // 8 rows over dp 3
   l.dp = 1, l.pp = 8;
   EXPECT_THROW(plan::predict(*spec, l, device()), std::invalid_argument);  // 6 blocks, 8 stages
+  // A CNN's splits: resnet-small's 32 channels do not divide by 3; cnn-small's 7 x 7 maps
+  // have too few rows for 8 bands; both divide by 2.
+  auto resnet = model::model_spec("resnet-small"), cnn = model::model_spec("cnn-small");
+  plan::Layout c;
+  c.batch = 32, c.tp = 3;
+  try {
+    plan::predict(*resnet, c, device());
+    ADD_FAILURE() << "resnet-small at tp 3 was predicted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("do not divide by 3"), std::string::npos) << e.what();
+  }
+  c.tp = 8, c.split = plan::Layout::Split::spatial;
+  EXPECT_THROW(plan::predict(*cnn, c, device()), std::invalid_argument);
+  c.tp = 2;
+  EXPECT_NO_THROW(plan::predict(*cnn, c, device()));
+  c.split = plan::Layout::Split::tensor;
+  EXPECT_NO_THROW(plan::predict(*resnet, c, device()));
+}
+
+// plan and train decide with one check: over the named models, every split of the intra-layer
+// axis and a range of tp and pp, train's start-up validation accepts a layout exactly when
+// plan::check_layout does (before, plan took tp 3 for resnet-small, whose channels train
+// refuses to split by 3).
+TEST(CostModel, TrainAndPlanAcceptTheSameLayouts) {
+  train::Machine big;
+  big.cores = 64, big.memory_bytes = int64_t{1} << 42, big.memory_source = "test";
+  meshtrain::testing::TempDir dir("layout_check");
+  const std::string text = dir.file("corpus.txt");
+  std::ofstream(text) << "to be or not to be";
+  int accepted = 0, refused = 0;
+  for (const std::string name : {"gpt-tiny", "gpt-small", "cnn-small", "resnet-small", "inception-small"}) {
+    const auto spec = model::model_spec(name);
+    const bool cnn = spec->cnn() != nullptr;
+    std::vector<train::IntraSplit> splits{train::IntraSplit::tensor};
+    if (cnn) splits.push_back(train::IntraSplit::spatial);
+    if (name == "inception-small") splits.push_back(train::IntraSplit::branch);
+    for (train::IntraSplit split : splits)
+      for (int tp = 1; tp <= 8; ++tp)
+        for (int pp = 1; pp <= 4; ++pp) {
+          if (split != train::IntraSplit::tensor && tp == 1) continue;
+          train::TrainOptions o;
+          o.model = name, o.tp = tp, o.pp = pp, o.intra = split, o.microbatches = pp, o.batch = 48;
+          o.seq = cnn ? 1 : spec->default_seq();
+          o.threads = 1, o.steps = 10, o.optim.decay_steps = 10;
+          o.data = cnn ? "fashion-mnist" : text;
+          if (!cnn) o.pad_vocab = true;
+          bool train_ok = true, plan_ok = true;
+          std::string train_why, plan_why;
+          try {
+            if (cnn) train::validate_image_options(o, *spec, big);
+            else train::validate_options(o, *spec->gpt(), big);
+          } catch (const std::invalid_argument& e) {
+            train_ok = false, train_why = e.what();
+          }
+          try {
+            plan::check_layout(*spec, train::plan_layout(o, {}));
+          } catch (const std::invalid_argument& e) {
+            plan_ok = false, plan_why = e.what();
+          }
+          EXPECT_EQ(train_ok, plan_ok) << name << " tp " << tp << " pp " << pp << " split "
+                                       << train::intra_flag(split) << ": train '" << train_why << "', plan '"
+                                       << plan_why << "'";
+          (plan_ok ? accepted : refused) += 1;
+        }
+  }
+  EXPECT_GT(accepted, 20);  // both outcomes are exercised
+  EXPECT_GT(refused, 20);
 }
 
 // The memory model against the peak tensor memory each rank of a real run held.

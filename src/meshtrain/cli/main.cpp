@@ -92,15 +92,18 @@ std::string describe_parse_error(const CLI::ParseError& e, const CLI::App& app) 
   const std::string help = "see `" + full + " --help`";
   const std::string m = e.what();
   if (dynamic_cast<const CLI::ExtrasError*>(&e)) {
-    const std::vector<std::string> extra = listed(m);
+    // The words that look like flags are what to name; values left over (CLI11 lists them too,
+    // in no fixed order) only when there is no flag among them.
+    std::vector<std::string> flags, words;
+    for (const std::string& x : listed(m)) (x.rfind("-", 0) == 0 ? flags : words).push_back(x);
     std::string list;
-    for (const std::string& x : extra) list += (list.empty() ? "" : ", ") + x;
-    if (cmd == "launch")
+    for (const std::string& x : flags) list += (list.empty() ? "" : ", ") + x;
+    if (cmd == "launch" && !flags.empty())
       return "launch reads its own options, then the job after `--`: give `meshtrain launch [options] -- train "
-             "ARGS...` (" + list + (extra.size() == 1 ? " is not an option" : " are not options") + " of launch)";
-    if (!extra.empty() && extra.front().rfind("-", 0) != 0)
-      return "`" + full + "` takes no argument '" + extra.front() + "' there; " + help;
-    return list + (extra.size() == 1 ? " is not an option" : " are not options") + " of `" + full + "`; " + help +
+             "ARGS...` (" + list + (flags.size() == 1 ? " is not an option" : " are not options") + " of launch)";
+    if (flags.empty())
+      return "`" + full + "` takes no argument '" + (words.empty() ? std::string() : words.front()) + "' there; " + help;
+    return list + (flags.size() == 1 ? " is not an option" : " are not options") + " of `" + full + "`; " + help +
            " for the ones it takes";
   }
   if (dynamic_cast<const CLI::ArgumentMismatch*>(&e)) {

@@ -24,7 +24,7 @@ expect 2 "^meshtrain: data directory gz has neither train-labels-idx1-ubyte" -- 
   "$MT" "${T[@]}" --model cnn-small --data gz
 
 # ---- a machine file that is not one: refused naming it, before any rank starts ----
-expect 2 "^meshtrain: corpus.txt: .*JSON" -- "$MT" "${T[@]}" --data corpus.txt --machine corpus.txt
+expect 2 "^meshtrain: corpus.txt is not valid JSON: syntax error at line 1, column 1" -- "$MT" "${T[@]}" --data corpus.txt --machine corpus.txt
 mkdir -p "$WORK/mdir"
 expect 2 "mdir" -- "$MT" "${T[@]}" --data corpus.txt --machine mdir
 
