@@ -139,6 +139,17 @@ struct BadCase {
   const char* words;  // the message must hold them
 };
 
+// Each case spoils a good cluster file; its refusal names the file and holds the case's words.
+void expect_refused(const std::vector<BadCase>& cases) {
+  for (const auto& c : cases) {
+    json j = device_cluster();
+    c.spoil(j);
+    const std::string m = refusal(j);
+    EXPECT_EQ(m.rfind("c.json: ", 0), 0u) << c.name << ": " << m;
+    EXPECT_NE(m.find(c.words), std::string::npos) << c.name << ": " << m;
+  }
+}
+
 TEST(ClusterFile, RefusesBadFilesNamingTheField) {
   const std::vector<BadCase> cases = {
       {"unknown top", [](json& j) { j["colour"] = "blue"; }, "colour is not a field of a cluster file"},
@@ -162,13 +173,7 @@ TEST(ClusterFile, RefusesBadFilesNamingTheField) {
       {"not object", [](json& j) { j["device"] = 3; }, "device is not a JSON object"},
       {"whole file", [](json& j) { j = json::array(); }, "the file is not a JSON object"},
   };
-  for (const auto& c : cases) {
-    json j = device_cluster();
-    c.spoil(j);
-    const std::string m = refusal(j);
-    EXPECT_EQ(m.rfind("c.json: ", 0), 0u) << c.name << ": " << m;
-    EXPECT_NE(m.find(c.words), std::string::npos) << c.name << ": " << m;
-  }
+  expect_refused(cases);
   // Every rate: missing, zero, negative, not a number, each refused by its own name.
   for (const char* f : {"peak_tflops", "gemm_tflops", "attention_tflops", "memory_gb", "memory_bandwidth_gbps",
                         "kernel_overhead_us"}) {
@@ -205,13 +210,7 @@ TEST(ClusterFile, RefusesCountsBeyondTheirRangeNeverWrapping) {
       {"devices in all", [](json& j) { j["nodes"] = 1 << 19; j["devices_per_node"] = 4; },
        "nodes is 524288, which with 4 devices per node makes more than 1048576 devices"},
   };
-  for (const auto& c : cases) {
-    json j = device_cluster();
-    c.spoil(j);
-    const std::string m = refusal(j);
-    EXPECT_EQ(m.rfind("c.json: ", 0), 0u) << c.name << ": " << m;
-    EXPECT_NE(m.find(c.words), std::string::npos) << c.name << ": " << m;
-  }
+  expect_refused(cases);
   json j = device_cluster();
   j["nodes"] = 1 << 18;
   EXPECT_EQ(refusal(j), "") << "2^18 nodes of 4 devices read";

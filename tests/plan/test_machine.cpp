@@ -88,6 +88,17 @@ struct BadCase {
   const char* field;  // the words the message must hold
 };
 
+// Each case spoils a good machine file; its refusal names the file and holds the case's words.
+void expect_refused(const std::vector<BadCase>& cases) {
+  for (const auto& c : cases) {
+    json j = meshtrain::plan::to_json(sample());
+    c.spoil(j);
+    const std::string m = refusal(j);
+    EXPECT_EQ(m.rfind("m.json: ", 0), 0u) << c.name << ": " << m;
+    EXPECT_NE(m.find(c.field), std::string::npos) << c.name << ": " << m;
+  }
+}
+
 TEST(MachineFile, RefusesBadFilesNamingTheField) {
   const std::vector<BadCase> cases = {
       {"missing", [](json& j) { j.erase("cores"); }, "cores is missing"},
@@ -111,13 +122,7 @@ TEST(MachineFile, RefusesBadFilesNamingTheField) {
       {"not object", [](json& j) { j = json::array(); }, "the file is not a JSON object"},
       {"item not object", [](json& j) { j["gemm"][0] = 3; }, "gemm[0] is not a JSON object"},
   };
-  for (const auto& c : cases) {
-    json j = meshtrain::plan::to_json(sample());
-    c.spoil(j);
-    const std::string m = refusal(j);
-    EXPECT_EQ(m.rfind("m.json: ", 0), 0u) << c.name << ": " << m;
-    EXPECT_NE(m.find(c.field), std::string::npos) << c.name << ": " << m;
-  }
+  expect_refused(cases);
   EXPECT_EQ(refusal(meshtrain::plan::to_json(sample())), "");
 }
 
@@ -135,13 +140,7 @@ TEST(MachineFile, RefusesCountsBeyondTheirRangeNeverWrapping) {
       {"world", [](json& j) { j["links"][0]["world"] = 4294967298ULL; }, "links[0].world is 4294967298, more than"},
       {"llc beyond int64", [](json& j) { j["llc_bytes"] = 9223372036854775808ULL; }, "llc_bytes is 9223372036854775808, more than 9223372036854775807"},
   };
-  for (const auto& c : cases) {
-    json j = meshtrain::plan::to_json(sample());
-    c.spoil(j);
-    const std::string m = refusal(j);
-    EXPECT_EQ(m.rfind("m.json: ", 0), 0u) << c.name << ": " << m;
-    EXPECT_NE(m.find(c.field), std::string::npos) << c.name << ": " << m;
-  }
+  expect_refused(cases);
   json j = meshtrain::plan::to_json(sample());
   j["cores"] = meshtrain::plan::kMaxMachineCount;
   EXPECT_EQ(refusal(j), "") << "the largest count reads";

@@ -371,12 +371,6 @@ std::map<std::string, size_t> cnn_branch_blocks(const CNNConfig& cfg) {
   return out;
 }
 
-double cnn_flops_per_image(const CNNConfig& cfg) {
-  double sum = 0;
-  for (double f : cnn_unit_flops(cfg)) sum += f;
-  return sum;
-}
-
 std::vector<double> cnn_unit_flops(const CNNConfig& cfg) {
   // Multiply-adds of the convolutions and linears at their output sizes: a convolution's
   // weight (OC, IC, K, K) is applied at every output position; the output sizes follow the

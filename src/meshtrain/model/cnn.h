@@ -94,8 +94,7 @@ std::map<std::string, std::vector<double>> measure_branch_costs(const CNNConfig&
                                                                 int reps = 3);
 // The blocks of parallel branches and their number of branches, by block name.
 std::map<std::string, size_t> cnn_branch_blocks(const CNNConfig& cfg);
-// Forward + backward FLOPs of one image (3 x the forward's multiply-adds x 2), in all and per unit.
-double cnn_flops_per_image(const CNNConfig& cfg);
+// Forward + backward FLOPs of one image (3 x the forward's multiply-adds x 2) per unit.
 std::vector<double> cnn_unit_flops(const CNNConfig& cfg);
 
 class CNNStage : public Stage {

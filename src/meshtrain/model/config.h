@@ -28,7 +28,6 @@ struct GPTConfig {
   int64_t batch = 12;
   int64_t seq = 64;
 
-  int64_t head_size() const { return n_embd / n_head; }
   // Parameter count of the full model (tied lm_head counted once).
   int64_t num_params() const;
   // Forward+backward FLOPs per token at sequence length T (6N + attention), for MFU.

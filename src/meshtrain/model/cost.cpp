@@ -16,12 +16,6 @@ double total_saved_bytes(const std::vector<OpCost>& ops) {
   return s;
 }
 
-double max_temp_bytes(const std::vector<OpCost>& ops) {
-  double m = 0;
-  for (const OpCost& o : ops) m = std::max(m, o.temp_bytes);
-  return m;
-}
-
 double backward_peak_bytes(const std::vector<OpCost>& ops) {
   double prefix = 0, peak = 0;
   for (const OpCost& o : ops) {

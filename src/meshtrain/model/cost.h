@@ -52,7 +52,6 @@ struct CostQuery {
 
 double total_flops(const std::vector<OpCost>& ops);        // forward + backward
 double total_saved_bytes(const std::vector<OpCost>& ops);  // saved by one forward
-double max_temp_bytes(const std::vector<OpCost>& ops);
 // The most a micro-batch's activations and its backward's transients hold at once: backward
 // runs the ops in reverse, releasing what each saved, so while op j runs the saved bytes of
 // ops 0..j and j's transients are alive: max over j of (sum_{k <= j} saved_k + temp_j).

@@ -144,7 +144,7 @@ class CNNSpec : public ModelSpec {
   }
   std::vector<std::pair<std::string, Shape>> param_shapes() const override { return cnn_param_shapes(cfg_); }
   std::vector<std::pair<std::string, Shape>> buffer_shapes() const override { return cnn_buffer_shapes(cfg_); }
-  // The sum of cnn_unit_flops (cnn_flops_per_image), from the counts taken at construction.
+  // The sum of cnn_unit_flops, from the counts taken at construction.
   double flops_per_sample(int64_t) const override {
     double sum = 0;
     for (double f : flops_) sum += f;

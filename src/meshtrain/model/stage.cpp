@@ -228,23 +228,6 @@ void GPTStage::collect_params(std::vector<nn::Param*>& out) {
   if (ln_f) ln_f->collect_params(out);
 }
 
-std::vector<std::pair<std::string, Shape>> stage_param_shapes(const GPTConfig& cfg, StageSpec spec) {
-  if (spec.end_layer < 0) spec.end_layer = cfg.n_layer;
-  std::vector<std::pair<std::string, Shape>> out;
-  for (auto& [name, shape] : gpt_param_shapes(cfg)) {
-    bool held = false;
-    if (name == "wte.weight") held = spec.embedding || spec.head;
-    else if (name == "wpe.weight") held = spec.embedding;
-    else if (name.rfind("ln_f.", 0) == 0) held = spec.head;
-    else {  // h.<i>.
-      const int64_t i = std::stoll(name.substr(2, name.find('.', 2) - 2));
-      held = i >= spec.first_layer && i < spec.end_layer;
-    }
-    if (held) out.emplace_back(name, shape);
-  }
-  return out;
-}
-
 // ---- as a model::Stage ----
 
 Tensor GPTStage::forward(nn::Context& ctx, const Tensor& x, const MicroBatch& mb, StageResult* result,

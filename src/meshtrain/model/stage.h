@@ -146,8 +146,4 @@ class GPTStage : public Stage {
   Head head_;
 };
 
-// Names and full shapes of the parameters GPTStage(cfg, seed, spec) holds, in params() order,
-// computed from the config alone (as gpt_param_shapes is for the whole model).
-std::vector<std::pair<std::string, Shape>> stage_param_shapes(const GPTConfig& cfg, StageSpec spec);
-
 }  // namespace meshtrain::model

@@ -81,30 +81,29 @@ expect 2 "machine names m_ndup.json, which cannot be used \(m_ndup.json gives th
   "$MT" "${P[@]}" --cluster c_m_ndup.json
 rm -f "$WORK"/m.json "$WORK"/m_*.json "$WORK"/c_m_*.json
 
+# replace_once FILE OLD NEW: the first OLD in FILE becomes NEW (Python escapes such as \n apply).
+replace_once() {
+  python3 - "$@" <<'PY'
+import sys
+p, old, new = sys.argv[1], *(a.encode().decode("unicode_escape") for a in sys.argv[2:4])
+s = open(p, encoding="utf-8").read()
+assert old in s, old
+open(p, "w", encoding="utf-8").write(s.replace(old, new, 1))
+PY
+}
+
 # ---- a checkpoint's index.json with a key given twice ----
 # The duplicate repeats "step" with its own value: Python's reading (the last value wins) and
 # the index's CRC agree with the file, so only the strict reading finds it.
 expect 0 "" --may-write jck -- "$MT" "${J[@]}" --checkpoint-dir jck --checkpoint-every 1
-python3 - "$WORK/jck/step_00000002/index.json" <<'PY'
-import sys
-p = sys.argv[1]
-s = open(p, encoding="utf-8").read()
-s = s.replace('\n  "step": 2,', '\n  "step": 2,\n  "step": 2,', 1)
-open(p, "w", encoding="utf-8").write(s)
-PY
+replace_once "$WORK/jck/step_00000002/index.json" '\n  "step": 2,' '\n  "step": 2,\n  "step": 2,'
 expect 2 "^meshtrain: checkpoint jck/step_00000002 is corrupt: index.json gives the field \"step\" more than once in the top-level object; delete it" -- \
   "$MT" checkpoint convert --to-single jck/step_00000002 jout.safetensors
 rm -rf "$WORK/jck"
 
 # ---- a trace with a key given twice ----
 expect 0 "" --may-write jt.json --may-write jt.svg -- "$MT" "${J[@]}" --trace jt.json
-python3 - "$WORK/jt.json" <<'PY'
-import sys
-p = sys.argv[1]
-s = open(p, encoding="utf-8").read()
-s = s.replace('"ph":"X"', '"ph":"X","ph":"B"', 1)
-open(p, "w", encoding="utf-8").write(s)
-PY
+replace_once "$WORK/jt.json" '"ph":"X"' '"ph":"X","ph":"B"'
 expect 2 "^meshtrain: the trace jt.json gives the field \"ph\" more than once in traceEvents\[[0-9]+\]; keep one value for it" -- \
   "$MT" trace render jt.json -o jdup.svg
 rm -f "$WORK/jt.json" "$WORK/jt.svg"
