@@ -85,3 +85,23 @@ expect 1 "giving up" --may-write ck2 -- \
   "$MT" launch --max-restarts 0 -- "${J[@]}" --steps 4 --dp 2 --checkpoint-dir ck2 --checkpoint-every 1 --fail-rank 1 --fail-at-step 2
 expect 0 "^latest step_00000001 step_00000002 $" -- bash -c 'printf "%s " $(ls -A ck2)'
 rm -rf "$WORK/ck" "$WORK/ck2"
+
+# ---- two SIGINTs to launch while the job saves every step: `latest` names a whole checkpoint,
+# no latest.tmp, nothing of the launcher's left (tests/cli/test_crash_cli.cpp sweeps the delay;
+# here a few fixed ones). The exit is 0 (the graceful stop won) or 130 (the second signal).
+for delay in 0 0.05 0.2; do
+  expect 0 "^whole$" --may-write ck_sig -- bash -c '
+    rm -rf ck_sig
+    "$0" launch --max-restarts 0 -- train --data corpus.txt --quiet --steps 400 --checkpoint-dir ck_sig \
+      --checkpoint-every 1 > /dev/null 2>&1 &
+    pid=$!
+    for i in $(seq 600); do [ -e ck_sig/latest ] && break; sleep 0.05; done
+    kill -INT $pid; sleep "$1"; kill -INT $pid
+    wait $pid; rc=$?
+    [ "$rc" = 0 ] || [ "$rc" = 130 ] || { echo "exit $rc"; exit 1; }
+    [ ! -e ck_sig/latest.tmp ] || { echo "latest.tmp left"; exit 1; }
+    ls -A ck_sig | grep -q "^\.launch-status" && { echo "status file left"; exit 1; }
+    step=$(cat ck_sig/latest)
+    [ -f "ck_sig/$step/index.json" ] && echo whole || echo "latest names $step, which is not whole"' "$MT" "$delay"
+done
+rm -rf "$WORK/ck_sig"

@@ -19,8 +19,10 @@ _subcommand() {  # the meshtrain subcommand a case runs: the words after the pro
   local prev="" a
   for a in "$@"; do
     if [ "$prev" = "$MT" ]; then
-      case "$a" in bench|checkpoint|trace) prev=$a; continue ;; esac
-      echo "$a"; return
+      case "$a" in
+        bench|checkpoint|trace) prev=$a; continue ;;
+        train|launch|plan|calibrate|schedule|eval|generate) echo "$a"; return ;;
+      esac
     fi
     case "$prev" in bench|checkpoint|trace) echo "$prev $a"; return ;; esac
     prev=$a
