@@ -6,23 +6,22 @@
 J=(train --data corpus.txt --steps 2 --quiet)
 
 # ---- model configs: GPT and CNN alike ----
-printf '{"n_layer": 2, "n_embd": 64, "n_head": 4, "n_head": 8, "vocab_size": 256, "block_size": 64}' > "$WORK/gdup.json"
-expect 2 "^meshtrain: model config file gdup.json gives the field \"n_head\" more than once in the top-level object; keep one value for it" -- \
-  "$MT" "${J[@]}" --config gdup.json
-printf '{"n_layer": 2, "n_embd": 1e999, "n_head": 4, "vocab_size": 256, "block_size": 64}' > "$WORK/gbig.json"
-expect 2 "^meshtrain: model config file gbig.json gives n_embd as 1e999, a number beyond the range of a double" -- \
-  "$MT" "${J[@]}" --config gbig.json
-printf '{"family": "cnn", "name": "resnet-small", "scale": 4, "scale": 16}' > "$WORK/cdup.json"
-expect 2 "^meshtrain: model config file cdup.json gives the field \"scale\" more than once in the top-level object" -- \
-  "$MT" "${J[@]}" --config cdup.json
-printf '{"family": "cnn", "name": "cnn-small", "scale": 4, "name": "resnet-small"}' > "$WORK/cname.json"
-expect 2 "^meshtrain: model config file cname.json gives the field \"name\" more than once in the top-level object" -- \
-  "$MT" "${J[@]}" --config cname.json
-printf '{"family": "cnn", "name": "resnet-small", "scale": 4294967297}' > "$WORK/cscale.json"
-expect 2 "^meshtrain: model config file cscale.json: \"scale\" must be an integer 1..16" -- "$MT" "${J[@]}" --config cscale.json
-printf '' > "$WORK/cempty.json"
-expect 2 "^meshtrain: model config file cempty.json is not valid JSON: it is empty; it must be an object" -- \
-  "$MT" "${J[@]}" --config cempty.json
+# refused_config NAME TEXT REGEX: train --config NAME, the file holding TEXT, exits 2 saying REGEX.
+refused_config() {
+  printf '%s' "$2" > "$WORK/$1"
+  expect 2 "$3" -- "$MT" "${J[@]}" --config "$1"
+}
+refused_config gdup.json '{"n_layer": 2, "n_embd": 64, "n_head": 4, "n_head": 8, "vocab_size": 256, "block_size": 64}' \
+  "^meshtrain: model config file gdup.json gives the field \"n_head\" more than once in the top-level object; keep one value for it"
+refused_config gbig.json '{"n_layer": 2, "n_embd": 1e999, "n_head": 4, "vocab_size": 256, "block_size": 64}' \
+  "^meshtrain: model config file gbig.json gives n_embd as 1e999, a number beyond the range of a double"
+refused_config cdup.json '{"family": "cnn", "name": "resnet-small", "scale": 4, "scale": 16}' \
+  "^meshtrain: model config file cdup.json gives the field \"scale\" more than once in the top-level object"
+refused_config cname.json '{"family": "cnn", "name": "cnn-small", "scale": 4, "name": "resnet-small"}' \
+  "^meshtrain: model config file cname.json gives the field \"name\" more than once in the top-level object"
+refused_config cscale.json '{"family": "cnn", "name": "resnet-small", "scale": 4294967297}' \
+  "^meshtrain: model config file cscale.json: \"scale\" must be an integer 1..16"
+refused_config cempty.json '' "^meshtrain: model config file cempty.json is not valid JSON: it is empty; it must be an object"
 rm -f "$WORK"/gdup.json "$WORK"/gbig.json "$WORK"/cdup.json "$WORK"/cname.json "$WORK"/cscale.json "$WORK"/cempty.json
 
 # ---- cluster files: counts range-checked before they become ints ----
