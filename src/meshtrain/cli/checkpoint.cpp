@@ -151,7 +151,11 @@ std::shared_ptr<const model::ModelSpec> checked_cnn_checkpoint(const std::string
   std::shared_ptr<const model::ModelSpec> spec;
   try {
     const nlohmann::json m = index.config.value("model", nlohmann::json::object());
-    model::CNNConfig cfg = model::cnn_config(m.value("name", std::string()));
+    // A user's graph is recorded whole; a named model by its name.
+    model::CNNConfig cfg = m.contains("graph")
+                               ? model::cnn_config(std::make_shared<const model::Graph>(
+                                     model::parse_graph(m["graph"], "the graph in its index")))
+                               : model::cnn_config(m.value("name", std::string()));
     // A model trained on upsampled images (a config's "scale") takes them so here too.
     const int64_t scale = m.value("scale", int64_t{1});
     if (scale < 1 || scale > 16) throw std::invalid_argument("its scale " + std::to_string(scale) + " is not 1..16");

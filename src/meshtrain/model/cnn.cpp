@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <optional>
 #include <stdexcept>
 
 #include "meshtrain/kernels/crossentropy.h"
@@ -21,19 +23,28 @@ nlohmann::json CNNConfig::to_json() const {
   nlohmann::json j = {{"family", "cnn"}, {"name", name},       {"channels", channels}, {"height", height},
                       {"width", width},  {"classes", classes}, {"batch", batch}};
   if (scale != 1) j["scale"] = scale;  // absent at 1, as checkpoints before it wrote
+  // A user's graph travels with the checkpoint; a named model is found by its name.
+  if (graph && graph != named_graph(name)) j["graph"] = graph->source;
   return j;
 }
 
-std::vector<std::string> cnn_config_names() { return {"cnn-small", "resnet-small", "inception-small"}; }
+std::vector<std::string> cnn_config_names() { return named_graph_names(); }
 
 CNNConfig cnn_config(const std::string& name) {
-  for (const std::string& n : cnn_config_names())
-    if (n == name) {
-      CNNConfig c;
-      c.name = name;
-      return c;
-    }
-  throw std::invalid_argument("unknown CNN '" + name + "'; the named CNNs are cnn-small, resnet-small and inception-small");
+  if (auto g = named_graph(name)) return cnn_config(g);
+  std::string names;
+  for (const std::string& n : cnn_config_names()) names += (names.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown CNN '" + name + "'; the named CNNs are " + names);
+}
+
+CNNConfig cnn_config(std::shared_ptr<const Graph> graph) {
+  CNNConfig c;
+  c.name = graph->name;
+  c.channels = graph->image[0], c.height = graph->image[1], c.width = graph->image[2];
+  c.classes = graph->classes;
+  c.batch = graph->batch;
+  c.graph = std::move(graph);
+  return c;
 }
 
 namespace {
@@ -44,266 +55,354 @@ Tensor sum_of(const Tensor& a, const Tensor& b, int threads) {
   return s;
 }
 
-// The memory layouts (kernels/layout.h) of a convolution's input and output; 0: NCHW.
-struct Blocks {
-  int in = 0, out = 0;
-};
-
-// conv (no bias: the batch norm's shift takes its place) -> batch norm (-> ReLU), the conv's
-// input and output channels laid out as `in_c` and `out_c` (cnn_layout.h: pairing), its input
-// and output activations (and the batch norm's) in the memory layouts `blocks`.
-// `hw`: the input's (C, H, W) or (H, W) (the last two are used).
-void conv_bn(LayerSequence& s, const CNNLayout& L, const std::string& conv, const std::string& bn, int64_t in,
-             int64_t out, int64_t k, int64_t stride, const Shape& hw, uint64_t seed,
-             std::vector<nn::BatchNorm2d*>& bns, bool relu = true, Channels in_c = Channels::full,
-             Channels out_c = Channels::full, bool input_grad = true, Blocks blocks = {}) {
-  const size_t d = hw.size();
-  s.add(L.conv(ConvDef{.name = conv, .in = in, .out = out, .kernel = k, .stride = stride, .padding = k / 2,
-                       .height = hw[d - 2], .width = hw[d - 1], .bias = false, .seed = seed, .input = in_c,
-                       .output = out_c, .input_grad = input_grad, .in_block = blocks.in, .out_block = blocks.out}));
-  bns.push_back(s.add(L.batch_norm(bn, out, out_c)));
-  bns.back()->relu_after = relu;  // the ReLU inside the batch norm's passes
-  bns.back()->block = blocks.out;
+// Forward + backward FLOPs per sample of a convolution (6 per multiply-add): what a block of
+// parallel branches is balanced by.
+double conv_flops(const GraphLayer& L, const Shape& in, const Shape& out) {
+  return 6.0 * static_cast<double>(out[1] * out[2]) * static_cast<double>(in[0]) *
+         static_cast<double>(L.out_channels * L.kernel * L.kernel);
 }
 
-// A unit that is a plain sequence, with its output shape given by a function of the input's.
-class SequenceUnit : public CNNUnit {
- public:
-  Tensor forward(nn::Context& ctx, const Tensor& x) override { return seq.forward(ctx, x); }
-  Tensor backward(nn::Context& ctx, const Tensor& dy) override { return seq.backward(ctx, dy); }
-  void collect_params(std::vector<nn::Param*>& out) override { seq.collect_params(out); }
-  void collect_buffers(std::vector<nn::Param*>& out) override { seq.collect_buffers(out); }
-  void collect_batch_norms(std::vector<nn::BatchNorm2d*>& out) override { out.insert(out.end(), bns.begin(), bns.end()); }
-  Shape out_chw(const Shape&) const override { return out_shape; }
-  LayerSequence seq;
-  std::vector<nn::BatchNorm2d*> bns;
-  Shape out_shape;
+// What the compiler knows of the whole graph: shapes, readers, splits and memory layouts.
+struct GraphFacts {
+  GraphFacts(const Graph& g, const Shape& chw, const CNNLayout& L)
+      : g(g), chw(chw), shapes(infer_shapes(g, chw)), splits(channel_splits(g)), blocked(graph_takes_blocked(g)),
+        readers(g.layers.size()) {
+    for (size_t i = 0; i < g.layers.size(); ++i)
+      for (int k : g.layers[i].from)
+        if (k >= 0) readers[static_cast<size_t>(k)].push_back(static_cast<int>(i));
+    layout = &L;
+  }
+  const Shape& shape(int k) const { return k < 0 ? chw : shapes[static_cast<size_t>(k)]; }
+  // The memory layout (kernels/layout.h) of layer k's output (k = -1: the images, NCHW).
+  int block(int k) const { return k < 0 || !blocked || shape(k).size() != 3 ? 0 : layout->activation_block(shape(k)[0]); }
+  Channels in_c(size_t i) const { return splits.in_split[i] ? Channels::split : Channels::full; }
+  Channels out_c(size_t i) const { return splits.out_split[i] ? Channels::split : Channels::full; }
+  const Graph& g;
+  Shape chw;
+  std::vector<Shape> shapes;
+  ChannelSplits splits;
+  bool blocked;
+  std::vector<std::vector<int>> readers;
+  const CNNLayout* layout = nullptr;
 };
 
-// A basic residual block: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), the shortcut
-// the identity or a 1x1 convolution with batch norm when the shape changes. conv1's output
-// channels stay split where the layout splits them, conv2 takes them split (the pairing).
-// Every activation, the block's input and output included, is in the memory layout the layout
-// gives for its channels (CNNLayout::activation_block): all its layers take the blocked one.
-class ResidualUnit : public CNNUnit {
- public:
-  ResidualUnit(const CNNLayout& L, const std::string& name, int64_t in, int64_t out, int64_t stride, uint64_t seed,
-               const Shape& in_chw)
-      : out_shape_{out, (in_chw[1] - 1) / stride + 1, (in_chw[2] - 1) / stride + 1} {
-    const int bi = L.activation_block(in), bo = L.activation_block(out);
-    conv_bn(main_, L, name + ".conv1", name + ".bn1", in, out, 3, stride, in_chw, seed, bns_, true,
-            Channels::full, Channels::split, true, {bi, bo});
-    conv_bn(main_, L, name + ".conv2", name + ".bn2", out, out, 3, 1, out_shape_, seed, bns_, /*relu=*/false,
-            Channels::split, Channels::full, true, {bo, bo});
-    if (stride != 1 || in != out) {
-      shortcut_ = std::make_unique<LayerSequence>();
-      shortcut_->add(L.conv(ConvDef{.name = name + ".downsample.0", .in = in, .out = out, .kernel = 1,
-                                    .stride = stride, .padding = 0, .height = in_chw[1], .width = in_chw[2],
-                                    .bias = false, .seed = seed, .in_block = bi, .out_block = bo}));
-      bns_.push_back(shortcut_->add(L.batch_norm(name + ".downsample.1", out, Channels::full)));
-      bns_.back()->block = bo;
+// A single-input layer of the graph built by the layout's factory, with the ReLU that follows
+// a batch norm folded into it (the same numbers in fewer passes). `seed`: the initialisation's
+// (layout-invariant, by name).
+std::unique_ptr<nn::Layer> build_layer(const GraphFacts& f, size_t i, bool fold_relu, uint64_t seed,
+                                       std::vector<nn::BatchNorm2d*>& bns) {
+  const GraphLayer& l = f.g.layers[i];
+  const CNNLayout& L = *f.layout;
+  const Shape& in = f.shape(l.from[0]);
+  switch (l.op) {
+    case Op::conv2d:
+      return L.conv(ConvDef{.name = l.name, .in = in[0], .out = l.out_channels, .kernel = l.kernel, .stride = l.stride,
+                            .padding = l.padding, .height = in[1], .width = in[2], .bias = l.bias, .seed = seed,
+                            .input = f.in_c(i), .output = f.out_c(i), .input_grad = l.from[0] >= 0,
+                            .in_block = f.block(l.from[0]), .out_block = f.block(static_cast<int>(i))});
+    case Op::batchnorm2d: {
+      std::unique_ptr<nn::BatchNorm2d> bn = L.batch_norm(l.name, in[0], f.in_c(i));
+      bn->opt.eps = static_cast<float>(l.eps), bn->opt.momentum = static_cast<float>(l.momentum);
+      bn->relu_after = fold_relu;
+      bn->block = f.block(static_cast<int>(i));
+      bns.push_back(bn.get());
+      return bn;
     }
-  }
-  Tensor forward(nn::Context& ctx, const Tensor& x) override {
-    Tensor y = main_.forward(ctx, x);
-    Tensor s = shortcut_ ? shortcut_->forward(ctx, x) : x;
-    return relu_.forward_sum(ctx, y, s);
-  }
-  Tensor backward(nn::Context& ctx, const Tensor& dy) override {
-    Tensor dz = relu_.backward(ctx, dy);
-    Tensor dx = main_.backward(ctx, dz);
-    Tensor ds = shortcut_ ? shortcut_->backward(ctx, dz) : dz;
-    return sum_of(dx, ds, ctx.threads);
-  }
-  void collect_params(std::vector<nn::Param*>& out) override {
-    main_.collect_params(out);
-    if (shortcut_) shortcut_->collect_params(out);
-  }
-  void collect_buffers(std::vector<nn::Param*>& out) override {
-    main_.collect_buffers(out);
-    if (shortcut_) shortcut_->collect_buffers(out);
-  }
-  void collect_batch_norms(std::vector<nn::BatchNorm2d*>& out) override { out.insert(out.end(), bns_.begin(), bns_.end()); }
-  Shape out_chw(const Shape&) const override { return out_shape_; }
-
- private:
-  LayerSequence main_;
-  std::unique_ptr<LayerSequence> shortcut_;
-  nn::ReLU relu_;
-  std::vector<nn::BatchNorm2d*> bns_;
-  Shape out_shape_;
-};
-
-// An Inception block: four branches on the same input, joined along channels. The layout says
-// which branches this rank computes (branch parallelism) and joins their outputs; inside a
-// branch, a 1x1 reduction's output channels stay split where the layout splits them and the
-// 3x3 after it takes them split.
-class InceptionUnit : public CNNUnit {
- public:
-  // c1: branch 1's channels; r2, c2: branch 2's reduction and 3x3; r3, c3: branch 3's reduction
-  // and its two 3x3; c4: branch 4's 1x1 after the pool.
-  InceptionUnit(const CNNLayout& L, const std::string& name, int64_t in, int64_t c1, int64_t r2, int64_t c2,
-                int64_t r3, int64_t c3, int64_t c4, uint64_t seed, const Shape& in_chw)
-      : out_shape_{c1 + c2 + c3 + c4, in_chw[1], in_chw[2]}, in_channels_(in), name_(name) {
-    const double hw = static_cast<double>(in_chw[1] * in_chw[2]);
-    // Forward + backward FLOPs per sample of each branch (6 per multiply-add of its convolutions).
-    const std::vector<double> costs = {6 * hw * in * c1, 6 * hw * (in * r2 + 9.0 * r2 * c2),
-                                       6 * hw * (in * r3 + 9.0 * r3 * c3 + 9.0 * c3 * c3), 6 * hw * in * c4};
-    here_ = L.branches_here(name, costs);
-    const std::string n = name + ".branch";
-    const Channels F = Channels::full, S = Channels::split;
-    for (int b = 0; b < 4; ++b) {
-      if (!here_[b]) continue;
+    case Op::relu: return std::make_unique<nn::ReLU>();
+    case Op::maxpool2d:
+      return L.max_pool(l.kernel, in, nn::Pool2dOptions{.stride = l.stride, .padding = l.padding});
+    case Op::global_avgpool2d: return L.global_pool(in, f.block(l.from[0]));
+    case Op::flatten: {
       auto seq = std::make_unique<LayerSequence>();
-      if (b == 0) conv_bn(*seq, L, n + "1.conv", n + "1.bn", in, c1, 1, 1, in_chw, seed, bns_);
-      if (b == 1) {
-        conv_bn(*seq, L, n + "2.0.conv", n + "2.0.bn", in, r2, 1, 1, in_chw, seed, bns_, true, F, S);
-        conv_bn(*seq, L, n + "2.1.conv", n + "2.1.bn", r2, c2, 3, 1, in_chw, seed, bns_, true, S, F);
-      }
-      if (b == 2) {
-        conv_bn(*seq, L, n + "3.0.conv", n + "3.0.bn", in, r3, 1, 1, in_chw, seed, bns_, true, F, S);
-        conv_bn(*seq, L, n + "3.1.conv", n + "3.1.bn", r3, c3, 3, 1, in_chw, seed, bns_, true, S, F);
-        conv_bn(*seq, L, n + "3.2.conv", n + "3.2.bn", c3, c3, 3, 1, in_chw, seed, bns_);
-      }
-      if (b == 3) {
-        seq->add(L.max_pool(3, in_chw, nn::Pool2dOptions{.stride = 1, .padding = 1}));
-        conv_bn(*seq, L, n + "4.1.conv", n + "4.1.bn", in, c4, 1, 1, in_chw, seed, bns_);
-      }
-      branches_.push_back(std::move(seq));
+      // A feature map cut over ranks (row bands) is gathered first; a global pool's is whole.
+      const bool pooled = l.from[0] >= 0 && f.g.layers[static_cast<size_t>(l.from[0])].op == Op::global_avgpool2d;
+      if (!pooled)
+        if (auto whole = L.whole_map(in)) seq->add(std::move(whole));
+      seq->add(std::make_unique<nn::Flatten>());
+      return seq;
     }
-    join_ = L.branch_join({c1, c2, c3, c4}, here_);
+    case Op::linear: {
+      // PyTorch's default bound for a linear layer, as a normal of the same variance.
+      const float std = 1.0f / std::sqrt(3.0f * static_cast<float>(in[0]));
+      return std::make_unique<nn::Linear>(l.name, in[0], l.out_channels,
+                                          nn::LinearOptions{.bias = l.bias, .init_std = std, .seed = seed});
+    }
+    default: throw std::logic_error("build_layer: " + l.name + " takes several inputs");
   }
+}
+
+// A node of a unit: one layer (with a ReLU folded in), a sum (with its ReLU), a concat, or a
+// block of parallel branches. It reads the outputs of graph layers `in` (-1: the unit's
+// input... as a graph index) and writes that of graph layer `out`.
+struct Node {
+  enum Kind { layer, sum, concat, branches } kind = layer;
+  std::vector<int> in;
+  int out = 0;
+  std::unique_ptr<nn::Layer> op;          // layer
+  std::unique_ptr<nn::ReLU> relu;         // sum: its ReLU, if one follows
+  std::unique_ptr<nn::ConcatChannels> cat;  // concat
+  // branches: those built here (in branch order), their join, and the source's shape.
+  std::string name;
+  std::vector<std::unique_ptr<LayerSequence>> branch;
+  std::unique_ptr<BranchJoin> join;
+  Shape source_chw;
+  bool same_size = true;  // the join's maps are the source's size
+};
+
+// A unit compiled from graph layers [first, end): its nodes in the graph's order, run forward
+// in that order and backward in reverse, each tensor's gradient summed over its readers.
+class GraphUnit : public CNNUnit {
+ public:
+  GraphUnit(const GraphFacts& f, int first, int end, uint64_t seed) : first_(first), end_(end) {
+    const Graph& g = f.g;
+    // Blocks of parallel branches first: their layers are built inside the block.
+    std::vector<bool> done(g.layers.size(), false);
+    std::map<int, Branches> blocks;
+    for (int i = first; i < end; ++i)
+      if (g.layers[static_cast<size_t>(i)].op == Op::concat)
+        if (auto b = find_branches(f, i)) {
+          for (const auto& chain : b->chains)
+            for (int p : chain) done[static_cast<size_t>(p)] = true;
+          blocks[i] = std::move(*b);
+        }
+    for (int i = first; i < end; ++i) {
+      if (done[static_cast<size_t>(i)]) continue;
+      const GraphLayer& l = g.layers[static_cast<size_t>(i)];
+      Node n;
+      n.in = l.from;
+      n.out = i;
+      // A ReLU that is the layer's only reader is folded into a batch norm or a sum.
+      const auto& rd = f.readers[static_cast<size_t>(i)];
+      const bool relu_next = rd.size() == 1 && rd[0] < end && g.layers[static_cast<size_t>(rd[0])].op == Op::relu;
+      if (l.op == Op::add) {
+        n.kind = Node::sum;
+        if (relu_next && l.from.size() == 2) {
+          n.relu = std::make_unique<nn::ReLU>();
+          n.out = rd[0], done[static_cast<size_t>(rd[0])] = true;
+        }
+      } else if (auto b = blocks.find(i); b != blocks.end()) {
+        build_branches(f, i, b->second, seed, n);
+      } else if (l.op == Op::concat) {
+        n.kind = Node::concat;
+        n.cat = std::make_unique<nn::ConcatChannels>();
+      } else {
+        const bool fold = l.op == Op::batchnorm2d && relu_next;
+        n.op = build_layer(f, static_cast<size_t>(i), fold, seed, bns_);
+        if (fold) n.out = rd[0], done[static_cast<size_t>(rd[0])] = true;
+      }
+      nodes_.push_back(std::move(n));
+    }
+    // How many nodes of this unit read each tensor: a tensor is dropped after its last reader.
+    for (const Node& n : nodes_)
+      for (int k : n.in) ++reads_[slot(k)];
+    out_shape_ = f.shape(end - 1);
+  }
+
   Tensor forward(nn::Context& ctx, const Tensor& x) override {
-    std::vector<Tensor> outs;
-    for (auto& b : branches_) outs.push_back(b->forward(ctx, x));
-    return join_->forward(ctx, outs);
-  }
-  Tensor backward(nn::Context& ctx, const Tensor& dy) override {
-    std::vector<Tensor> d = join_->backward(ctx, dy);
-    if (ctx.grad_slices > 0) {  // exact sums: the branches' input gradients added in float64, rounded once
-      const Shape in{dy.dim(0), in_channels_, dy.dim(2), dy.dim(3)};
-      std::vector<double> sum(static_cast<size_t>(shape_numel(in)), 0.0);
-      for (size_t b = 0; b < branches_.size(); ++b) {
-        const Tensor db = branches_[b]->backward(ctx, d[b]);
-        for (size_t i = 0; i < sum.size(); ++i) sum[i] += static_cast<double>(db.data()[i]);
+    std::map<int, Tensor> v{{first_ - 1, x}};
+    std::map<int, int> left = reads_;
+    auto take = [&](int k) {
+      const int s = slot(k);
+      Tensor t = v.at(s);
+      if (--left[s] == 0) v.erase(s);
+      return t;
+    };
+    for (Node& n : nodes_) {
+      Tensor y;
+      if (n.kind == Node::layer) {
+        y = n.op->forward(ctx, take(n.in[0]));
+      } else if (n.kind == Node::sum) {
+        std::vector<Tensor> xs;
+        for (int k : n.in) xs.push_back(take(k));
+        if (n.relu) {
+          y = n.relu->forward_sum(ctx, xs[0], xs[1]);
+        } else {
+          y = sum_of(xs[0], xs[1], ctx.threads);
+          for (size_t j = 2; j < xs.size(); ++j) y = sum_of(y, xs[j], ctx.threads);
+        }
+      } else if (n.kind == Node::concat) {
+        std::vector<Tensor> xs;
+        for (int k : n.in) xs.push_back(take(k));
+        y = n.cat->forward(ctx, xs);
+      } else {
+        const Tensor src = take(n.in[0]);
+        std::vector<Tensor> outs;
+        for (auto& b : n.branch) outs.push_back(b->forward(ctx, src));
+        y = n.join->forward(ctx, outs);
       }
-      return join_->input_grad_exact(ctx, std::move(sum), in);
+      v[slot(n.out)] = std::move(y);
     }
-    Tensor dx;
-    for (size_t b = 0; b < branches_.size(); ++b) {
-      Tensor db = branches_[b]->backward(ctx, d[b]);
-      dx = b == 0 ? db : sum_of(dx, db, ctx.threads);
-    }
-    if (branches_.empty()) {  // no branch here: the input gradient is the others' alone
-      dx = Tensor::empty(dy.ndim() == 4 ? Shape{dy.dim(0), in_channels_, dy.dim(2), dy.dim(3)} : dy.shape());
-      dx.zero();
-    }
-    return join_->input_grad(ctx, dx);
+    return v.at(slot(end_ - 1));
   }
+
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override {
+    std::map<int, Tensor> grad{{slot(end_ - 1), dy}};
+    auto add = [&](int k, Tensor d) {
+      auto [it, fresh] = grad.try_emplace(slot(k), d);
+      if (!fresh) it->second = sum_of(it->second, d, ctx.threads);
+    };
+    for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
+      Node& n = *it;
+      auto g = grad.find(slot(n.out));
+      Tensor d = std::move(g->second);
+      grad.erase(g);
+      if (n.kind == Node::layer) {
+        add(n.in[0], n.op->backward(ctx, d));
+      } else if (n.kind == Node::sum) {
+        if (n.relu) d = n.relu->backward(ctx, d);
+        for (int k : n.in) add(k, d);
+      } else if (n.kind == Node::concat) {
+        std::vector<Tensor> ds = n.cat->backward(ctx, d);
+        for (size_t j = 0; j < n.in.size(); ++j) add(n.in[j], ds[j]);
+      } else {
+        add(n.in[0], branches_backward(ctx, n, d));
+      }
+    }
+    auto in = grad.find(slot(first_ - 1));
+    return in == grad.end() ? Tensor() : in->second;
+  }
+
   void collect_params(std::vector<nn::Param*>& out) override {
-    for (auto& b : branches_) b->collect_params(out);
+    for (Node& n : nodes_) {
+      if (n.op) n.op->collect_params(out);
+      for (auto& b : n.branch) b->collect_params(out);
+    }
   }
   void collect_buffers(std::vector<nn::Param*>& out) override {
-    for (auto& b : branches_) b->collect_buffers(out);
+    for (Node& n : nodes_) {
+      if (n.op) n.op->collect_buffers(out);
+      for (auto& b : n.branch) b->collect_buffers(out);
+    }
   }
   void collect_batch_norms(std::vector<nn::BatchNorm2d*>& out) override { out.insert(out.end(), bns_.begin(), bns_.end()); }
   Shape out_chw(const Shape&) const override { return out_shape_; }
-  std::string block_name() const override { return name_; }
+  std::string block_name() const override {
+    for (const Node& n : nodes_)
+      if (n.kind == Node::branches) return n.name;
+    return "";
+  }
   std::vector<nn::Layer*> branch_layers() override {
     std::vector<nn::Layer*> out;
-    for (auto& b : branches_) out.push_back(b.get());
+    for (Node& n : nodes_)
+      if (n.kind == Node::branches) {
+        for (auto& b : n.branch) out.push_back(b.get());
+        break;
+      }
     return out;
   }
 
  private:
-  std::vector<bool> here_;
-  std::vector<std::unique_ptr<LayerSequence>> branches_;  // those computed here, in branch order
-  std::unique_ptr<BranchJoin> join_;
+  // The unit's input is the output of layer first_ - 1 (-1: the images): both read as slot first_ - 1.
+  int slot(int k) const { return k < first_ ? first_ - 1 : k; }
+
+  // A concat whose inputs are chains of single-input layers, each read only by the next, from
+  // one source (a chain may be empty: the source itself): a block of parallel branches (an
+  // Inception block), which the layout may place on different ranks. None for another concat.
+  struct Branches {
+    int source = -1;
+    std::vector<std::vector<int>> chains;  // graph layers of each branch, in order
+  };
+  std::optional<Branches> find_branches(const GraphFacts& f, int c) const {
+    const Graph& g = f.g;
+    Branches out;
+    bool first = true;
+    for (int k : g.layers[static_cast<size_t>(c)].from) {
+      std::vector<int> chain;
+      int p = k;
+      while (p >= first_ && f.readers[static_cast<size_t>(p)].size() == 1 &&
+             g.layers[static_cast<size_t>(p)].from.size() == 1) {
+        chain.push_back(p);
+        p = g.layers[static_cast<size_t>(p)].from[0];
+      }
+      if (!first && p != out.source) return std::nullopt;
+      out.source = p, first = false;
+      std::reverse(chain.begin(), chain.end());
+      out.chains.push_back(std::move(chain));
+    }
+    return out;
+  }
+
+  void build_branches(const GraphFacts& f, int c, const Branches& b, uint64_t seed, Node& n) {
+    const Graph& g = f.g;
+    n.kind = Node::branches;
+    n.name = g.layers[static_cast<size_t>(c)].name;
+    n.in = {b.source};
+    n.source_chw = f.shape(b.source);
+    n.same_size = f.shape(c)[1] == n.source_chw[1] && f.shape(c)[2] == n.source_chw[2];
+    std::vector<double> costs;
+    std::vector<int64_t> channels;
+    for (const auto& chain : b.chains) {
+      double cost = 0;
+      for (int p : chain) {
+        const GraphLayer& l = g.layers[static_cast<size_t>(p)];
+        if (l.op == Op::conv2d) cost += conv_flops(l, f.shape(l.from[0]), f.shape(p));
+      }
+      costs.push_back(cost);
+      channels.push_back(f.shape(chain.empty() ? b.source : chain.back())[0]);
+    }
+    const std::vector<bool> here = f.layout->branches_here(n.name, costs);
+    for (size_t k = 0; k < b.chains.size(); ++k) {
+      if (!here[k]) continue;
+      auto seq = std::make_unique<LayerSequence>();
+      const std::vector<int>& chain = b.chains[k];
+      for (size_t j = 0; j < chain.size(); ++j) {
+        const size_t p = static_cast<size_t>(chain[j]);
+        if (g.layers[p].op == Op::relu && j > 0 && g.layers[static_cast<size_t>(chain[j - 1])].op == Op::batchnorm2d)
+          continue;  // folded into the batch norm before it
+        const bool fold = g.layers[p].op == Op::batchnorm2d && j + 1 < chain.size() &&
+                          g.layers[static_cast<size_t>(chain[j + 1])].op == Op::relu;
+        seq->add(build_layer(f, p, fold, seed, bns_));
+      }
+      n.branch.push_back(std::move(seq));
+    }
+    n.join = f.layout->branch_join(channels, here);
+  }
+
+  // The branches' backward: each branch's input gradient, summed in branch order (in float64
+  // and rounded once under exact sums), made whole by the join.
+  Tensor branches_backward(nn::Context& ctx, Node& n, const Tensor& dy) {
+    std::vector<Tensor> d = n.join->backward(ctx, dy);
+    // The source's shape here: a layout that cuts rows gives the branches (and dy) its band.
+    const Shape in = n.same_size ? Shape{dy.dim(0), n.source_chw[0], dy.dim(2), dy.dim(3)}
+                                 : Shape{dy.dim(0), n.source_chw[0], n.source_chw[1], n.source_chw[2]};
+    if (ctx.grad_slices > 0) {
+      std::vector<double> sum(static_cast<size_t>(shape_numel(in)), 0.0);
+      for (size_t b = 0; b < n.branch.size(); ++b) {
+        const Tensor db = n.branch[b]->backward(ctx, d[b]);
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += static_cast<double>(db.data()[i]);
+      }
+      return n.join->input_grad_exact(ctx, std::move(sum), in);
+    }
+    Tensor dx;
+    for (size_t b = 0; b < n.branch.size(); ++b) {
+      Tensor db = n.branch[b]->backward(ctx, d[b]);
+      dx = b == 0 ? db : sum_of(dx, db, ctx.threads);
+    }
+    if (n.branch.empty()) {  // no branch here: the input gradient is the others' alone
+      dx = Tensor::empty(in);
+      dx.zero();
+    }
+    return n.join->input_grad(ctx, dx);
+  }
+
+  int first_, end_;
+  std::vector<Node> nodes_;
+  std::map<int, int> reads_;
   std::vector<nn::BatchNorm2d*> bns_;
   Shape out_shape_;
-  int64_t in_channels_ = 0;
-  std::string name_;
 };
-
-// `chw`: the classifier's input (C, H, W); a global pool leaves C features, a flatten C H W.
-// `block`: the memory layout of its input (a global pool takes the blocked one; flatten NCHW).
-std::unique_ptr<SequenceUnit> classifier(const CNNLayout& L, const Shape& chw, int64_t hidden, int64_t classes,
-                                         bool global_pool, uint64_t seed, int block = 0) {
-  auto u = std::make_unique<SequenceUnit>();
-  const int64_t in_features = global_pool ? chw[0] : chw[0] * chw[1] * chw[2];
-  if (!global_pool && block != 0) throw std::logic_error("classifier: flatten takes NCHW only");
-  if (global_pool) u->seq.add(L.global_pool(chw, block));
-  else if (auto whole = L.whole_map(chw)) u->seq.add(std::move(whole));
-  u->seq.add(std::make_unique<nn::Flatten>());
-  auto fc = [&](const std::string& name, int64_t in, int64_t out) {
-    // PyTorch's default bound for a linear layer, as a normal of the same variance.
-    const float std = 1.0f / std::sqrt(3.0f * static_cast<float>(in));
-    u->seq.add(std::make_unique<nn::Linear>(name, in, out, nn::LinearOptions{.bias = true, .init_std = std, .seed = seed}));
-  };
-  if (hidden > 0) {
-    fc("fc1", in_features, hidden);
-    u->seq.add(std::make_unique<nn::ReLU>());
-    fc("fc2", hidden, classes);
-  } else {
-    fc("fc", in_features, classes);
-  }
-  u->out_shape = {classes};
-  return u;
-}
 
 }  // namespace
 
-// ---- the named architectures ----
+// ---- a graph's units ----
 
 std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint64_t seed, const CNNLayout& L) {
+  if (!cfg.graph) throw std::logic_error("build_cnn_units: " + cfg.name + " has no layer graph");
+  const GraphFacts facts(*cfg.graph, {cfg.channels, cfg.height, cfg.width}, L);
+  const std::vector<int> starts = unit_starts(*cfg.graph);
   std::vector<std::unique_ptr<CNNUnit>> units;
-  Shape chw{cfg.channels, cfg.height, cfg.width};
-  auto push = [&](std::unique_ptr<CNNUnit> u) {
-    chw = u->out_chw(chw);
-    units.push_back(std::move(u));
-  };
-  auto pooled = [](const Shape& s, int64_t c) { return Shape{c, s[1] / 2, s[2] / 2}; };
-  if (cfg.name == "cnn-small") {
-    int64_t in = cfg.channels;
-    for (int i = 1; i <= 2; ++i) {
-      const int64_t out = i == 1 ? 32 : 64;
-      auto u = std::make_unique<SequenceUnit>();
-      // conv1's output channels stay split where the layout splits them; conv2 takes them split.
-      conv_bn(u->seq, L, "conv" + std::to_string(i), "bn" + std::to_string(i), in, out, 3, 1, chw, seed, u->bns, true,
-              i == 1 ? Channels::full : Channels::split, i == 1 ? Channels::split : Channels::full, i != 1);
-      u->seq.add(L.max_pool(2, {out, chw[1], chw[2]}));
-      u->out_shape = pooled(chw, out);
-      push(std::move(u));
-      in = out;
-    }
-    push(classifier(L, chw, 128, cfg.classes, false, seed));
-  } else if (cfg.name == "resnet-small") {
-    // Every activation after the images in the layout's memory layout for its channels (the
-    // blocked one where oneDNN's convolutions run on it): no layer here needs NCHW.
-    auto stem = std::make_unique<SequenceUnit>();
-    conv_bn(stem->seq, L, "conv1", "bn1", cfg.channels, 32, 3, 1, chw, seed, stem->bns, true, Channels::full,
-            Channels::full, false, {0, L.activation_block(32)});
-    stem->out_shape = {32, chw[1], chw[2]};
-    push(std::move(stem));
-    const int64_t widths[] = {32, 64, 128};
-    for (int l = 0; l < 3; ++l) {
-      const int64_t in = chw[0], stride = l == 0 ? 1 : 2;
-      push(std::make_unique<ResidualUnit>(L, "layer" + std::to_string(l + 1) + ".0", in, widths[l], stride, seed, chw));
-    }
-    push(classifier(L, chw, 0, cfg.classes, true, seed, L.activation_block(chw[0])));
-  } else if (cfg.name == "inception-small") {
-    auto stem = std::make_unique<SequenceUnit>();
-    conv_bn(stem->seq, L, "conv1", "bn1", cfg.channels, 32, 3, 1, chw, seed, stem->bns, true, Channels::full,
-            Channels::full, false);
-    stem->seq.add(L.max_pool(2, {32, chw[1], chw[2]}));
-    stem->out_shape = pooled(chw, 32);
-    push(std::move(stem));
-    push(std::make_unique<InceptionUnit>(L, "inception1", chw[0], 16, 16, 24, 8, 12, 12, seed, chw));
-    push(std::make_unique<InceptionUnit>(L, "inception2", chw[0], 32, 32, 48, 16, 24, 24, seed, chw));
-    push(classifier(L, chw, 0, cfg.classes, true, seed));
-  } else {
-    cnn_config(cfg.name);  // throws, naming the known ones
-  }
+  for (size_t u = 0; u + 1 < starts.size(); ++u)
+    units.push_back(std::make_unique<GraphUnit>(facts, starts[u], starts[u + 1], seed));
   return units;
 }
 

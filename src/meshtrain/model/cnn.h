@@ -1,26 +1,24 @@
-// Convolutional networks as a model family (model/model.h): image classifiers built by
-// composition from nn/'s layers, cut into pipeline stages between their units.
+// Image classifiers as a model family (model/model.h): a layer graph (model/graph.h), the
+// user's or a named model's file (models/*.json), compiled into units of nn/'s layers through
+// the layout's layer factory (cnn_layout.h) and cut into pipeline stages between units.
 //
-// A CNN is a sequence of units, each a small graph of layers (a conv-BN-ReLU-pool block, a
+// A unit is a piece of the graph with one tensor in and one out (a conv-BN-ReLU-pool block, a
 // residual block, an Inception block, the classifier); a stage holds units [first, end), the
 // first stage reads the images (N, C, H, W) and the last gives the cross-entropy over the
-// classes and the number of correct predictions. Units' activations cross stage boundaries
-// (their shapes shrink from unit to unit, which unit_shapes() gives without running anything).
+// classes and the number of correct predictions. The compiler folds a ReLU into the batch norm
+// or the sum before it (one pass fewer, the same numbers), builds a concat of branches from one
+// source as a block of parallel branches (placed on ranks by the branch layout), pairs
+// convolutions for the filter/channel split (graph.h: channel_splits), and keeps oneDNN's
+// blocked activations where every layer takes them (graph.h: graph_takes_blocked).
 //
-// Named models (Fashion-MNIST's 1 x 28 x 28 images, 10 classes):
-//   cnn-small        block1: conv1 3x3 32, bn1, relu, maxpool 2   -> 32 x 14 x 14
-//                    block2: conv2 3x3 64, bn2, relu, maxpool 2   -> 64 x 7 x 7
-//                    classifier: flatten, fc1 3136 -> 128, relu, fc2 128 -> 10
-//   resnet-small     stem: conv1 3x3 32, bn1, relu                 -> 32 x 28 x 28
-//                    layer1.0: basic residual block 32, identity shortcut
-//                    layer2.0: basic residual block 64, stride 2, projection shortcut (1x1 conv, bn)
-//                    layer3.0: basic residual block 128, stride 2, projection shortcut
-//                    classifier: global average pool, fc 128 -> 10
-//   inception-small  stem: conv1 3x3 32, bn1, relu, maxpool 2      -> 32 x 14 x 14
-//                    inception1, inception2: four branches joined along channels —
-//                      1x1; 1x1 then 3x3; 1x1 then two 3x3 (the 5x5's receptive field);
-//                      3x3 max pool (stride 1) then 1x1 — each conv followed by BN and ReLU
-//                    classifier: global average pool, fc -> 10
+// Named models (Fashion-MNIST's 1 x 28 x 28 images, 10 classes; docs/models.md):
+//   cnn-small        conv 3x3 32, bn, relu, maxpool 2; conv 3x3 64, bn, relu, maxpool 2;
+//                    flatten, fc1 3136 -> 128, relu, fc2 128 -> 10
+//   resnet-small     a 3x3 stem of 32, three basic residual blocks of 32, 64 (stride 2) and
+//                    128 (stride 2, projection shortcuts), global average pool, fc 128 -> 10
+//   inception-small  a 3x3 stem of 32 and a 2x2 max pool, two Inception blocks of four branches
+//                    (1x1; 1x1 then 3x3; 1x1 then two 3x3; 3x3 max pool then 1x1), global
+//                    average pool, fc -> 10
 // Parameter and buffer names are PyTorch state-dict names (conv1.weight (OC, IC, KH, KW),
 // bn1.running_mean, layer2.0.downsample.0.weight, ...); fully connected weights are stored
 // (in, out) as nn::Linear keeps them (model::torch_layout says which to transpose for PyTorch).
@@ -45,13 +43,16 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/model/cnn_layout.h"
+#include "meshtrain/model/graph.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/nn/batchnorm.h"
 
 namespace meshtrain::model {
 
 struct CNNConfig {
-  std::string name = "cnn-small";  // the architecture: cnn-small, resnet-small, inception-small
+  std::string name = "cnn-small";  // the model's name (a named model's, or a user graph's "name")
+  // The layer graph (model/graph.h): a named model's file, or the user's.
+  std::shared_ptr<const Graph> graph = named_graph("cnn-small");
   int64_t channels = 1, height = 28, width = 28;  // input images
   // The data set's images upsampled this many times each way make the input (a config's
   // "scale": height and width are the data set's times it). Asked for, never inferred.
@@ -61,8 +62,10 @@ struct CNNConfig {
   nlohmann::json to_json() const;
 };
 
-// The named CNNs; throws std::invalid_argument listing the names otherwise.
+// The named CNNs (models/*.json); throws std::invalid_argument listing the names otherwise.
 CNNConfig cnn_config(const std::string& name);
+// A user's layer graph: its input, classes and batch.
+CNNConfig cnn_config(std::shared_ptr<const Graph> graph);
 std::vector<std::string> cnn_config_names();
 
 // A unit of a CNN: a layer graph with its own output shape (C, H, W) for an input (C, H, W).

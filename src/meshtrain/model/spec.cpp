@@ -313,10 +313,11 @@ std::shared_ptr<const ModelSpec> cnn_spec(const CNNConfig& cfg) { return std::ma
 bool is_cnn_name(const std::string& name) {
   for (const std::string& n : cnn_config_names())
     if (n == name) return true;
-  return false;
+  return name.size() > 5 && name.ends_with(".json");  // a model file: a layer graph (or a config)
 }
 
 std::shared_ptr<const ModelSpec> model_spec(const std::string& name) {
+  if (name.size() > 5 && name.ends_with(".json")) return model_spec_from_file(name);
   if (is_cnn_name(name)) return cnn_spec(cnn_config(name));
   try {
     return gpt_spec(gpt_config(name));
@@ -326,7 +327,7 @@ std::shared_ptr<const ModelSpec> model_spec(const std::string& name) {
     for (const std::string& n : cnn_config_names()) names += n + ", ";
     names.resize(names.size() - 2);
     throw std::invalid_argument("unknown model '" + name + "'; the named models are " + names +
-                                " (or --config FILE.json)");
+                                " (or a model file, --model FILE.json)");
   }
 }
 
@@ -337,7 +338,9 @@ std::shared_ptr<const ModelSpec> model_spec_from_file(const std::string& path) {
   const std::string text = io::read_text_file(path, source, "give --config a JSON file");
   nlohmann::json j = io::parse_json_strict(text, source,
                                            "it must be an object such as {\"n_layer\": 4, \"n_embd\": 128, ...} or "
-                                           "{\"family\": \"cnn\", \"name\": \"resnet-small\"}");
+                                           "{\"family\": \"cnn\", \"name\": \"resnet-small\"}, or a layer graph "
+                                           "{\"name\": ..., \"input\": ..., \"layers\": [...]}");
+  if (is_graph_json(j)) return cnn_spec(cnn_config(std::make_shared<const Graph>(parse_graph(j, source))));
   if (j.is_object() && j.contains("family") && j["family"] != "gpt") {
     if (j["family"] != "cnn")
       throw std::invalid_argument(source + ": \"family\" must be \"gpt\" or \"cnn\", not " + j["family"].dump());

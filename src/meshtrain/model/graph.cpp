@@ -1,0 +1,445 @@
+#include "meshtrain/model/graph.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <utility>
+
+#include "meshtrain/io/json.h"
+
+namespace meshtrain::model {
+
+// The named models' files, built into the program (cmake/embed_models.cmake writes it).
+const std::vector<std::pair<const char*, const char*>>& named_model_texts();
+
+namespace {
+
+constexpr int64_t kMaxLayers = 10'000;
+constexpr int64_t kMaxDim = 65'536;       // channels, features, image sides
+constexpr int64_t kMaxWindow = 255;       // kernel, stride, padding
+constexpr double kMaxLayerParams = 1u << 31;
+
+struct OpInfo {
+  Op op;
+  const char* name;
+  std::vector<const char*> fields;  // beyond name, op, from, unit
+  const char* what;                 // for the list of ops
+};
+
+const std::vector<OpInfo>& ops() {
+  static const std::vector<OpInfo> v = {
+      {Op::conv2d, "conv2d", {"out_channels", "kernel_size", "stride", "padding", "bias"}, "a 2-D convolution"},
+      {Op::batchnorm2d, "batchnorm2d", {"eps", "momentum"}, "batch normalisation over (N, H, W)"},
+      {Op::relu, "relu", {}, "max(x, 0)"},
+      {Op::maxpool2d, "maxpool2d", {"kernel_size", "stride", "padding"}, "max pooling"},
+      {Op::global_avgpool2d, "global_avgpool2d", {}, "the mean of each channel's map"},
+      {Op::flatten, "flatten", {}, "(C, H, W) to features"},
+      {Op::linear, "linear", {"out_features", "bias"}, "a fully connected layer"},
+      {Op::add, "add", {}, "the sum of two or more tensors of one shape"},
+      {Op::concat, "concat", {}, "tensors joined along channels"},
+  };
+  return v;
+}
+
+std::string op_list() {
+  std::string s;
+  for (const OpInfo& o : ops()) s += (s.empty() ? "" : ", ") + std::string(o.name);
+  return s;
+}
+
+std::string shape_text(const Shape& s) {
+  std::string t = "(N";
+  for (int64_t d : s) t += ", " + std::to_string(d);
+  return t + ")";
+}
+
+// The refusals of one file: "<source>: layer 'x' (conv2d): <what>".
+class Refuse {
+ public:
+  explicit Refuse(std::string source) : source_(std::move(source)) {}
+  [[noreturn]] void file(const std::string& what) const {
+    throw std::invalid_argument(source_ + ": " + what + " (docs/models.md lists the format)");
+  }
+  [[noreturn]] void layer(size_t i, const std::string& name, const std::string& what) const {
+    throw std::invalid_argument(source_ + ": layer " + std::to_string(i) +
+                                (name.empty() ? std::string() : " '" + name + "'") + " " + what);
+  }
+
+ private:
+  std::string source_;
+};
+
+bool valid_name(const std::string& n) {
+  if (n.empty() || n.size() > 200 || n.front() == '.' || n.back() == '.') return false;
+  for (char c : n)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-')) return false;
+  return true;
+}
+
+// An integer field from lo to hi; the refusal names the layer and the field.
+int64_t integer(const nlohmann::json& v, const std::string& field, int64_t lo, int64_t hi,
+                const std::function<void(const std::string&)>& fail) {
+  const std::string range = "an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+  if (!v.is_number_integer()) fail("\"" + field + "\" is " + v.dump() + ", not " + range);
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi) : v.get<int64_t>() > hi)
+    fail("\"" + field + "\" is " + v.dump() + ", more than " + std::to_string(hi));
+  const int64_t x = v.get<int64_t>();
+  if (x < lo) fail("\"" + field + "\" is " + v.dump() + ", less than " + std::to_string(lo));
+  return x;
+}
+
+double number(const nlohmann::json& v, const std::string& field, double lo, double hi, bool lo_open,
+              const std::function<void(const std::string&)>& fail) {
+  if (!v.is_number()) fail("\"" + field + "\" is " + v.dump() + ", not a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x > hi || x < lo || (lo_open && x == lo))
+    fail("\"" + field + "\" is " + v.dump() + ", not a number " + (lo_open ? "above " : "from ") +
+         nlohmann::json(lo).dump() + (lo_open ? " and at most " : " to ") + nlohmann::json(hi).dump());
+  return x;
+}
+
+}  // namespace
+
+const char* op_name(Op op) {
+  for (const OpInfo& o : ops())
+    if (o.op == op) return o.name;
+  return "?";
+}
+
+bool is_graph_json(const nlohmann::json& j) { return j.is_object() && j.contains("layers"); }
+
+Graph parse_graph(const nlohmann::json& j, const std::string& source) {
+  const Refuse refuse(source);
+  if (!j.is_object()) refuse.file("a model file must be a JSON object with \"name\", \"input\" and \"layers\"");
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (it.key() != "name" && it.key() != "input" && it.key() != "layers" && it.key() != "batch")
+      refuse.file("\"" + it.key() + "\" is not a field of a model file (its fields: name, input, layers, batch)");
+  Graph g;
+  g.source = j;
+  if (!j.contains("name") || !j["name"].is_string() || !valid_name(j["name"].get<std::string>()))
+    refuse.file("\"name\" must be the model's name (letters, digits, '_', '-', '.')");
+  g.name = j["name"].get<std::string>();
+  auto top_fail = [&](const std::string& what) { refuse.file(what); };
+  if (j.contains("batch")) g.batch = integer(j["batch"], "batch", 1, 1 << 20, top_fail);
+
+  // ---- the input ----
+  if (!j.contains("input") || !j["input"].is_object())
+    refuse.file("\"input\" must be an object such as {\"image\": [1, 28, 28], \"classes\": 10}");
+  const nlohmann::json& in = j["input"];
+  for (auto it = in.begin(); it != in.end(); ++it)
+    if (it.key() != "image" && it.key() != "classes") {
+      if (it.key() == "tokens")
+        refuse.file("input \"tokens\": a layer graph takes images for now; a transformer on tokens is a GPT config "
+                    "(docs/models.md)");
+      refuse.file("input.\"" + it.key() + "\" is not a field of the input (it has image and classes)");
+    }
+  if (!in.contains("image") || !in["image"].is_array() || in["image"].size() != 3)
+    refuse.file("input.\"image\" must be [channels, height, width]");
+  for (size_t d = 0; d < 3; ++d)
+    g.image.push_back(integer(in["image"][d], "input.image[" + std::to_string(d) + "]", 1, kMaxDim, top_fail));
+  if (!in.contains("classes")) refuse.file("input.\"classes\" is missing: give the number of classes");
+  g.classes = integer(in["classes"], "input.classes", 2, 1 << 20, top_fail);
+
+  // ---- the layers ----
+  if (!j.contains("layers") || !j["layers"].is_array() || j["layers"].empty())
+    refuse.file("\"layers\" must be a non-empty array of layers");
+  if (static_cast<int64_t>(j["layers"].size()) > kMaxLayers)
+    refuse.file("\"layers\" has " + std::to_string(j["layers"].size()) + " layers, more than the " +
+                std::to_string(kMaxLayers) + " a graph may have");
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < j["layers"].size(); ++i) {
+    const nlohmann::json& l = j["layers"][i];
+    if (!l.is_object()) refuse.layer(i, "", "is " + l.dump() + ", not an object such as {\"name\": ..., \"op\": ...}");
+    const std::string name = l.contains("name") && l["name"].is_string() ? l["name"].get<std::string>() : "";
+    auto fail = [&](const std::string& what) { refuse.layer(i, name, what); };
+    if (!l.contains("name")) fail("has no \"name\"; give each layer a unique name (its parameters' prefix)");
+    if (!valid_name(name))
+      fail("has the name " + l["name"].dump() + "; a name is 1 to 200 letters, digits, '_', '-' or '.', not starting "
+           "or ending with '.'");
+    if (name == "input") fail("is named 'input', which \"from\" uses for the model's input; rename it");
+    if (index.count(name)) fail("has the name of layer " + std::to_string(index[name]) + "; names must be unique");
+    if (!l.contains("op") || !l["op"].is_string()) fail("has no \"op\"; give one of " + op_list());
+    const std::string op = l["op"].get<std::string>();
+    const OpInfo* info = nullptr;
+    for (const OpInfo& o : ops())
+      if (op == o.name) info = &o;
+    if (!info) fail("has the unknown op '" + op + "'; the ops are " + op_list());
+    GraphLayer L;
+    L.name = name, L.op = info->op;
+    for (auto it = l.begin(); it != l.end(); ++it) {
+      const std::string& k = it.key();
+      if (k == "name" || k == "op" || k == "from" || k == "unit") continue;
+      if (std::find_if(info->fields.begin(), info->fields.end(), [&](const char* f) { return k == f; }) ==
+          info->fields.end()) {
+        std::string fields;
+        for (const char* f : info->fields) fields += std::string(fields.empty() ? "" : ", ") + f;
+        fail("(" + op + ") has the unknown field \"" + k + "\"; " + op + " takes " +
+             (fields.empty() ? std::string("no fields") : fields) + " besides name, op, from and unit");
+      }
+    }
+    auto req = [&](const char* f) -> const nlohmann::json& {
+      if (!l.contains(f)) fail("(" + op + ") needs \"" + f + "\"");
+      return l[f];
+    };
+    auto field_fail = [&](const std::string& what) { fail("(" + op + "): " + what); };
+    switch (L.op) {
+      case Op::conv2d:
+        L.out_channels = integer(req("out_channels"), "out_channels", 1, kMaxDim, field_fail);
+        L.kernel = integer(req("kernel_size"), "kernel_size", 1, kMaxWindow, field_fail);
+        if (l.contains("stride")) L.stride = integer(l["stride"], "stride", 1, kMaxWindow, field_fail);
+        if (l.contains("padding")) L.padding = integer(l["padding"], "padding", 0, L.kernel / 2, field_fail);
+        break;
+      case Op::maxpool2d:
+        L.kernel = integer(req("kernel_size"), "kernel_size", 1, kMaxWindow, field_fail);
+        L.stride = l.contains("stride") ? integer(l["stride"], "stride", 1, kMaxWindow, field_fail) : L.kernel;
+        if (l.contains("padding")) L.padding = integer(l["padding"], "padding", 0, L.kernel / 2, field_fail);
+        break;
+      case Op::linear: L.out_channels = integer(req("out_features"), "out_features", 1, kMaxDim, field_fail); break;
+      case Op::batchnorm2d:
+        if (l.contains("eps")) L.eps = number(l["eps"], "eps", 0, 1, true, field_fail);
+        if (l.contains("momentum")) L.momentum = number(l["momentum"], "momentum", 0, 1, false, field_fail);
+        break;
+      default: break;
+    }
+    if (l.contains("bias")) {
+      if (!l["bias"].is_boolean()) field_fail("\"bias\" is " + l["bias"].dump() + ", not true or false");
+      L.bias = l["bias"].get<bool>();
+    }
+    if (l.contains("unit")) {
+      if (!l["unit"].is_string() || !valid_name(l["unit"].get<std::string>()))
+        fail("has \"unit\": " + l["unit"].dump() + "; a unit is named as a layer is");
+      L.unit = l["unit"].get<std::string>();
+    }
+    // What it reads: the previous layer (the input for the first), or "from".
+    std::vector<std::string> from;
+    if (l.contains("from")) {
+      const nlohmann::json& f = l["from"];
+      if (f.is_string()) from.push_back(f.get<std::string>());
+      else if (f.is_array() && !f.empty() && f.size() <= 64 && std::all_of(f.begin(), f.end(), [](const auto& x) { return x.is_string(); }))
+        for (const auto& x : f) from.push_back(x.get<std::string>());
+      else fail("has \"from\": " + f.dump() + "; give a layer's name, or a list of 1 to 64 names");
+      for (const std::string& s : from) {
+        if (s == "input") L.from.push_back(-1);
+        else if (auto it = index.find(s); it != index.end()) L.from.push_back(it->second);
+        else {
+          bool later = s == name;
+          for (size_t k = i + 1; k < j["layers"].size() && !later; ++k)
+            later = j["layers"][k].is_object() && j["layers"][k].value("name", nlohmann::json()) == s;
+          fail(later ? "reads '" + s + "', " + (s == name ? "itself" : "a later layer") +
+                           ": a layer reads only the model's input and earlier layers (list them in the order they run)"
+                     : "reads '" + s + "', which names no layer (nor 'input', the model's input)");
+        }
+      }
+    } else {
+      L.from.push_back(static_cast<int>(i) - 1);
+    }
+    const bool many = L.op == Op::add || L.op == Op::concat;
+    if (many && L.from.size() < 2) fail("(" + op + ") needs \"from\" with two or more layers");
+    if (!many && L.from.size() != 1) fail("(" + op + ") reads one tensor; give \"from\" one name");
+    index[name] = static_cast<int>(i);
+    g.layers.push_back(std::move(L));
+  }
+  // Every layer but the last is read: an output nothing reads would be computed for nothing.
+  std::vector<bool> read(g.layers.size(), false);
+  for (const GraphLayer& l : g.layers)
+    for (int k : l.from)
+      if (k >= 0) read[static_cast<size_t>(k)] = true;
+  for (size_t i = 0; i + 1 < g.layers.size(); ++i)
+    if (!read[i])
+      refuse.layer(i, g.layers[i].name, "is read by no layer: only the last layer's output may go unread (the logits); "
+                                        "name it in a later layer's \"from\", or remove it");
+  infer_shapes(g, g.image);  // every shape meets, the last gives the logits
+  unit_starts(g);            // the units given are whole
+  return g;
+}
+
+Graph read_graph_file(const std::string& path) {
+  const std::string source = "model file " + path;
+  return parse_graph(io::read_json_file_strict(path, source, "give a JSON layer graph (docs/models.md)"), source);
+}
+
+std::vector<Shape> infer_shapes(const Graph& g, const Shape& chw) {
+  const Refuse refuse(g.name);
+  std::vector<Shape> out;
+  auto in_of = [&](int k) -> const Shape& { return k < 0 ? chw : out[static_cast<size_t>(k)]; };
+  auto name_of = [&](int k) { return k < 0 ? std::string("input") : g.layers[static_cast<size_t>(k)].name; };
+  for (size_t i = 0; i < g.layers.size(); ++i) {
+    const GraphLayer& L = g.layers[i];
+    const std::string op = op_name(L.op);
+    auto fail = [&](const std::string& what) { refuse.layer(i, L.name, "(" + op + ") " + what); };
+    const Shape& x = in_of(L.from[0]);
+    auto needs_map = [&] {
+      if (x.size() != 3)
+        fail("takes a feature map (N, C, H, W); its input '" + name_of(L.from[0]) + "' is " + shape_text(x) +
+             (L.op == Op::flatten ? "" : ": put it before the flatten"));
+    };
+    auto window = [&](const char* what) {
+      needs_map();
+      Shape s{0, 0, 0};
+      for (int d = 1; d <= 2; ++d) {
+        const int64_t span = x[d] + 2 * L.padding - L.kernel;
+        if (span < 0)
+          fail("has a " + std::to_string(L.kernel) + "x" + std::to_string(L.kernel) + " " + what + " over a " +
+               std::to_string(x[1]) + "x" + std::to_string(x[2]) + " map (padding " + std::to_string(L.padding) +
+               "): the map would shrink below 1; use a smaller kernel_size or more padding, or fewer layers that "
+               "shrink it before");
+        s[d] = span / L.stride + 1;
+      }
+      return s;
+    };
+    Shape y;
+    switch (L.op) {
+      case Op::conv2d: {
+        y = window("convolution");
+        y[0] = L.out_channels;
+        const double params = static_cast<double>(L.out_channels) * static_cast<double>(x[0]) *
+                              static_cast<double>(L.kernel * L.kernel);
+        if (params > kMaxLayerParams) fail("would hold " + nlohmann::json(params).dump() + " weights, more than 2^31");
+        break;
+      }
+      case Op::maxpool2d: y = window("pooling window"), y[0] = x[0]; break;
+      case Op::batchnorm2d: needs_map(), y = x; break;
+      case Op::relu: y = x; break;
+      case Op::global_avgpool2d: needs_map(), y = {x[0], 1, 1}; break;
+      case Op::flatten:
+        if (x.size() != 3) fail("flattens a feature map; its input '" + name_of(L.from[0]) + "' is " + shape_text(x) + " already");
+        y = {x[0] * x[1] * x[2]};
+        break;
+      case Op::linear:
+        if (x.size() != 1)
+          fail("takes features (N, F); its input '" + name_of(L.from[0]) + "' is " + shape_text(x) +
+               ": put a flatten (or a global_avgpool2d and a flatten) before it");
+        if (static_cast<double>(x[0]) * static_cast<double>(L.out_channels) > kMaxLayerParams)
+          fail("would hold " + std::to_string(x[0]) + " x " + std::to_string(L.out_channels) + " weights, more than 2^31");
+        y = {L.out_channels};
+        break;
+      case Op::add:
+        for (int k : L.from)
+          if (in_of(k) != x)
+            fail("adds '" + name_of(L.from[0]) + "' " + shape_text(x) + " and '" + name_of(k) + "' " +
+                 shape_text(in_of(k)) + ": the tensors of a sum must have one shape");
+        y = x;
+        break;
+      case Op::concat:
+        y = {0, 0, 0};
+        for (int k : L.from) {
+          const Shape& s = in_of(k);
+          if (s.size() != 3 || s[1] != x[1] || s[2] != x[2] || x.size() != 3)
+            fail("joins '" + name_of(L.from[0]) + "' " + shape_text(x) + " and '" + name_of(k) + "' " + shape_text(s) +
+                 " along channels: they must be feature maps of one height and width");
+          y[0] += s[0];
+        }
+        y[1] = x[1], y[2] = x[2];
+        break;
+    }
+    out.push_back(y);
+  }
+  if (out.back() != Shape{g.classes})
+    refuse.layer(g.layers.size() - 1, g.layers.back().name,
+                 "is the last layer and gives " + shape_text(out.back()) + "; the logits must be (N, " +
+                     std::to_string(g.classes) + ") for the " + std::to_string(g.classes) +
+                     " classes: end with a linear of out_features " + std::to_string(g.classes));
+  return out;
+}
+
+std::vector<int> unit_starts(const Graph& g) {
+  const Refuse refuse(g.name);
+  const int n = static_cast<int>(g.layers.size());
+  // last_read[k + 1]: the last layer that reads layer k (k = -1: the input).
+  std::vector<int> last_read(static_cast<size_t>(n) + 1, -1);
+  for (int i = 0; i < n; ++i)
+    for (int k : g.layers[static_cast<size_t>(i)].from) last_read[static_cast<size_t>(k + 1)] = i;
+  // cut_ok[i]: a cut between layers i - 1 and i, where nothing made before layer i - 1 (the input
+  // and layers [0, i - 1)) is read at i or later; `reach` is the furthest reader of those.
+  std::vector<bool> cut_ok(static_cast<size_t>(n), false);
+  int reach = last_read[0];
+  for (int i = 1; i < n; ++i) {
+    cut_ok[static_cast<size_t>(i)] = reach <= i - 1;
+    reach = std::max(reach, last_read[static_cast<size_t>(i)]);
+  }
+  std::set<std::string> closed;  // units already ended
+  std::vector<int> starts{0};
+  for (int i = 0; i + 1 < n; ++i) {
+    const GraphLayer &a = g.layers[static_cast<size_t>(i)], &b = g.layers[static_cast<size_t>(i + 1)];
+    const bool same = !a.unit.empty() && a.unit == b.unit;
+    if (same) continue;
+    if (!a.unit.empty()) closed.insert(a.unit);
+    if (!b.unit.empty() && closed.count(b.unit))
+      refuse.layer(static_cast<size_t>(i + 1), b.name,
+                   "is in unit '" + b.unit + "', which ended before it; a unit's layers must be consecutive");
+    if (cut_ok[static_cast<size_t>(i + 1)]) {
+      starts.push_back(i + 1);
+    } else if (!a.unit.empty() && !b.unit.empty()) {
+      refuse.layer(static_cast<size_t>(i + 1), b.name,
+                   "starts unit '" + b.unit + "', but a layer after it reads one before it: a pipeline cannot cut "
+                   "there; put both in one unit");
+    }
+  }
+  starts.push_back(n);
+  return starts;
+}
+
+ChannelSplits channel_splits(const Graph& g) {
+  const size_t n = g.layers.size();
+  std::vector<std::vector<int>> readers(n);
+  for (size_t i = 0; i < n; ++i)
+    for (int k : g.layers[i].from)
+      if (k >= 0) readers[static_cast<size_t>(k)].push_back(static_cast<int>(i));
+  ChannelSplits s{std::vector<bool>(n, false), std::vector<bool>(n, false)};
+  for (size_t a = 0; a < n; ++a) {
+    if (g.layers[a].op != Op::conv2d || s.in_split[a]) continue;
+    std::vector<size_t> between;
+    size_t cur = a;
+    while (readers[cur].size() == 1) {
+      const size_t r = static_cast<size_t>(readers[cur][0]);
+      const Op op = g.layers[r].op;
+      if (op == Op::batchnorm2d || op == Op::relu || op == Op::maxpool2d) {
+        between.push_back(r);
+        cur = r;
+        continue;
+      }
+      if (op == Op::conv2d && !s.in_split[r]) {
+        s.out_split[a] = s.in_split[r] = true;
+        for (size_t m : between) s.in_split[m] = s.out_split[m] = true;
+      }
+      break;
+    }
+  }
+  return s;
+}
+
+bool graph_takes_blocked(const Graph& g) {
+  for (const GraphLayer& L : g.layers) {
+    if (L.op == Op::maxpool2d || L.op == Op::concat) return false;
+    if (L.op == Op::flatten && (L.from[0] < 0 || g.layers[static_cast<size_t>(L.from[0])].op != Op::global_avgpool2d))
+      return false;
+    for (int k : L.from)
+      if (k < 0 && L.op != Op::conv2d) return false;  // the images are NCHW
+  }
+  return true;
+}
+
+std::shared_ptr<const Graph> named_graph(const std::string& name) {
+  static const std::map<std::string, std::shared_ptr<const Graph>> graphs = [] {
+    std::map<std::string, std::shared_ptr<const Graph>> m;
+    for (const auto& [n, text] : named_model_texts()) {
+      const std::string source = std::string("models/") + n + ".json";
+      m[n] = std::make_shared<const Graph>(parse_graph(io::parse_json_strict(text, source, ""), source));
+    }
+    return m;
+  }();
+  auto it = graphs.find(name);
+  return it == graphs.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> named_graph_names() {
+  std::vector<std::string> v;
+  for (const auto& [n, text] : named_model_texts()) v.push_back(n);
+  return v;
+}
+
+}  // namespace meshtrain::model

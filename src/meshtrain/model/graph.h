@@ -1,0 +1,102 @@
+// A model as data: a layer graph the user writes in JSON (docs/models.md), read strictly,
+// its shapes inferred layer by layer. The named image models are such files too
+// (models/*.json, built into the program), so a user's graph and ours take one path: the
+// graph is compiled into pipeline units of nn/ layers by model/cnn.cpp, through the layout's
+// layer factory (model/cnn_layout.h).
+//
+//   {"name": "vgg-mini",
+//    "input": {"image": [1, 28, 28], "classes": 10},
+//    "layers": [
+//      {"name": "features.0", "op": "conv2d", "out_channels": 32, "kernel_size": 3, "padding": 1},
+//      {"name": "features.1", "op": "batchnorm2d"},
+//      {"name": "features.2", "op": "relu"},
+//      {"name": "skip", "op": "conv2d", "out_channels": 32, "kernel_size": 1, "bias": false,
+//       "from": "features.2"},
+//      {"name": "sum", "op": "add", "from": ["features.2", "skip"]},
+//      {"name": "flat", "op": "flatten"},
+//      {"name": "fc", "op": "linear", "out_features": 10}]}
+//
+// A layer takes the previous layer's output unless "from" names an earlier one (or several, for
+// add and concat); names are unique and are the PyTorch state-dict prefixes of the layer's
+// parameters and buffers. The last layer's output is the logits, trained with cross-entropy.
+// Field names follow PyTorch's constructor arguments. An optional "unit" groups consecutive
+// layers into one pipeline unit (a pipeline cuts only between units; ZeRO-3 gathers a unit's
+// parameters together); without it a layer is a unit of its own where a cut can fall after it
+// (one tensor live), else it joins the next.
+//
+// Refusals throw std::invalid_argument with one sentence naming the file, the layer and the
+// field (the CLI exits 2).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::model {
+
+enum class Op { conv2d, batchnorm2d, relu, maxpool2d, global_avgpool2d, flatten, linear, add, concat };
+
+const char* op_name(Op op);
+
+struct GraphLayer {
+  std::string name;
+  Op op = Op::relu;
+  std::vector<int> from;  // indices of the layers it reads; -1: the model's input
+  std::string unit;       // "" when not given
+  // conv2d: out_channels, kernel_size, stride, padding, bias; maxpool2d: kernel_size, stride,
+  // padding; linear: out_features (in out_channels), bias; batchnorm2d: eps, momentum.
+  int64_t out_channels = 0, kernel = 1, stride = 1, padding = 0;
+  bool bias = true;
+  double eps = 1e-5, momentum = 0.1;
+};
+
+struct Graph {
+  std::string name;
+  Shape image;            // (C, H, W) of a sample as the file gives it
+  int64_t classes = 0;
+  int64_t batch = 64;     // the recommended global batch
+  std::vector<GraphLayer> layers;
+  nlohmann::json source;  // the file's JSON, as read (recorded in checkpoints)
+};
+
+// Reads a graph from its JSON; `source` names it in refusals ("model file m.json").
+Graph parse_graph(const nlohmann::json& j, const std::string& source);
+// The file at `path`, read strictly (io/json.h).
+Graph read_graph_file(const std::string& path);
+// Whether a JSON object is a layer graph (it has "layers").
+bool is_graph_json(const nlohmann::json& j);
+
+// The named models shipped as files (models/*.json), by name; null when `name` is none of them.
+std::shared_ptr<const Graph> named_graph(const std::string& name);
+std::vector<std::string> named_graph_names();
+
+// The per-sample output shape of every layer for an input of (C, H, W) (the file's, or scaled):
+// (C, H, W) or (F). Refuses shapes that do not meet, naming the layer.
+std::vector<Shape> infer_shapes(const Graph& g, const Shape& chw);
+
+// Where a pipeline may cut: unit u is layers [starts[u], starts[u + 1]) (starts.back() is the
+// layer count). Only the output of a unit's last layer is read after it.
+std::vector<int> unit_starts(const Graph& g);
+
+// Channel pairing (model/cnn_layout.h): a convolution whose output reaches exactly one other
+// convolution through per-channel layers only (batch norm, ReLU, max pooling), each read once,
+// leaves its output split and that convolution takes it split (filters, then channels). Per
+// layer: whether its input arrives split, whether its output leaves split.
+struct ChannelSplits {
+  std::vector<bool> in_split, out_split;
+};
+ChannelSplits channel_splits(const Graph& g);
+
+// Whether every layer after the input can keep oneDNN's blocked activation layout
+// (convolution, batch norm, ReLU, add, global average pooling, and a flatten or linear after
+// the global pool): the graph then keeps it where the layout gives one (no convolution
+// converts); otherwise (a max pool, a concat, a flatten of a feature map) every activation is
+// NCHW.
+bool graph_takes_blocked(const Graph& g);
+
+}  // namespace meshtrain::model

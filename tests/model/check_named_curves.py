@@ -1,0 +1,28 @@
+#!/usr/bin/env python3
+"""The named image models from their files give the loss curves recorded from the binary of the
+commit before they were files (tests/model/named_curves.json, made by record_named_curves.sh):
+20 steps at every layout recorded. Bit for bit on a CPU with the recorded instruction sets
+(oneDNN picks its kernels by them); elsewhere within 1e-5 relative, and the test says so."""
+import json
+import subprocess
+import sys
+
+binary, here = sys.argv[1], sys.argv[2]
+recorded = json.load(open(f"{here}/named_curves.json"))
+out = subprocess.run([f"{here}/record_named_curves.sh", binary], check=True, capture_output=True, text=True).stdout
+now = json.loads(out)
+exact = now["cpu_flags"] == recorded["cpu_flags"]
+print(f"cpu flags here: {now['cpu_flags']!r}; recorded on: {recorded['cpu_flags']!r}: "
+      + ("comparing bit for bit" if exact else "different kernels: comparing within 1e-5 relative"))
+failed = 0
+for run, old in recorded["curves"].items():
+    new = now["curves"].get(run)
+    if new is None or len(new) != len(old):
+        print(f"FAIL {run}: {len(old)} recorded steps, {0 if new is None else len(new)} now")
+        failed += 1
+        continue
+    bad = [(i + 1, a, b) for i, (a, b) in enumerate(zip(old, new))
+           if (a != b if exact else abs(a - b) > 1e-5 * abs(a))]
+    print(("FAIL " if bad else "ok   ") + f"{run}: {len(old)} steps" + (f", first difference at step {bad[0]}" if bad else ""))
+    failed += bool(bad)
+sys.exit(1 if failed else 0)
