@@ -6,6 +6,7 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 MT=$(realpath "$1")
+SOURCE_DIR=$(cd "$here/../.." && pwd)  # the repository (examples/)
 shift
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/meshtrain-hostile.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT

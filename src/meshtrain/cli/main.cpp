@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
   meshtrain::cli::add_calibrate_command(app);
   meshtrain::cli::add_plan_command(app);
   meshtrain::cli::add_launch_command(app);
+  meshtrain::cli::add_model_command(app);
   CLI::App* bench = app.add_subcommand("bench", "Measure kernels and communication");
   bench->require_subcommand(1);
   meshtrain::cli::add_bench_comm_command(*bench);

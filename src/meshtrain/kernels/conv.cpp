@@ -19,6 +19,7 @@
 // sum post-op (dst = reorder(src) + dst), so the conversion and the addition are one pass. The
 // bias gradient (OC floats) is added by a loop.
 #include "meshtrain/kernels/conv.h"
+#include "meshtrain/kernels/flops.h"
 #include "meshtrain/kernels/layout.h"
 
 #include <omp.h>
@@ -279,11 +280,18 @@ void Conv2dShape::validate() const {
            ") is smaller than the kernel (" + std::to_string(KH) + " x " + std::to_string(KW) + ")");
 }
 
+// Multiply-adds of one pass (forward, the input gradient or the weight gradient): every output
+// position of every filter over the kernel's window of every input channel.
+static double macs(const Conv2dShape& s) {
+  return static_cast<double>(s.N * s.OC * s.OH() * s.OW()) * static_cast<double>(s.IC * s.KH * s.KW);
+}
+
 // ---- forward ----
 void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
                     const Conv2dShape& s, int threads) {
   s.validate();
   if (s.N == 0) return;
+  count_flops(macs(s) * 2);
   const int t = threads < 1 ? 1 : threads;
   set_budget(t);
   const ForwardPlan& p = forward_plan(s, bias != nullptr, t);
@@ -305,6 +313,7 @@ void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* inp, const float* weight, const Conv2dShape& s, int threads) {
   s.validate();
   if (s.N == 0) return;  // no rows: nothing to write, nothing to add
+  count_flops(2 * macs(s) * ((dinp ? 1 : 0) + (dweight ? 1 : 0)));
   const int t = threads < 1 ? 1 : threads;
   set_budget(t);
   dnnl::stream& st = thread_stream();

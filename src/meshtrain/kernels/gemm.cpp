@@ -12,6 +12,7 @@
 // thread budget: a training step uses a handful of shapes, so each is created once.
 // M, N or K = 0 is a no-op apart from C *= beta when K = 0.
 #include "meshtrain/kernels/gemm.h"
+#include "meshtrain/kernels/flops.h"
 
 #include <omp.h>
 
@@ -194,6 +195,14 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
 
 }  // namespace
 
+// ---- the FLOP count (kernels/flops.h) ----
+namespace {
+thread_local double flops_counted = 0;
+}  // namespace
+void count_flops(double flops) { flops_counted += flops; }
+double flops_counted_thread() { return flops_counted; }
+void reset_flops_counted_thread() { flops_counted = 0; }
+
 // ---- gemm ----
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
@@ -204,6 +213,7 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, cons
     scale_c(M, N, beta, C, ldc);
     return;
   }
+  count_flops(2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
   if (opt.precision == Precision::bf16) return gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, opt);
   sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, opt);
 }

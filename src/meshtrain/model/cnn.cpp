@@ -124,8 +124,8 @@ std::unique_ptr<nn::Layer> build_layer(const GraphFacts& f, size_t i, bool fold_
     case Op::linear: {
       // PyTorch's default bound for a linear layer, as a normal of the same variance.
       const float std = 1.0f / std::sqrt(3.0f * static_cast<float>(in[0]));
-      return std::make_unique<nn::Linear>(l.name, in[0], l.out_channels,
-                                          nn::LinearOptions{.bias = l.bias, .init_std = std, .seed = seed});
+      return L.linear(LinearDef{.name = l.name, .in = in[0], .out = l.out_channels, .bias = l.bias, .init_std = std,
+                                .seed = seed, .input = f.in_c(i), .output = f.out_c(i)});
     }
     default: throw std::logic_error("build_layer: " + l.name + " takes several inputs");
   }
@@ -280,6 +280,11 @@ class GraphUnit : public CNNUnit {
     for (const Node& n : nodes_)
       if (n.kind == Node::branches) return n.name;
     return "";
+  }
+  Shape branch_input() const override {
+    for (const Node& n : nodes_)
+      if (n.kind == Node::branches) return n.source_chw;
+    return {};
   }
   std::vector<nn::Layer*> branch_layers() override {
     std::vector<nn::Layer*> out;
@@ -470,6 +475,13 @@ std::map<std::string, size_t> cnn_branch_blocks(const CNNConfig& cfg) {
   return out;
 }
 
+std::map<std::string, Shape> cnn_branch_inputs(const CNNConfig& cfg) {
+  std::map<std::string, Shape> out;
+  for (auto& u : build_cnn_units(cfg, 0, *single_rank_cnn_layout()))
+    if (!u->block_name().empty()) out[u->block_name()] = u->branch_input();
+  return out;
+}
+
 std::vector<double> cnn_unit_flops(const CNNConfig& cfg) {
   // Multiply-adds of the convolutions and linears at their output sizes: a convolution's
   // weight (OC, IC, K, K) is applied at every output position; the output sizes follow the
@@ -505,21 +517,26 @@ CNNStage::CNNStage(const CNNConfig& cfg, uint64_t seed, int64_t first_unit, int6
     throw std::invalid_argument("CNNStage: units " + std::to_string(first_unit_) + ".." + std::to_string(end_unit_) +
                                 " outside the model's " + std::to_string(n) + " units");
   for (int64_t i = first_unit_; i < end_unit_; ++i) units_.push_back(std::move(all[i]));
+  // Which unit boundaries carry a tensor whose channels a pair leaves split (a pipeline cut
+  // between the two layers of a pair: each tp rank sends its share to its peer).
+  const std::vector<int> starts = unit_starts(*cfg.graph);
+  const ChannelSplits splits = channel_splits(*cfg.graph);
+  split_at_.assign(starts.size(), false);
+  for (size_t u = 1; u + 1 < starts.size(); ++u) split_at_[u] = splits.out_split[static_cast<size_t>(starts[u] - 1)];
   set_batch_stats_reduce(nullptr);
 }
 
-Shape CNNStage::input_shape(int64_t rows, int64_t) const {
-  Shape s{rows};
-  for (int64_t d : layout_->local_chw(shapes_[first_unit_])) s.push_back(d);
-  return s;
+Shape CNNStage::boundary_shape(int64_t unit, int64_t rows) const {
+  const Shape& whole = shapes_[static_cast<size_t>(unit)];
+  Shape here = whole.size() == 3 ? layout_->local_chw(whole) : whole;
+  if (split_at_[static_cast<size_t>(unit)]) here = layout_->split_share(here);
+  here.insert(here.begin(), rows);
+  return here;
 }
 
-Shape CNNStage::output_shape(int64_t rows, int64_t) const {
-  Shape s{rows};
-  const Shape& out = shapes_[end_unit_];
-  for (int64_t d : out.size() == 3 ? layout_->local_chw(out) : out) s.push_back(d);
-  return s;
-}
+Shape CNNStage::input_shape(int64_t rows, int64_t) const { return boundary_shape(first_unit_, rows); }
+
+Shape CNNStage::output_shape(int64_t rows, int64_t) const { return boundary_shape(end_unit_, rows); }
 
 Tensor CNNStage::forward(nn::Context& ctx, const Tensor& x_in, const MicroBatch& mb, StageResult* result,
                          nn::Portal*) {

@@ -78,6 +78,8 @@ class CNNUnit : public nn::Layer {
   // in branch order (all of them under the single-rank layout). Others: empty.
   virtual std::string block_name() const { return ""; }
   virtual std::vector<nn::Layer*> branch_layers() { return {}; }
+  // That block's input, (C, H, W) of a sample (the source its branches read).
+  virtual Shape branch_input() const { return {}; }
 };
 
 // The units of a named CNN, built for `seed` (layout-invariant initialisation by name) with the
@@ -97,6 +99,8 @@ std::map<std::string, std::vector<double>> measure_branch_costs(const CNNConfig&
                                                                 int reps = 3);
 // The blocks of parallel branches and their number of branches, by block name.
 std::map<std::string, size_t> cnn_branch_blocks(const CNNConfig& cfg);
+// Each block's input (C, H, W), by block name.
+std::map<std::string, Shape> cnn_branch_inputs(const CNNConfig& cfg);
 // Forward + backward FLOPs of one image (3 x the forward's multiply-adds x 2) per unit.
 std::vector<double> cnn_unit_flops(const CNNConfig& cfg);
 
@@ -129,7 +133,11 @@ class CNNStage : public Stage {
   int64_t first_unit_, end_unit_;
   bool first_, last_;
   std::vector<std::unique_ptr<CNNUnit>> units_;
+  // What crosses boundary `unit` (the input of that unit) on this rank, for `rows` samples.
+  Shape boundary_shape(int64_t unit, int64_t rows) const;
+
   std::vector<Shape> shapes_;  // (C, H, W) after each unit of the whole model, [0]: the input
+  std::vector<bool> split_at_;  // per unit boundary: a pair's split tensor crosses it
   std::vector<int32_t> predicted_;  // the last forward's argmax per sample (last stage)
   struct Head {};  // key of the loss's saved tensors
   Head head_;

@@ -5,6 +5,7 @@
 
 #include "meshtrain/kernels/layout.h"
 #include "meshtrain/nn/conv.h"
+#include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/shape.h"
 
 namespace meshtrain::model {
@@ -38,6 +39,11 @@ std::unique_ptr<nn::Layer> CNNLayout::conv(const ConvDef& d) const {
       d.name, d.in, d.out, d.kernel,
       nn::Conv2dOptions{.stride = d.stride, .padding = d.padding, .bias = d.bias, .seed = d.seed,
                         .input_grad = d.input_grad, .in_block = d.in_block, .out_block = d.out_block});
+}
+
+std::unique_ptr<nn::Layer> CNNLayout::linear(const LinearDef& d) const {
+  return std::make_unique<nn::Linear>(d.name, d.in, d.out,
+                                      nn::LinearOptions{.bias = d.bias, .init_std = d.init_std, .seed = d.seed});
 }
 
 std::unique_ptr<nn::BatchNorm2d> CNNLayout::batch_norm(const std::string& name, int64_t channels, Channels) const {

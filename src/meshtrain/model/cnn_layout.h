@@ -20,7 +20,8 @@
 // under a layout that splits channels; the others treat split as full). A filter split of a
 // convolution whose output stays split is the column-parallel layer of the transformer; the
 // convolution after it takes a channel split (row-parallel), and its partial outputs are summed.
-// The batch norm and ReLU between them act per channel and need no communication. The named
+// The batch norm and ReLU between them act per channel and need no communication. Linear layers
+// pair the same way (column, then row; a ReLU between them acts on the rank's features). The named
 // models keep every unit's input and output full, so pipeline stages, skip connections and the
 // classifier never see a split tensor.
 //
@@ -77,6 +78,17 @@ struct ConvDef {
   int in_block = 0, out_block = 0;
 };
 
+// A fully connected layer as the model defines it: the full feature counts, and how its input
+// arrives and its output leaves (a pair of linear layers is column then row, as Megatron's).
+struct LinearDef {
+  std::string name;
+  int64_t in = 0, out = 0;
+  bool bias = true;
+  float init_std = 0.02f;
+  uint64_t seed = 0;
+  Channels input = Channels::full, output = Channels::full;
+};
+
 // The join of parallel branches (an Inception block): forward takes the outputs of the branches
 // this rank computes, in branch order, and returns the whole concatenation along channels (every
 // channel of every branch); backward takes that tensor's gradient and returns the gradients of
@@ -100,6 +112,8 @@ class CNNLayout {
 
   // A convolution (no activation, no norm) laid out over the group.
   virtual std::unique_ptr<nn::Layer> conv(const ConvDef& d) const;
+  // A fully connected layer (its features laid out as d.input and d.output) laid out over the group.
+  virtual std::unique_ptr<nn::Layer> linear(const LinearDef& d) const;
   // A batch norm over `channels` (the full count) of an activation laid out as `c`.
   virtual std::unique_ptr<nn::BatchNorm2d> batch_norm(const std::string& name, int64_t channels, Channels c) const;
   // `in_chw`: the whole (C, H, W) of a sample's input, for layouts that cut it (row bands).
@@ -123,6 +137,9 @@ class CNNLayout {
   // This rank's part of an activation whose whole per-sample shape is chw (C, H, W): what
   // crosses a pipeline stage boundary. The single-rank layout: all of it.
   virtual Shape local_chw(const Shape& chw) const { return chw; }
+  // This rank's share of a per-sample activation (C, H, W) or (F) whose channels or features a
+  // pair leaves split (the channel layout: C / ranks); the others: all of it.
+  virtual Shape split_share(const Shape& s) const { return s; }
   // The first layer's input: this rank's part of a micro-batch's images (N, C, H, W).
   virtual Tensor input(const Tensor& images) const { return images; }
 

@@ -346,6 +346,15 @@ std::vector<Shape> infer_shapes(const Graph& g, const Shape& chw) {
   return out;
 }
 
+double forward_flops(const Graph& g, const std::vector<Shape>& shapes, const Shape& chw, size_t i) {
+  const GraphLayer& l = g.layers[i];
+  const Shape& in = l.from[0] < 0 ? chw : shapes[static_cast<size_t>(l.from[0])];
+  if (l.op == Op::conv2d)
+    return 2.0 * static_cast<double>(shape_numel(shapes[i])) * static_cast<double>(in[0] * l.kernel * l.kernel);
+  if (l.op == Op::linear) return 2.0 * static_cast<double>(in[0]) * static_cast<double>(l.out_channels);
+  return 0;
+}
+
 std::vector<int> unit_starts(const Graph& g) {
   const Refuse refuse(g.name);
   const int n = static_cast<int>(g.layers.size());
@@ -391,18 +400,19 @@ ChannelSplits channel_splits(const Graph& g) {
       if (k >= 0) readers[static_cast<size_t>(k)].push_back(static_cast<int>(i));
   ChannelSplits s{std::vector<bool>(n, false), std::vector<bool>(n, false)};
   for (size_t a = 0; a < n; ++a) {
-    if (g.layers[a].op != Op::conv2d || s.in_split[a]) continue;
+    const Op kind = g.layers[a].op;
+    if ((kind != Op::conv2d && kind != Op::linear) || s.in_split[a]) continue;
     std::vector<size_t> between;
     size_t cur = a;
     while (readers[cur].size() == 1) {
       const size_t r = static_cast<size_t>(readers[cur][0]);
       const Op op = g.layers[r].op;
-      if (op == Op::batchnorm2d || op == Op::relu || op == Op::maxpool2d) {
+      if (op == Op::relu || (kind == Op::conv2d && (op == Op::batchnorm2d || op == Op::maxpool2d))) {
         between.push_back(r);
         cur = r;
         continue;
       }
-      if (op == Op::conv2d && !s.in_split[r]) {
+      if (op == kind && !s.in_split[r]) {
         s.out_split[a] = s.in_split[r] = true;
         for (size_t m : between) s.in_split[m] = s.out_split[m] = true;
       }

@@ -79,14 +79,21 @@ std::vector<std::string> named_graph_names();
 // (C, H, W) or (F). Refuses shapes that do not meet, naming the layer.
 std::vector<Shape> infer_shapes(const Graph& g, const Shape& chw);
 
+// Forward FLOPs of layer i for one sample, 2 per multiply-add of a convolution or a linear layer
+// (their bias and every element-wise layer: 0), as kernels/flops.h counts the calls; `shapes`
+// from infer_shapes for an input of `chw`.
+double forward_flops(const Graph& g, const std::vector<Shape>& shapes, const Shape& chw, size_t i);
+
 // Where a pipeline may cut: unit u is layers [starts[u], starts[u + 1]) (starts.back() is the
 // layer count). Only the output of a unit's last layer is read after it.
 std::vector<int> unit_starts(const Graph& g);
 
 // Channel pairing (model/cnn_layout.h): a convolution whose output reaches exactly one other
 // convolution through per-channel layers only (batch norm, ReLU, max pooling), each read once,
-// leaves its output split and that convolution takes it split (filters, then channels). Per
-// layer: whether its input arrives split, whether its output leaves split.
+// leaves its output split and that convolution takes it split (filters, then channels); a
+// linear layer whose output reaches exactly one other linear layer through ReLUs only pairs
+// the same way (column, then row). Per layer: whether its input arrives split, whether its
+// output leaves split.
 struct ChannelSplits {
   std::vector<bool> in_split, out_split;
 };

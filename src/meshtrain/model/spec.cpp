@@ -335,11 +335,15 @@ std::shared_ptr<const ModelSpec> model_spec_from_file(const std::string& path) {
   const std::string source = "model config file " + path;
   // The strict reading every JSON file gets (io/json.h): a key given twice ("scale", "name")
   // is refused, not taken at its last value.
-  const std::string text = io::read_text_file(path, source, "give --config a JSON file");
+  const std::string text = io::read_text_file(path, source, "give a model file (JSON) or a named model");
   nlohmann::json j = io::parse_json_strict(text, source,
                                            "it must be an object such as {\"n_layer\": 4, \"n_embd\": 128, ...} or "
                                            "{\"family\": \"cnn\", \"name\": \"resnet-small\"}, or a layer graph "
                                            "{\"name\": ..., \"input\": ..., \"layers\": [...]}");
+  if (!j.is_object())
+    throw std::invalid_argument(source + " is " + std::string(j.type_name()) + ", but a model file must be a JSON object: "
+                                "a layer graph {\"name\": ..., \"input\": ..., \"layers\": [...]} (docs/models.md) or a GPT "
+                                "config {\"n_layer\": ..., \"n_embd\": ..., ...} (README)");
   if (is_graph_json(j)) return cnn_spec(cnn_config(std::make_shared<const Graph>(parse_graph(j, source))));
   if (j.is_object() && j.contains("family") && j["family"] != "gpt") {
     if (j["family"] != "cnn")

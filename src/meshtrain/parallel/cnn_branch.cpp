@@ -119,9 +119,9 @@ struct Placement {
   std::vector<int> rank_of;
 };
 
-// Ownership: a layer is a branch's when its name lies under "<block>.branch" of a block this
-// layout has placed (the model builds a block's branches right after asking branches_here, and
-// names their layers so, model/cnn.cpp); its parameters are owned by the branch's rank.
+// Ownership: the model builds the branches this rank computes right after asking branches_here
+// and before asking branch_join (model/cnn.cpp), and only those: a layer built in between is
+// one of this rank's branches, whatever its name, and its parameters are owned by this rank.
 class BranchLayout : public model::CNNLayout {
  public:
   BranchLayout(std::shared_ptr<comm::Communicator> group, std::string balance,
@@ -142,6 +142,7 @@ class BranchLayout : public model::CNNLayout {
     placed_.push_back(pl);
     std::vector<bool> here(costs.size());
     for (size_t b = 0; b < costs.size(); ++b) here[b] = pl.rank_of[b] == group_->rank();
+    in_block_ = true;
     return here;
   }
 
@@ -150,6 +151,7 @@ class BranchLayout : public model::CNNLayout {
     if (placed_.empty() || placed_.back().rank_of.size() != channels.size())
       throw std::logic_error("branch_join without the branches_here of its block");
     const std::vector<int>& rank_of = placed_.back().rank_of;
+    in_block_ = false;
     for (size_t b = 0; b < here.size(); ++b)
       if (here[b] != (rank_of[b] == group_->rank()))
         throw std::logic_error("branch_join: `here` is not the assignment of the block last placed");
@@ -212,25 +214,16 @@ class BranchLayout : public model::CNNLayout {
   }
 
  private:
-  int owner_of(const std::string& layer) const {
-    for (const Placement& pl : placed_) {
-      const std::string prefix = pl.name + ".branch";
-      if (layer.rfind(prefix, 0) != 0) continue;
-      // "<block>.branch<k>...": branch k (1-based).
-      const size_t k = prefix.size();
-      if (k < layer.size() && layer[k] >= '1' && layer[k] <= '9') {
-        const size_t b = static_cast<size_t>(layer[k] - '1');
-        if (b < pl.rank_of.size()) return pl.rank_of[b];
-      }
-    }
-    return -1;
-  }
+  // The rank owning a layer's parameters: this rank's inside a block's branches, none (-1:
+  // replicated) elsewhere.
+  int owner_of(const std::string&) const { return in_block_ ? group_->rank() : -1; }
 
   std::shared_ptr<comm::Communicator> group_;
   std::string balance_;
   std::map<std::string, std::vector<double>> measured_;  // seconds per branch, by block
   mutable bool timed_ = false;                            // some block was placed by measured cost
   mutable std::vector<Placement> placed_;  // every block placed so far, in build order
+  mutable bool in_block_ = false;          // between a block's branches_here and its branch_join
 };
 
 // ---- the model's blocks, as its builders define them ----
@@ -242,19 +235,13 @@ struct BlockShape {
   int64_t in = 0, height = 0, width = 0;  // the block's input (C_in, H, W)
 };
 
-// Every block, through the single-rank layout: branches_here gives the name and costs, the
-// block's first convolution (branch 1's 1x1, which sees the block's input) its input, and
-// branch_join the channels.
+// Every block, through the single-rank layout: branches_here gives the name and costs, and
+// branch_join the channels (the input: model::cnn_branch_inputs).
 class BlockRecorder : public model::CNNLayout {
  public:
   std::vector<bool> branches_here(const std::string& name, const std::vector<double>& costs) const override {
     blocks.push_back({name, costs, {}, 0, 0, 0});
     return model::CNNLayout::branches_here(name, costs);
-  }
-  std::unique_ptr<nn::Layer> conv(const ConvDef& d) const override {
-    if (!blocks.empty() && blocks.back().in == 0 && d.name.rfind(blocks.back().name + ".", 0) == 0)
-      blocks.back().in = d.in, blocks.back().height = d.height, blocks.back().width = d.width;
-    return model::CNNLayout::conv(d);
   }
   std::unique_ptr<model::BranchJoin> branch_join(const std::vector<int64_t>& channels,
                                                  const std::vector<bool>& here) const override {
@@ -267,6 +254,11 @@ class BlockRecorder : public model::CNNLayout {
 std::vector<BlockShape> blocks_of(const model::CNNConfig& cfg) {
   BlockRecorder rec;
   model::build_cnn_units(cfg, 0, rec);
+  const std::map<std::string, Shape> inputs = model::cnn_branch_inputs(cfg);
+  for (BlockShape& b : rec.blocks) {
+    const Shape& in = inputs.at(b.name);
+    b.in = in[0], b.height = in[1], b.width = in[2];
+  }
   return rec.blocks;
 }
 

@@ -9,6 +9,7 @@
 
 #include "meshtrain/kernels/elementwise.h"
 #include "meshtrain/nn/conv.h"
+#include "meshtrain/parallel/tensor_parallel.h"
 #include "meshtrain/parallel/tp_regions.h"
 
 namespace meshtrain::parallel {
@@ -119,6 +120,17 @@ class TPLayout : public model::CNNLayout {
     return std::make_unique<FilterConv>(d, tp_, /*gather=*/d.output == Channels::full);
   }
 
+  // A linear pair is Megatron's: column (output features split), then row (input features
+  // split, partial outputs all-reduced); an unpaired linear layer is replicated.
+  std::unique_ptr<nn::Layer> linear(const model::LinearDef& d) const override {
+    if (d.input == Channels::split && d.output == Channels::split)
+      throw std::invalid_argument(d.name + ": a linear layer cannot take split features and leave them split");
+    const ParallelLinearOptions o{.bias = d.bias, .init_std = d.init_std, .seed = d.seed};
+    if (d.output == Channels::split) return std::make_unique<ColumnParallelLinear>(d.name, d.in, d.out, tp_, o);
+    if (d.input == Channels::split) return std::make_unique<RowParallelLinear>(d.name, d.in, d.out, tp_, o);
+    return model::CNNLayout::linear(d);
+  }
+
   std::unique_ptr<nn::BatchNorm2d> batch_norm(const std::string& name, int64_t channels, Channels c) const override {
     nn::BatchNormOptions o;
     if (c == Channels::split) o.shard = nn::ShardSpec::split(0, tp_->rank(), tp_->size());
@@ -129,26 +141,37 @@ class TPLayout : public model::CNNLayout {
     return "convolutions split by filters and channels over tp " + std::to_string(tp_->size());
   }
   int activation_block(int64_t) const override { return 0; }  // the gathers and splits read NCHW
+  Shape split_share(const Shape& s) const override {
+    Shape out = s;
+    out[0] /= tp_->size();
+    return out;
+  }
 
  private:
   std::shared_ptr<comm::Communicator> tp_;
 };
 
-// The convolutions of `cfg` as its builders define them, in order.
+// The convolutions and linear layers of `cfg` as its builders define them, in order.
 class RecordingLayout : public model::CNNLayout {
  public:
   std::unique_ptr<nn::Layer> conv(const ConvDef& d) const override {
     defs.push_back(d);
     return model::CNNLayout::conv(d);
   }
+  std::unique_ptr<nn::Layer> linear(const model::LinearDef& d) const override {
+    linears.push_back(d);
+    return model::CNNLayout::linear(d);
+  }
   mutable std::vector<ConvDef> defs;
+  mutable std::vector<model::LinearDef> linears;
 };
 
-std::vector<ConvDef> conv_defs(const model::CNNConfig& cfg) {
+RecordingLayout recorded(const model::CNNConfig& cfg) {
   RecordingLayout rec;
   model::build_cnn_units(cfg, 0, rec);
-  return rec.defs;
+  return rec;
 }
+
 
 }  // namespace
 
@@ -158,17 +181,27 @@ void validate_cnn_tp(const model::CNNConfig& cfg, int tp) {
   // Every channel count a split cuts: a filter split's outputs, a channel split's inputs.
   int64_t g = 0;
   std::string first_bad;
-  for (const ConvDef& d : conv_defs(cfg)) {
+  const RecordingLayout rec = recorded(cfg);
+  std::string what = "convolutions";
+  for (const ConvDef& d : rec.defs) {
     const int64_t n = d.input == Channels::split ? d.in : d.out;
     g = std::gcd(g, n);
     if (first_bad.empty() && n % tp != 0)
       first_bad = d.name + " (" + std::to_string(n) + (d.input == Channels::split ? " input" : " output") + " channels)";
   }
+  for (const model::LinearDef& d : rec.linears) {
+    if (d.output != Channels::split) continue;  // a pair's column layer splits its output features
+    g = std::gcd(g, d.out);
+    if (first_bad.empty() && d.out % tp != 0) {
+      first_bad = d.name + " (" + std::to_string(d.out) + " output features)";
+      what = "linear layers";
+    }
+  }
   if (first_bad.empty()) return;
   std::string ok;
   for (int64_t t = 2; t <= g; ++t)
     if (g % t == 0) ok += (ok.empty() ? "" : ", ") + std::to_string(t);
-  throw std::invalid_argument("--tp " + std::to_string(tp) + " cannot split " + cfg.name + "'s convolutions: " +
+  throw std::invalid_argument("--tp " + std::to_string(tp) + " cannot split " + cfg.name + "'s " + what + ": " +
                               first_bad + " do not divide by " + std::to_string(tp) + "; --tp " + ok +
                               " divide every split channel count");
 }
@@ -181,7 +214,12 @@ uint64_t cnn_tp_bytes_per_microbatch(const model::CNNConfig& cfg, int tp, int64_
   if (tp < 2) return 0;
   const double p = tp, share = (p - 1) / p;
   double floats = 0;
-  for (const ConvDef& d : conv_defs(cfg)) {
+  const RecordingLayout rec = recorded(cfg);
+  for (const model::LinearDef& d : rec.linears) {
+    if (d.output == Channels::split) floats += 2 * share * static_cast<double>(rows * d.in);  // column: dx's all-reduce
+    if (d.input == Channels::split) floats += 2 * share * static_cast<double>(rows * d.out);  // row: y's all-reduce
+  }
+  for (const ConvDef& d : rec.defs) {
     const double oh = static_cast<double>((d.height + 2 * d.padding - d.kernel) / d.stride + 1);
     const double ow = static_cast<double>((d.width + 2 * d.padding - d.kernel) / d.stride + 1);
     const double x = static_cast<double>(rows * d.in * d.height * d.width), y = rows * d.out * oh * ow;

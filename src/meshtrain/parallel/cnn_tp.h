@@ -1,12 +1,18 @@
-// Convolutions split by filters and by input channels over the tp group (--tp N with an image
-// model): the CNN layout (model/cnn_layout.h) whose pairs are the column- and row-parallel
-// layers of the transformer, for convolutions.
+// Convolutions split by filters and by input channels, and linear layers by columns and rows,
+// over the tp group (--tp N with an image model): the CNN layout (model/cnn_layout.h) whose
+// convolution pairs are the column- and row-parallel layers of the transformer, and whose
+// linear pairs are those layers themselves.
 //
 //   convolution                 weight (OC, IC, K, K)   forward                 backward
 //   full -> split  (filters)    split along OC          none                    all-reduce dx
 //   split -> full  (channels)   split along IC          all-reduce y (partial)  none
 //   full -> full   (filters,    split along OC          all-gather y along      all-reduce dx; dy's
 //                   gathered)                           channels                own channels kept
+//
+//   linear layers (a pair, parallel/tensor_parallel.h):
+//   full -> split  (columns)    split along out         none                    all-reduce dx
+//   split -> full  (rows)       split along in          all-reduce y (partial)  none
+//   full -> full                replicated              none                    none
 //
 // "full" is an activation every tp rank holds whole (and equal), "split" one whose channels lie
 // rank-major over the group: rank r holds channels [r C/p, (r+1) C/p). A batch norm between a

@@ -20,16 +20,16 @@ _subcommand() {  # the meshtrain subcommand a case runs: the words after the pro
   for a in "$@"; do
     if [ "$prev" = "$MT" ]; then
       case "$a" in
-        bench|checkpoint|trace) prev=$a; continue ;;
+        bench|checkpoint|trace|model) prev=$a; continue ;;
         train|launch|plan|calibrate|schedule|eval|generate) echo "$a"; return ;;
       esac
     fi
-    case "$prev" in bench|checkpoint|trace) echo "$prev $a"; return ;; esac
+    case "$prev" in bench|checkpoint|trace|model) echo "$prev $a"; return ;; esac
     prev=$a
   done
   # bash -c '... "$0" SUBCOMMAND ...' "$MT": the word after "$0"
   local text="$*" w
-  for w in train launch plan calibrate schedule eval generate "trace render" "checkpoint convert" "bench comm"; do
+  for w in train launch plan calibrate schedule eval generate "trace render" "checkpoint convert" "bench comm" "model show"; do
     case "$text" in *'"$0" '"$w"*|*'"\$0" '"$w"*|*"\"\$0\" $w"*) echo "$w"; return ;; esac
   done
   echo "other"

@@ -1,0 +1,211 @@
+// `meshtrain model show MODEL`: the layer table a user checks before training a graph (a model
+// file or a named image model): each layer's output shape, parameters and forward FLOPs, each
+// pipeline unit's saved activations per sample (measured on the built unit), totals; and under
+// a layout how each layer is split and what communication the layout inserts.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "meshtrain/cli/commands.h"
+#include "meshtrain/cli/options.h"
+#include "meshtrain/model/cnn.h"
+#include "meshtrain/model/graph.h"
+#include "meshtrain/model/spec.h"
+#include "meshtrain/parallel/cnn_branch.h"
+#include "meshtrain/parallel/cnn_spatial.h"
+#include "meshtrain/parallel/cnn_tp.h"
+#include "meshtrain/pipeline/partition.h"
+
+namespace meshtrain::cli {
+namespace {
+
+struct ShowOptions {
+  std::string model;
+  int tp = 1, spatial = 1, branch = 1, pp = 1;
+  int64_t batch = 0;
+};
+
+std::string shape_text(const Shape& s) {
+  std::string t = "(N";
+  for (int64_t d : s) t += ", " + std::to_string(d);
+  return t + ")";
+}
+
+std::string bytes_text(double b) {
+  char buf[32];
+  if (b >= 1 << 20) std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
+  else if (b >= 1 << 10) std::snprintf(buf, sizeof buf, "%.1f KiB", b / (1 << 10));
+  else std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+std::string op_text(const model::GraphLayer& l) {
+  std::string t = model::op_name(l.op);
+  if (l.op == model::Op::conv2d || l.op == model::Op::maxpool2d) {
+    t += " " + std::to_string(l.kernel) + "x" + std::to_string(l.kernel);
+    if (l.stride != 1 && !(l.op == model::Op::maxpool2d && l.stride == l.kernel)) t += " s" + std::to_string(l.stride);
+    if (l.padding) t += " p" + std::to_string(l.padding);
+  }
+  return t;
+}
+
+// What --tp N does to layer i, and the bytes per sample one rank sends for it (forward and
+// backward; parallel/cnn_tp.h's table): a convolution pair splits filters then channels, an
+// unpaired convolution splits filters and gathers its output; a linear pair splits columns then
+// rows; per-channel layers between a pair act on their rank's channels; everything else is
+// replicated.
+std::pair<std::string, double> tp_split(const model::Graph& g, const model::ChannelSplits& s,
+                                        const std::vector<Shape>& shapes, const Shape& image, size_t i, int p) {
+  const model::GraphLayer& l = g.layers[i];
+  const double share = (p - 1.0) / p;
+  auto numel = [](const Shape& x) { return static_cast<double>(shape_numel(x)); };
+  const Shape& in = l.from[0] < 0 ? image : shapes[static_cast<size_t>(l.from[0])];
+  if (l.op == model::Op::conv2d) {
+    const double dx = l.from[0] >= 0 ? 2 * share * numel(in) * 4 : 0;  // backward: dx's all-reduce
+    if (s.in_split[i]) return {"channels/" + std::to_string(p) + ", all-reduce y", 2 * share * numel(shapes[i]) * 4};
+    if (s.out_split[i]) return {"filters/" + std::to_string(p) + (dx > 0 ? ", all-reduce dx" : ""), dx};
+    return {"filters/" + std::to_string(p) + ", all-gather y" + (dx > 0 ? ", all-reduce dx" : ""),
+            share * numel(shapes[i]) * 4 + dx};
+  }
+  if (l.op == model::Op::linear) {
+    // Megatron's pair: column (its input's gradient all-reduced), then row (its output all-reduced).
+    if (s.out_split[i]) return {"columns/" + std::to_string(p) + ", all-reduce dx", 2 * share * numel(in) * 4};
+    if (s.in_split[i]) return {"rows/" + std::to_string(p) + ", all-reduce y", 2 * share * numel(shapes[i]) * 4};
+    return {"replicated (whole on every rank)", 0};
+  }
+  if (s.in_split[i]) return {(shapes[i].size() == 1 ? "features/" : "channels/") + std::to_string(p), 0};
+  return {"replicated", 0};
+}
+
+void show(const ShowOptions& o) {
+  std::shared_ptr<const model::ModelSpec> spec;
+  try {
+    spec = model::model_spec(o.model);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  const model::CNNConfig* cfg = spec->cnn();
+  if (!cfg || !cfg->graph)
+    throw UsageError(o.model + " is a transformer (a GPT config), not a layer graph; `model show` prints the layers of "
+                     "image models and model files (plan --model " + o.model + " predicts its layouts)");
+  if ((o.tp > 1) + (o.spatial > 1) + (o.branch > 1) > 1)
+    throw UsageError("--tp, --spatial and --branch-parallel each split the layers over the same intra-layer ranks; "
+                     "give one of them");
+  try {
+    if (o.tp > 1) parallel::validate_cnn_tp(*cfg, o.tp);
+    if (o.spatial > 1) parallel::validate_cnn_spatial(*cfg, o.spatial);
+    if (o.branch > 1) parallel::validate_cnn_branch(*cfg, o.branch, "flops");
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  const model::Graph& g = *cfg->graph;
+  const Shape image{cfg->channels, cfg->height, cfg->width};
+  const std::vector<Shape> shapes = model::infer_shapes(g, image);
+  const std::vector<int> starts = model::unit_starts(g);
+  const model::ChannelSplits splits = model::channel_splits(g);
+  // Each unit's saved activations per sample: the planner's measurement of the built unit
+  // (what its forward keeps at 2 samples less at 1).
+  std::vector<double> saved;
+  {
+    const model::StageSpec whole{0, -1, true, true};
+    const auto at1 = spec->op_costs(whole, model::CostQuery{.rows = 1});
+    const auto at2 = spec->op_costs(whole, model::CostQuery{.rows = 2});
+    for (size_t u = 0; u < at1.size(); ++u) saved.push_back(at2[u].saved_bytes - at1[u].saved_bytes);
+  }
+  // Pipeline stages: the balancer train runs (by the units' FLOPs).
+  std::vector<int> stage_of(starts.size(), 0);
+  if (o.pp > 1) {
+    const int64_t units = static_cast<int64_t>(starts.size()) - 1;
+    if (units < o.pp)
+      throw UsageError(g.name + " has " + std::to_string(units) + " units to cut between pipeline stages, fewer than "
+                       "the " + std::to_string(o.pp) + " asked for; lower --pp");
+    const auto spans = pipeline::balance_layers(model::cnn_unit_flops(*cfg), o.pp, 0.0, 0.0);
+    for (size_t st = 0; st < spans.size(); ++st)
+      for (int64_t u = spans[st].first; u < spans[st].end; ++u) stage_of[static_cast<size_t>(u)] = static_cast<int>(st);
+  }
+
+  double params = 0, flops = 0, tp_bytes = 0;
+  std::vector<double> layer_params(g.layers.size(), 0);
+  for (const auto& [name, shape] : spec->param_shapes())
+    for (size_t i = 0; i < g.layers.size(); ++i)
+      if (name.rfind(g.layers[i].name + ".", 0) == 0 && name.find('.', g.layers[i].name.size() + 1) == std::string::npos)
+        layer_params[i] += static_cast<double>(shape_numel(shape));
+  std::printf("%s: images (%lld, %lld, %lld), %lld classes; %zu layers in %zu pipeline units\n", g.name.c_str(),
+              static_cast<long long>(image[0]), static_cast<long long>(image[1]), static_cast<long long>(image[2]),
+              static_cast<long long>(g.classes), g.layers.size(), starts.size() - 1);
+  std::string layout_head = o.tp > 1        ? "--tp " + std::to_string(o.tp) + ": split, inserted collectives (sent/sample)"
+                            : o.spatial > 1 ? "--spatial " + std::to_string(o.spatial) + ": row bands"
+                                            : "";
+  std::printf("%-4s %-5s %-28s %-16s %-18s %11s %10s %12s  %s\n", "unit", o.pp > 1 ? "stage" : "", "layer", "op",
+              "output", "parameters", "fwd MFLOP", "saved/sample", layout_head.c_str());
+  size_t unit = 0;
+  for (size_t i = 0; i < g.layers.size(); ++i) {
+    const model::GraphLayer& l = g.layers[i];
+    const bool first_of_unit = static_cast<int>(i) == starts[unit];
+    const double f = model::forward_flops(g, shapes, image, i);
+    flops += f, params += layer_params[i];
+    std::string col;
+    if (o.tp > 1) {
+      auto [what, bytes] = tp_split(g, splits, shapes, image, i, o.tp);
+      tp_bytes += bytes;
+      col = what + (bytes > 0 ? " (" + bytes_text(bytes) + ")" : "");
+    } else if (o.spatial > 1) {
+      const bool window = (l.op == model::Op::conv2d || l.op == model::Op::maxpool2d) && l.kernel > 1;
+      col = shapes[i].size() == 3 ? "bands of ~" + std::to_string((shapes[i][1] + o.spatial - 1) / o.spatial) + " rows" +
+                                        (window ? ", halo " + std::to_string(l.kernel / 2) + " row(s) each side" : "")
+            : l.op == model::Op::flatten ? "gathers the whole map first"
+                                         : "replicated";
+    }
+    std::printf("%-4s %-5s %-28s %-16s %-18s %11.0f %10.3f %12s  %s\n",
+                first_of_unit ? std::to_string(unit).c_str() : "",
+                first_of_unit && o.pp > 1 ? std::to_string(stage_of[unit]).c_str() : "", l.name.c_str(),
+                op_text(l).c_str(), shape_text(shapes[i]).c_str(), layer_params[i], f / 1e6,
+                first_of_unit ? bytes_text(saved[unit]).c_str() : "", col.c_str());
+    if (static_cast<int>(i) + 1 == starts[unit + 1]) ++unit;
+  }
+  double saved_total = 0;
+  for (double s : saved) saved_total += s;
+  std::printf("%-4s %-5s %-28s %-16s %-18s %11.0f %10.3f %12s\n", "", "", "total", "", "", params, flops / 1e6,
+              bytes_text(saved_total).c_str());
+  std::printf("forward + backward: %.3f MFLOP a sample (3 x forward)\n", 3 * flops / 1e6);
+  const int64_t rows = o.batch > 0 ? o.batch : cfg->batch;
+  if (o.tp > 1)
+    std::printf("--tp %d: one rank sends %.0f bytes (%s) a micro-batch of %lld samples, forward and backward "
+                "(%s a sample: the column's sum)\n",
+                o.tp, tp_bytes * static_cast<double>(rows), bytes_text(tp_bytes * static_cast<double>(rows)).c_str(),
+                static_cast<long long>(rows), bytes_text(tp_bytes).c_str());
+  if (o.spatial > 1)
+    std::printf("--spatial %d: rank 0 sends %s a micro-batch of %lld samples (halos, their gradients, batch-norm "
+                "statistics, partial gradients, pooled sums, the map's gather)\n",
+                o.spatial, bytes_text(static_cast<double>(parallel::cnn_spatial_bytes_per_microbatch(*cfg, o.spatial, 0, rows))).c_str(),
+                static_cast<long long>(rows));
+  if (o.branch > 1) {
+    for (const auto& [block, n] : model::cnn_branch_blocks(*cfg))
+      std::printf("--branch-parallel %d: block %s, %zu branches placed by FLOPs\n", o.branch, block.c_str(), n);
+    std::printf("--branch-parallel %d: rank 0 sends %s a micro-batch of %lld samples\n", o.branch,
+                bytes_text(static_cast<double>(parallel::cnn_branch_bytes_per_microbatch(*cfg, o.branch, "flops", rows))).c_str(),
+                static_cast<long long>(rows));
+  }
+  if (o.pp > 1)
+    std::printf("--pp %d: stages cut between units by their FLOPs, as train cuts them\n", o.pp);
+}
+
+}  // namespace
+
+void add_model_command(CLI::App& app) {
+  CLI::App* m = app.add_subcommand("model", "Look at a model: its layers, shapes, parameters and how a layout splits them");
+  m->require_subcommand(1);
+  auto o = std::make_shared<ShowOptions>();
+  CLI::App* s = m->add_subcommand("show", "The layer table of a model file or named image model (docs/models.md)");
+  s->add_option("model", o->model, "A model file (a JSON layer graph) or a named image model")->required();
+  s->add_option("--tp", o->tp, "Show the filter/channel split over N ranks and its collectives")->check(CLI::Range(1, 1024));
+  s->add_option("--spatial", o->spatial, "Show row bands over N ranks")->check(CLI::Range(1, 1024));
+  s->add_option("--branch-parallel", o->branch, "Show blocks of parallel branches over N ranks")->check(CLI::Range(1, 1024));
+  s->add_option("--pp", o->pp, "Show the pipeline stage of each unit")->check(CLI::Range(1, 1024));
+  s->add_option("--batch", o->batch, "Samples a micro-batch for the byte totals (default: the model's batch)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  s->callback([o] { show(*o); });
+}
+
+}  // namespace meshtrain::cli

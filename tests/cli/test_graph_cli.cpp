@@ -1,0 +1,154 @@
+// User-written layer graphs (examples/models/*.json: none of the named models) trained at every
+// layout through the one graph compiler: each layout's loss curve against one rank's, within
+// 1e-5 relative over the first 6 steps on the default path, and within 1e-6 over 30 steps
+// with --exact-sums where it applies (dp, pp, branches). Every run takes two micro-batches of 8
+// (batch norm normalises over a micro-batch, so one rank's curve is that of the same
+// micro-batches). Images: tests/train/idx_files.h.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_run.h"
+#include "temp_dir.h"
+#include "train/idx_files.h"
+
+using meshtrain::testing::run_cli;
+
+namespace {
+
+class GraphCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new meshtrain::testing::TempDir("graph_cli");
+    meshtrain::testing::write_bar_image_set(dir_->path().string(), 256, 32, false);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+
+  // The per-step losses of `steps` steps of examples/models/<file> (or a named model) at `flags`.
+  static std::vector<double> curve(const std::string& file, const std::string& flags, int steps) {
+    const std::string metrics = dir_->file(file + std::to_string(++runs_) + ".jsonl");
+    const std::string model =
+        file.ends_with(".json") ? std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/" + file : file;
+    const auto r = run_cli("train --model " + model +
+                               " --data " + dir_->path().string() + " --steps " + std::to_string(steps) +
+                               " --batch 16 --microbatches 2 --threads 1 --warmup 2 --lr 0.003 --eval-every 0 --eval-batches 1 --quiet"
+                               " --metrics " + metrics + " " + flags,
+                           600);
+    EXPECT_EQ(r.code, 0) << flags << "\n" << r.output;
+    std::vector<double> losses;
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
+    }
+    EXPECT_EQ(losses.size(), static_cast<size_t>(steps)) << flags;
+    return losses;
+  }
+
+  // Every layout's curve against one rank's, within `tol` relative at every step.
+  static void expect_layouts_match(const std::string& file, const std::vector<std::string>& layouts, int steps,
+                                   double tol, const std::string& common = "") {
+    const std::vector<double> one = curve(file, common, steps);
+    for (const std::string& layout : layouts) {
+      const std::vector<double> got = curve(file, layout + " " + common, steps);
+      ASSERT_EQ(got.size(), one.size()) << layout;
+      for (size_t s = 0; s < one.size(); ++s)
+        EXPECT_LE(std::abs(got[s] - one[s]), tol * std::abs(one[s]))
+            << file << " " << layout << " " << common << ": step " << s + 1 << " " << got[s] << " vs one rank's " << one[s];
+    }
+    // The curve moves: the comparison is of training, not of a constant.
+    EXPECT_NE(one.front(), one.back());
+  }
+
+  static meshtrain::testing::TempDir* dir_;
+  static int runs_;
+};
+
+meshtrain::testing::TempDir* GraphCli::dir_ = nullptr;
+int GraphCli::runs_ = 0;
+
+// Every layout of the default path: data parallelism (ZeRO 1 and 3), a 1F1B pipeline, the
+// filter/channel split, row bands, and the three axes at once.
+const std::vector<std::string> kConvLayouts = {"--dp 2 --zero 1",         "--dp 2 --zero 3",
+                                               "--pp 2", "--tp 2",
+                                               "--spatial 2",             "--dp 2 --pp 2 --tp 2"};
+
+TEST_F(GraphCli, AVggWithA1x1ResidualMatchesOneRankAtEveryLayout) {
+  expect_layouts_match("vgg-mini.json", kConvLayouts, 6, 1e-5);
+}
+
+TEST_F(GraphCli, ABranchyNetworkMatchesOneRankAtEveryLayoutAndOverBranches) {
+  std::vector<std::string> layouts = kConvLayouts;
+  layouts.push_back("--branch-parallel 2 --branch-balance flops");
+  expect_layouts_match("branchy.json", layouts, 6, 1e-5);
+}
+
+TEST_F(GraphCli, AnMlpMatchesOneRankAtEveryLayout) {
+  expect_layouts_match("mlp3.json", {"--dp 2 --zero 1", "--dp 2 --zero 3", "--pp 2", "--tp 2",
+                                     "--dp 2 --pp 2 --tp 2"},
+                       6, 1e-5);
+}
+
+// A pipeline cut between the two layers of a split pair (cnn-small's conv1 -> conv2 at pp 3,
+// mlp3's fc1 -> fc2 at pp 2): each tp rank sends its share of the channels to its peer.
+TEST_F(GraphCli, ASplitPairMayStraddleAPipelineCut) {
+  expect_layouts_match("cnn-small", {"--tp 2 --pp 3"}, 6, 1e-5);
+  expect_layouts_match("mlp3.json", {"--tp 2 --pp 2 --pp-balance 3,3"}, 6, 1e-5);
+}
+
+TEST_F(GraphCli, ExactSumsHoldTheCurveOver30StepsAcrossDataPipelinesAndBranches) {
+  expect_layouts_match("vgg-mini.json", {"--dp 2", "--pp 2"}, 30, 1e-6, "--exact-sums 2");
+  expect_layouts_match("branchy.json", {"--dp 2", "--branch-parallel 2 --branch-balance flops"}, 30, 1e-6,
+                       "--exact-sums 2");
+}
+
+// `model show`: the parameter total against a hand count, and under --tp 2 the bytes its
+// column adds up to against the bytes the run then sends (the tp_bytes_sent metric).
+TEST_F(GraphCli, ModelShowCountsParametersAndTheBytesTpSends) {
+  const std::string file = std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/vgg-mini.json";
+  const auto shown = run_cli("model show " + file + " --tp 2 --batch 16");
+  ASSERT_EQ(shown.code, 0) << shown.output;
+  // conv 3x3 1->32 with bias, batch norm 32, a 1x1 32->32 without bias, linear 6272->10.
+  const std::string total = std::to_string(320 + 64 + 1024 + 62730);
+  EXPECT_NE(shown.output.find(" total "), std::string::npos) << shown.output;
+  EXPECT_NE(shown.output.find(" " + total + " "), std::string::npos) << shown.output;
+  const auto at = shown.output.find("one rank sends ");
+  ASSERT_NE(at, std::string::npos) << shown.output;
+  const double predicted = std::stod(shown.output.substr(at + 15));
+  const std::string metrics = dir_->file("show_tp.jsonl");
+  const auto r = run_cli("train --model " + file + " --data " + dir_->path().string() +
+                         " --steps 2 --batch 16 --tp 2 --threads 1 --eval-every 0 --eval-batches 1 --quiet --metrics " +
+                         metrics);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(metrics);
+  int lines = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    const double sent = nlohmann::json::parse(line).at("tp_bytes_sent").get<double>();
+    EXPECT_NEAR(sent, predicted, 0.001 * predicted) << "model show says " << predicted << " bytes a step, the run sent " << sent;
+  }
+  EXPECT_EQ(lines, 2);
+}
+
+TEST_F(GraphCli, AMalformedGraphExits2NamingTheLayerAndWritesNothing) {
+  const std::string bad = dir_->file("bad.json");
+  std::ofstream(bad) << R"({"name": "bad", "input": {"image": [1, 28, 28], "classes": 10}, "layers": [
+    {"name": "c", "op": "conv2d", "out_channels": 8, "kernel_size": 3, "padding": 1},
+    {"name": "fc", "op": "linear", "out_features": 10}]})";
+  const std::string metrics = dir_->file("bad.jsonl");
+  const auto r = run_cli("train --model " + bad + " --data " + dir_->path().string() + " --steps 1 --metrics " + metrics);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("layer 1 'fc' (linear) takes features (N, F); its input 'c' is (N, 8, 28, 28)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::ifstream(metrics).good());
+}
+
+}  // namespace
