@@ -86,6 +86,50 @@ TEST(CliPlan, PrintsValidLayoutsFastestFirst) {
   }
 }
 
+// The line after the table: the best layout as train flags.
+std::string best_flags(const std::string& out) {
+  const auto at = out.find("best as train flags: ");
+  return at == std::string::npos ? "" : out.substr(at, out.find('\n', at) - at);
+}
+
+// calibrate then plan, with no cluster file: the machine file meshtrain calibrate wrote is
+// planned for as one node of that machine, by --machine or --cluster, and gives the plan the
+// cluster file of one node pointing at it gives.
+TEST(CliPlan, PlansForTheMachineFileCalibrateWrote) {
+  meshtrain::testing::TempDir dir("plan_machine");
+  const std::string m = dir.file("m.json");
+  auto r = run_cli("calibrate --quick --out " + m, 180);
+  ASSERT_EQ(r.code, 0) << r.output;
+  nlohmann::json machine;
+  std::ifstream(m) >> machine;
+  ASSERT_GT(machine["memory_bytes"].get<int64_t>(), 0);
+  nlohmann::json by_hand = {{"kind", "meshtrain cluster"}, {"version", 1}, {"name", "by-hand"}, {"nodes", 1}, {"machine", "m.json"}};
+  std::ofstream(dir.file("c.json")) << by_hand.dump();
+  by_hand["memory_gb"] = static_cast<double>(machine["memory_bytes"].get<int64_t>()) / 1e9;
+  std::ofstream(dir.file("c_memory.json")) << by_hand.dump();
+
+  const std::string plan = "plan --model gpt-tiny --global-batch 8 --top 1000 ";
+  const auto by_machine = run_cli(plan + "--machine " + m, 120);
+  ASSERT_EQ(by_machine.code, 0) << by_machine.output;
+  const std::vector<Row> want = rows(by_machine.output);
+  ASSERT_FALSE(want.empty()) << by_machine.output;
+  EXPECT_NE(by_machine.output.find("(1 node x " + std::to_string(machine["cores"].get<int>()) + " ranks as threads on " +
+                                   std::to_string(machine["cores"].get<int>()) + " cores)"),
+            std::string::npos)
+      << "all the cores calibrate recorded, one node\n" << by_machine.output;
+  for (const std::string& args : {"--cluster " + m, "--cluster " + dir.file("c.json"), "--cluster " + dir.file("c_memory.json")}) {
+    const auto other = run_cli(plan + args, 120);
+    ASSERT_EQ(other.code, 0) << args << "\n" << other.output;
+    const std::vector<Row> got = rows(other.output);
+    ASSERT_EQ(got.size(), want.size()) << args << "\n" << other.output;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].layout, want[i].layout) << args << " row " << i + 1;
+      EXPECT_DOUBLE_EQ(got[i].step_s, want[i].step_s) << args << " row " << i + 1;
+    }
+    EXPECT_EQ(best_flags(other.output), best_flags(by_machine.output)) << args;
+  }
+}
+
 TEST(CliPlan, ImageModelsPrintImagesPerSecond) {
   const auto r = run_cli("plan --model resnet-small --cluster " + example("h100-node.json") + " --global-batch 32 --top 2");
   ASSERT_EQ(r.code, 0) << r.output;
@@ -141,8 +185,17 @@ TEST(CliPlan, BadInputExits2WithASentence) {
     std::string args;
     std::vector<std::string> words;
   };
+  std::ofstream(dir.file("trace.json")) << R"({"kind": "meshtrain trace"})";
   const std::vector<Case> cases = {
-      {"plan --model gpt-small --global-batch 8", {"--cluster"}},
+      {"plan --model gpt-small --global-batch 8", {"--cluster", "--machine", "calibrate"}},
+      {"plan --model gpt-small --global-batch 8 --machine " + example("this-machine.machine.json") + h100,
+       {"one of --cluster FILE and --machine FILE, not both"}},
+      {"plan --model gpt-small --global-batch 8 --machine " + example("h100-node.json"),
+       {"h100-node.json is a cluster file", "--cluster"}},
+      {"plan --model gpt-small --global-batch 8 --cluster " + dir.file("trace.json"),
+       {"trace.json has kind \"meshtrain trace\"", "\"meshtrain cluster\"", "\"meshtrain machine\""}},
+      {"plan --model gpt-small --global-batch 8 --machine " + dir.file("trace.json"),
+       {"trace.json has kind \"meshtrain trace\"", "\"meshtrain machine\""}},
       {"plan --model gpt-small --global-batch 8 --cluster " + dir.file("typo.json"), {"typo.json", "colour is not a field"}},
       {"plan --model gpt-small --global-batch 8 --cluster " + dir.file("absent.json"), {"absent.json"}},
       {"plan --model gpt-small --global-batch 8 --cluster " + dir.file("tiny.json"),

@@ -1,7 +1,8 @@
 // The cluster file (plan/cluster.h): a device cluster's figures become the cost model's
 // Hardware in SI units, a machine cluster takes the machine file's measurements relative to
 // its own path, the shipped examples read, and every bad field is refused naming the file and
-// the field.
+// the field. A machine file alone is the cluster of one node of it: the same hardware and the
+// same plan as the cluster file of one node that points at it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,7 +11,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "meshtrain/model/spec.h"
 #include "meshtrain/plan/cluster.h"
+#include "meshtrain/plan/search.h"
 #include "temp_dir.h"
 
 namespace {
@@ -35,6 +38,34 @@ meshtrain::plan::MachineProfile machine(int cores) {
   p.gemm = {{"square_1024", 1024, 1024, 1024, "float32", cores, 50.0 * cores}};
   p.elementwise = {{"add", 1 << 20, 1, 2e10}};
   return p;
+}
+
+// A machine file as calibrate fills one in (plan/calibrate.cpp): a GEMM rate at each thread
+// count, the kernels' bandwidths, attention, the threads link of both operations, the memory;
+// written by write_machine_file, as `meshtrain calibrate --out` writes it.
+meshtrain::plan::MachineProfile calibrated(int cores) {
+  meshtrain::plan::MachineProfile p = machine(cores);
+  p.memory_bytes = int64_t{3} << 30;
+  p.llc_bytes = 32 << 20, p.shared_core_efficiency = 0.9;
+  p.gemm.clear();
+  for (int t = 1; t <= cores; t *= 2) p.gemm.push_back({"square_1024", 1024, 1024, 1024, "float32", t, 100.0 * t});
+  p.elementwise = {{"add", 1 << 20, 1, 2e10}, {"layernorm", 1 << 20, 1, 3e10}, {"gelu", 1 << 20, 1, 3e10},
+                   {"adamw", 1 << 20, 1, 5e10}};
+  p.attention = {{2, 256, 384, 6, 1, 50}};
+  p.links = {{"threads", "all_reduce", 2, 5e-6, 1e-10, 0.1, {{8, 5e-6}, {1 << 20, 1.1e-4}}},
+             {"threads", "sendrecv", 2, 1e-6, 1e-10, 0.1, {{8, 1e-6}, {1 << 20, 1.1e-4}}}};
+  return p;
+}
+
+// What plan reports of a search: each ranked layout with its step time and memory.
+std::vector<std::string> ranking(const Cluster& c) {
+  const auto spec = meshtrain::model::model_spec("gpt-tiny");
+  meshtrain::plan::SearchOptions o;
+  o.batch = 8, o.seq = spec->gpt()->seq;
+  std::vector<std::string> r;
+  for (const auto& p : meshtrain::plan::search_layouts(*spec, c, o).ranked)
+    r.push_back(p.layout.describe() + " " + std::to_string(p.step_s) + " s " + std::to_string(p.peak_bytes) + " B");
+  return r;
 }
 
 std::string refusal(const json& j, const std::string& base = "") {
@@ -109,6 +140,94 @@ TEST(ClusterFile, MachineClusterReadsTheMachineFileBesideIt) {
   // An intra_node link is the machine file's to give.
   j["links"]["intra_node"] = {{"bandwidth_gbps", 1}, {"latency_us", 1}};
   EXPECT_NE(refusal(j, dir.file("sub")).find("links.intra_node is given"), std::string::npos);
+}
+
+TEST(ClusterFile, AMachineFileIsTheClusterOfOneNodeOfIt) {
+  meshtrain::testing::TempDir dir("cluster");
+  const std::string m = dir.file("m.json");
+  meshtrain::plan::write_machine_file(calibrated(2), m);
+  // The cluster file a user would write for it: one node, the machine file, nothing else.
+  json by_hand = {{"kind", "meshtrain cluster"}, {"version", 1}, {"name", "by-hand"}, {"nodes", 1}, {"machine", "m.json"}};
+  std::ofstream(dir.file("c.json")) << by_hand.dump();
+  // ... and with the node's memory written out as calibrate recorded it.
+  by_hand["memory_gb"] = static_cast<double>(int64_t{3} << 30) / 1e9;
+  std::ofstream(dir.file("c_memory.json")) << by_hand.dump();
+
+  const Cluster hand = meshtrain::plan::read_cluster_file(dir.file("c.json"));
+  for (const Cluster& c : {meshtrain::plan::read_cluster_or_machine_file(m), meshtrain::plan::read_machine_as_cluster(m),
+                           meshtrain::plan::read_cluster_or_machine_file(dir.file("c.json")),
+                           meshtrain::plan::read_cluster_file(dir.file("c_memory.json"))}) {
+    EXPECT_TRUE(c.cpu());
+    EXPECT_EQ(c.hardware.nodes, 1);
+    EXPECT_EQ(c.hardware.cores, 2) << "all the cores calibrate recorded";
+    EXPECT_EQ(c.hardware.devices_per_node, meshtrain::plan::kCpuRanksPerCore * 2);
+    EXPECT_NEAR(c.hardware.memory_bytes, static_cast<double>(int64_t{3} << 30), 1e-3);
+    EXPECT_TRUE(c.hardware.has_machine);
+    EXPECT_EQ(meshtrain::plan::to_json(c.hardware.machine), meshtrain::plan::to_json(calibrated(2)));
+    EXPECT_EQ(std::filesystem::path(c.machine_path), std::filesystem::path(m));
+    EXPECT_DOUBLE_EQ(c.hardware.peak_flops, hand.hardware.peak_flops);
+    EXPECT_EQ(c.hardware.inter.alpha_s, hand.hardware.inter.alpha_s);
+    EXPECT_EQ(c.hardware.inter.beta_s_per_byte, hand.hardware.inter.beta_s_per_byte);
+  }
+  const Cluster alone = meshtrain::plan::read_cluster_or_machine_file(m);
+  EXPECT_EQ(alone.name, "h") << "named after the host calibrate ran on";
+  // The same plan: every layout ranked alike, with the same step time and memory.
+  const std::vector<std::string> planned = ranking(alone);
+  ASSERT_FALSE(planned.empty());
+  EXPECT_EQ(planned, ranking(hand));
+  EXPECT_EQ(planned, ranking(meshtrain::plan::read_cluster_file(dir.file("c_memory.json"))));
+}
+
+TEST(ClusterFile, APlanFileOfNeitherKindIsRefusedNamingBoth) {
+  meshtrain::testing::TempDir dir("cluster");
+  auto message = [](const std::function<Cluster()>& read) -> std::string {
+    try {
+      read();
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  using meshtrain::plan::read_cluster_or_machine_file;
+  using meshtrain::plan::read_machine_as_cluster;
+  std::ofstream(dir.file("other.json")) << R"({"kind": "meshtrain trace", "version": 1})";
+  std::ofstream(dir.file("kindless.json")) << R"({"name": "x"})";
+  std::ofstream(dir.file("list.json")) << "[1, 2]";
+  for (const char* f : {"other.json", "kindless.json", "list.json"}) {
+    const std::string m = message([&] { return read_cluster_or_machine_file(dir.file(f)); });
+    EXPECT_EQ(m.rfind(dir.file(f) + " ", 0), 0u) << m;
+    EXPECT_NE(m.find("plan reads a cluster file (kind \"meshtrain cluster\") or a machine file (kind \"meshtrain machine\""),
+              std::string::npos) << m;
+    const std::string mm = message([&] { return read_machine_as_cluster(dir.file(f)); });
+    EXPECT_EQ(mm.rfind(dir.file(f) + " ", 0), 0u) << mm;
+    EXPECT_NE(mm.find("--machine reads a machine file (kind \"meshtrain machine\""), std::string::npos) << mm;
+  }
+  EXPECT_NE(message([&] { return read_cluster_or_machine_file(dir.file("other.json")); }).find("has kind \"meshtrain trace\""),
+            std::string::npos);
+  // --machine given a cluster file says where it goes.
+  const std::string c = (std::filesystem::path(MESHTRAIN_SOURCE_DIR) / "examples" / "clusters" / "h100-node.json").string();
+  EXPECT_NE(message([&] { return read_machine_as_cluster(c); }).find("is a cluster file, not a machine file; give it with --cluster"),
+            std::string::npos);
+  // A machine file's own fields are checked as read_machine_file checks them.
+  json bad = meshtrain::plan::to_json(calibrated(2));
+  bad["cores"] = 0;
+  std::ofstream(dir.file("bad.json")) << bad.dump();
+  EXPECT_NE(message([&] { return read_cluster_or_machine_file(dir.file("bad.json")); }).find("bad.json: cores is 0, less than 1"),
+            std::string::npos);
+  // A version 2 machine file records no memory: planned alone it is refused saying how to
+  // mend it; pointed at by a cluster file, memory_gb is then required.
+  meshtrain::plan::MachineProfile v2 = calibrated(2);
+  v2.version = 2, v2.memory_bytes = 0;
+  meshtrain::plan::write_machine_file(v2, dir.file("v2.json"));
+  const std::string old = message([&] { return read_machine_as_cluster(dir.file("v2.json")); });
+  EXPECT_NE(old.find("v2.json records no memory (a version 2 machine file); measure the machine again with meshtrain calibrate"),
+            std::string::npos) << old;
+  EXPECT_EQ(message([&] { return read_cluster_or_machine_file(dir.file("v2.json")); }), old);
+  json j = {{"kind", "meshtrain cluster"}, {"version", 1}, {"name", "cpu"}, {"nodes", 1}, {"machine", "v2.json"}};
+  EXPECT_NE(refusal(j, dir.path().string()).find("c.json: memory_gb is missing; "), std::string::npos)
+      << refusal(j, dir.path().string());
+  j["memory_gb"] = 4;
+  EXPECT_EQ(refusal(j, dir.path().string()), "");
 }
 
 TEST(ClusterFile, TheShippedExamplesRead) {

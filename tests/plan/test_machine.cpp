@@ -33,6 +33,7 @@ MachineProfile sample() {
   p.calibrate_seconds = 3.5;
   p.call_overhead_s = 2e-6;
   p.llc_bytes = 32 << 20;
+  p.memory_bytes = int64_t{24} << 30;
   p.shared_core_efficiency = 0.8;
   p.oversubscribed_handoff_s = 5e-5;
   p.gemm = {{"square_1024", 1024, 1024, 1024, "float32", 1, 95.5}, {"square_1024", 1024, 1024, 1024, "bf16", 2, 300}};
@@ -64,7 +65,22 @@ TEST(MachineFile, RoundTripsEveryField) {
   EXPECT_EQ(back.link("threads", "all_reduce")->points.size(), 2u);
   EXPECT_EQ(back.link("mpi_tcp", "all_reduce"), nullptr);
   EXPECT_EQ(j["kind"], "meshtrain machine");
-  EXPECT_EQ(j["version"], 2);
+  EXPECT_EQ(j["version"], 3);
+  EXPECT_EQ(j["memory_bytes"], int64_t{24} << 30);
+}
+
+// Version 2 (before memory_bytes) is still read, its memory unknown; a version 3 file must
+// give it.
+TEST(MachineFile, ReadsVersion2WithoutItsMemory) {
+  json j = meshtrain::plan::to_json(sample());
+  j["version"] = 2;
+  j.erase("memory_bytes");
+  const MachineProfile old = meshtrain::plan::from_json(j, "m.json");
+  EXPECT_EQ(old.version, 2);
+  EXPECT_EQ(old.memory_bytes, 0);
+  EXPECT_EQ(meshtrain::plan::to_json(old), j) << "a version 2 file is written back as it was";
+  j["memory_bytes"] = 1;
+  EXPECT_NE(refusal(j).find("memory_bytes is not a field"), std::string::npos) << refusal(j);
 }
 
 TEST(MachineFile, WritesAndReadsAFile) {
@@ -115,7 +131,10 @@ TEST(MachineFile, RefusesBadFilesNamingTheField) {
       {"points order", [](json& j) { j["links"][0]["points"][1]["bytes"] = 4; }, "links[0].points[1].bytes is not larger"},
       {"bad link", [](json& j) { j["links"][0]["link"] = "carrier pigeon"; }, "links[0].link is 'carrier pigeon'"},
       {"bad precision", [](json& j) { j["gemm"][0]["precision"] = "fp8"; }, "gemm[0].precision is 'fp8'"},
-      {"version", [](json& j) { j["version"] = 1; }, "version is 1"},
+      {"version", [](json& j) { j["version"] = 1; }, "version is 1 but this meshtrain reads versions 2 to 3"},
+      {"version 4", [](json& j) { j["version"] = 4; }, "version is 4"},
+      {"no memory", [](json& j) { j.erase("memory_bytes"); }, "memory_bytes is missing"},
+      {"negative memory", [](json& j) { j["memory_bytes"] = -1; }, "memory_bytes is -1, less than 0"},
       {"kind", [](json& j) { j["kind"] = "something"; }, "kind is not 'meshtrain machine'"},
       {"bf16 without isa", [](json& j) { j["bf16_isa"] = "emulated"; }, "gemm holds bf16 rates"},
       {"no gemm", [](json& j) { j["gemm"] = json::array(); }, "gemm is empty"},
@@ -193,6 +212,7 @@ TEST(Calibrate, QuickGivesPositiveFiniteRatesForEveryThreadCount) {
   const MachineProfile& p = quick().p;
   const int cores = meshtrain::plan::usable_cores();
   EXPECT_EQ(p.cores, cores);
+  EXPECT_GT(p.memory_bytes, 0) << "MemTotal (or the cgroup limit) is recorded";
   EXPECT_EQ(p.mode, "quick");
   EXPECT_FALSE(p.cpu_model.empty());
   std::set<int> want{1, cores};

@@ -1,18 +1,21 @@
-// `meshtrain plan (--model NAME | --config FILE) --cluster FILE.json --global-batch B [--seq T]
-// [--top K] [--svg best.svg] [--optimizer adamw|sgd|lamb] [--overwrite]`: the fastest layouts
-// of a model on a cluster, predicted without running anything.
+// `meshtrain plan (--model NAME | --config FILE) (--cluster FILE.json | --machine FILE.json)
+// --global-batch B [--seq T] [--top K] [--svg best.svg] [--optimizer adamw|sgd|lamb]
+// [--overwrite]`: the fastest layouts of a model on a cluster, predicted without running anything.
 //
-// Reads the cluster file (plan/cluster.h), enumerates the layouts its devices can run
-// (plan/search.h: dp x tp x pp, micro-batches, schedule, ZeRO, recomputation), predicts each
-// with the cost and memory models (plan/cost.h), drops those that do not fit in memory and
-// prints the K fastest: layout, step time, tokens/s (images/s), MFU, peak memory per rank,
-// pipeline bubble, communication share. --svg draws the best layout's predicted step as a
-// swimlane (pipeline/svg.h). A progress line goes to stderr when the search takes more than a
-// second.
+// Reads the cluster file (plan/cluster.h), or a machine file `meshtrain calibrate` wrote as one
+// node of that machine (--machine, or --cluster given a machine file), enumerates the layouts
+// its devices can run (plan/search.h: dp x tp x pp, micro-batches, schedule, ZeRO,
+// recomputation), predicts each with the cost and memory models (plan/cost.h), drops those
+// that do not fit in memory and prints the K fastest: layout, step time, tokens/s (images/s),
+// MFU, peak memory per rank, pipeline bubble, communication share. --svg draws the best
+// layout's predicted step as a swimlane (pipeline/svg.h). A progress line goes to stderr when
+// the search takes more than a second.
 //
-// Bad input exits 2 with one sentence (UsageError): a bad cluster file (the reader names the
-// field), a model that fits no layout (what would make it fit: plan::advise), --top below 1,
-// a missing --cluster or --global-batch, paths the output policy refuses (train/outputs.h).
+// Bad input exits 2 with one sentence (UsageError): a bad cluster or machine file (the reader
+// names the field; a file of neither kind is named with the kinds plan reads), both or neither
+// of --cluster and --machine, a model that fits no layout (what would make it fit:
+// plan::advise), --top below 1, a missing --global-batch, paths the output policy refuses
+// (train/outputs.h).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -33,7 +36,7 @@ namespace meshtrain::cli {
 namespace {
 
 struct PlanArgs {
-  std::string model, config, cluster, svg, optimizer = "adamw";
+  std::string model, config, cluster, machine, svg, optimizer = "adamw";
   int64_t batch = 0, seq = 0;
   int top = 10;
   bool overwrite = false;
@@ -171,20 +174,25 @@ void predict_one(const PlanArgs& a, const model::ModelSpec& spec, const plan::Cl
 
 void run_plan(const PlanArgs& a) {
   // ---- the inputs, refused in words ----
-  if (a.cluster.empty())
-    throw UsageError("plan needs --cluster FILE.json, the hardware to plan for (examples/clusters/ holds examples; "
-                     "docs/planner.md lists the fields)");
+  if (!a.cluster.empty() && !a.machine.empty())
+    throw UsageError("plan takes one of --cluster FILE and --machine FILE, not both; a cluster file names its machine "
+                     "file itself");
+  if (a.cluster.empty() && a.machine.empty())
+    throw UsageError("plan needs the hardware to plan for: --machine FILE.json (this machine: meshtrain calibrate --out "
+                     "FILE.json writes it) or --cluster FILE.json (examples/clusters/; docs/planner.md lists the fields)");
+  const std::string hardware_flag = a.machine.empty() ? "--cluster" : "--machine";
+  const std::string hardware_file = a.machine.empty() ? a.cluster : a.machine;
   if (a.model.empty() == a.config.empty()) throw UsageError("plan needs one of --model NAME or --config FILE");
   if (a.batch < 1) throw UsageError("plan needs --global-batch B, the samples of one step (at least 1)");
   std::shared_ptr<const model::ModelSpec> spec;
   plan::Cluster cluster;
   try {
     spec = a.model.empty() ? model::model_spec_from_file(a.config) : model::model_spec(a.model);
-    cluster = plan::read_cluster_file(a.cluster);
+    cluster = a.machine.empty() ? plan::read_cluster_or_machine_file(a.cluster) : plan::read_machine_as_cluster(a.machine);
     train::PathPlan paths(a.overwrite);
-    paths.input_file("--cluster", a.cluster);
+    paths.input_file(hardware_flag, hardware_file);
     paths.input_file("--config", a.config);
-    paths.input_file("the cluster's machine file", cluster.machine_path);
+    if (cluster.machine_path != hardware_file) paths.input_file("the cluster's machine file", cluster.machine_path);
     paths.output_file("--svg", a.svg, train::OutputKind::svg);
     paths.check();
   } catch (const std::invalid_argument& e) {
@@ -206,7 +214,7 @@ void run_plan(const PlanArgs& a) {
     plan::Hardware& h = cluster.hardware;
     if (a.devices > h.devices())
       throw UsageError("--devices " + std::to_string(a.devices) + " is more than the " + std::to_string(h.devices()) +
-                       " devices of " + a.cluster);
+                       " devices of " + hardware_file);
     if (a.devices % h.devices_per_node != 0 && a.devices > h.devices_per_node)
       throw UsageError("--devices " + std::to_string(a.devices) + " is not a whole number of nodes of " +
                        std::to_string(h.devices_per_node) + "; give a multiple of it");
@@ -274,7 +282,11 @@ void add_plan_command(CLI::App& app) {
   CLI::App* c = app.add_subcommand("plan", "Rank the layouts of a model on a cluster by predicted step time");
   c->add_option("--model", a->model, "A named model (gpt-tiny, gpt-small, gpt2-124m, cnn-small, ...)");
   c->add_option("--config", a->config, "A model config file (JSON), as train reads it")->check(non_empty_path());
-  c->add_option("--cluster", a->cluster, "The cluster file (JSON; examples/clusters/, docs/planner.md)")
+  c->add_option("--cluster", a->cluster,
+                 "The cluster file (JSON; examples/clusters/, docs/planner.md), or a machine file as one node of it")
+      ->check(non_empty_path());
+  c->add_option("--machine", a->machine,
+                 "A machine file meshtrain calibrate wrote: plan for one node of that machine (all its cores and memory)")
       ->check(non_empty_path());
   c->add_option("--global-batch", a->batch, "Samples per step, all data-parallel ranks together")
       ->check(integer<int64_t>(1));

@@ -107,6 +107,32 @@ int64_t llc_bytes() {
   return best;
 }
 
+// The memory this machine's processes may use: MemTotal, lowered by a cgroup memory limit
+// (cgroup v2's memory.max, v1's limit_in_bytes; "max" and v1's huge "no limit" are none).
+// Not MemAvailable: the file describes the machine, not the load on it when measured. 0: unknown.
+int64_t memory_bytes() {
+  int64_t total = 0;
+  {
+    std::ifstream f("/proc/meminfo");
+    std::string key, rest;
+    long long kib = 0;
+    while (f >> key >> kib) {
+      std::getline(f, rest);
+      if (key == "MemTotal:") {
+        total = static_cast<int64_t>(kib) * 1024;
+        break;
+      }
+    }
+  }
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream f(path);
+    unsigned long long limit = 0;
+    if (f >> limit && limit > 0 && limit < (1ull << 60) && (total == 0 || static_cast<int64_t>(limit) < total))
+      total = static_cast<int64_t>(limit);
+  }
+  return total;
+}
+
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -441,6 +467,7 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
   p.cpu_model = cpu_model();
   p.cores = cores;
   p.llc_bytes = llc_bytes();
+  p.memory_bytes = memory_bytes();
   p.gemm_backend = kernels::gemm_backend();
   p.bf16_isa = kernels::bf16_isa();
   const bool bf16 = p.bf16_isa != "emulated";
@@ -587,8 +614,9 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
 std::string summary_table(const MachineProfile& p) {
   std::string s;
   char buf[256];
-  std::snprintf(buf, sizeof buf, "machine: %s, %d cores, gemm %s, bf16 %s (%s mode, %.1f s)\n", p.cpu_model.c_str(),
-                p.cores, p.gemm_backend.c_str(), p.bf16_isa.c_str(), p.mode.c_str(), p.calibrate_seconds);
+  std::snprintf(buf, sizeof buf, "machine: %s, %d cores, %.1f GiB, gemm %s, bf16 %s (%s mode, %.1f s)\n",
+                p.cpu_model.c_str(), p.cores, static_cast<double>(p.memory_bytes) / (1 << 30), p.gemm_backend.c_str(),
+                p.bf16_isa.c_str(), p.mode.c_str(), p.calibrate_seconds);
   s += buf;
   std::snprintf(buf, sizeof buf, "%-16s %-8s %7s %10s\n", "gemm shape", "dtype", "threads", "GFLOP/s");
   s += buf;

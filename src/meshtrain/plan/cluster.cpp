@@ -62,6 +62,20 @@ void read_device(Reader& top, Hardware& hw) {
     d.fail("device.attention_tflops", "is above device.peak_tflops (a sustained rate cannot pass the peak)");
 }
 
+// One node of machine `m` (read from `path`), with `memory_bytes` of memory: the ranks are
+// threads of one process, at most kCpuRanksPerCore a core unless devices_per_node says.
+Hardware one_node_of(const MachineProfile& m, double memory_bytes) {
+  Hardware hw = hardware_from_machine(m, memory_bytes);
+  hw.devices_per_node = kCpuRanksPerCore * hw.cores;
+  return hw;
+}
+
+// A version 2 machine file records no memory: the refusal of a cluster that needs it.
+std::string no_memory(const std::string& machine_path) {
+  return machine_path + " records no memory (a version 2 machine file); measure the machine again with meshtrain "
+                        "calibrate, or give the node's memory in GB (1e9 bytes) as memory_gb";
+}
+
 Hardware read_machine(Reader& top, const std::string& base_dir, std::string* path_out) {
   const std::string given = top.str("machine");
   if (given.empty()) top.fail("machine", "is empty; give the path of a file meshtrain calibrate wrote");
@@ -74,7 +88,9 @@ Hardware read_machine(Reader& top, const std::string& base_dir, std::string* pat
   } catch (const std::invalid_argument& e) {
     top.fail("machine", "names " + *path_out + ", which cannot be used (" + e.what() + ")");
   }
-  return hardware_from_machine(m, top.rate("memory_gb") * 1e9);
+  // The node's memory: memory_gb when given, else what calibrate recorded.
+  if (!top.has("memory_gb") && m.memory_bytes == 0) top.fail("memory_gb", "is missing; " + no_memory(*path_out));
+  return one_node_of(m, top.has("memory_gb") ? top.rate("memory_gb") * 1e9 : static_cast<double>(m.memory_bytes));
 }
 
 }  // namespace
@@ -101,8 +117,7 @@ Cluster cluster_from_json(const json& j, const std::string& source, const std::s
       r.fail("nodes", "is " + std::to_string(nodes) + ", which with the machine's " + std::to_string(cores) +
                           " cores makes more than " + std::to_string(kMaxClusterDevices) + " cores");
     // Ranks are threads of one process per node; each node has the machine's cores.
-    c.hardware.devices_per_node = r.has("devices_per_node") ? r.int32("devices_per_node", 1, kMaxClusterDevices)
-                                                            : kCpuRanksPerCore * cores;
+    if (r.has("devices_per_node")) c.hardware.devices_per_node = r.int32("devices_per_node", 1, kMaxClusterDevices);
     c.hardware.cores = cores * nodes;
   } else {
     c.hardware.devices_per_node = r.int32("devices_per_node", 1, kMaxClusterDevices);
@@ -121,6 +136,49 @@ Cluster cluster_from_json(const json& j, const std::string& source, const std::s
 Cluster read_cluster_file(const std::string& path) {
   const json j = io::read_json_file_strict(path, path, "give a cluster file (JSON; docs/planner.md lists its fields)");
   return cluster_from_json(j, path, std::filesystem::path(path).parent_path().string());
+}
+
+Cluster cluster_of_machine(const MachineProfile& m, const std::string& path) {
+  if (m.memory_bytes == 0) throw std::invalid_argument(no_memory(path));
+  Cluster c;
+  c.name = m.host.empty() ? std::filesystem::path(path).stem().string() : m.host;
+  c.note = "one node of the machine file " + path;
+  c.machine_path = path;
+  c.hardware = one_node_of(m, static_cast<double>(m.memory_bytes));
+  c.hardware.name = c.name;
+  return c;
+}
+
+namespace {
+// The refusal of a file whose "kind" is not one `accepted` reads: names the file, what it holds
+// and the kinds accepted.
+[[noreturn]] void wrong_kind(const json& j, const std::string& path, const std::string& accepted) {
+  const std::string found = !j.is_object()              ? "is not a JSON object"
+                            : !j.contains("kind")        ? "has no kind"
+                                                         : "has kind " + j["kind"].dump();
+  throw std::invalid_argument(path + " " + found + ", but " + accepted + "; give one");
+}
+}  // namespace
+
+Cluster read_machine_as_cluster(const std::string& path) {
+  const json j = io::read_json_file_strict(path, path, "give a machine file meshtrain calibrate wrote");
+  const bool object = j.is_object() && j.contains("kind");
+  if (object && j["kind"] == kClusterFileKind)
+    throw std::invalid_argument(path + " is a cluster file, not a machine file; give it with --cluster");
+  if (!object || j["kind"] != kMachineFileKind)
+    wrong_kind(j, path, std::string("--machine reads a machine file (kind \"") + kMachineFileKind +
+                            "\", written by meshtrain calibrate)");
+  return cluster_of_machine(from_json(j, path), path);
+}
+
+Cluster read_cluster_or_machine_file(const std::string& path) {
+  const json j = io::read_json_file_strict(
+      path, path, "give a cluster file or a machine file meshtrain calibrate wrote (JSON; docs/planner.md)");
+  const json* kind = j.is_object() && j.contains("kind") ? &j["kind"] : nullptr;
+  if (kind && *kind == kMachineFileKind) return cluster_of_machine(from_json(j, path), path);
+  if (kind && *kind == kClusterFileKind) return cluster_from_json(j, path, std::filesystem::path(path).parent_path().string());
+  wrong_kind(j, path, std::string("plan reads a cluster file (kind \"") + kClusterFileKind + "\") or a machine file (kind \"" +
+                         kMachineFileKind + "\", written by meshtrain calibrate)");
 }
 
 }  // namespace meshtrain::plan

@@ -12,6 +12,11 @@
 //     kCpuRanksPerCore x the machine's cores) and "memory_gb" is the node's, shared by them;
 //     Hardware::cores is the cores of all nodes. "links" may then hold "inter_node" only (the
 //     machine file measured the link inside the node) and must when "nodes" is above 1.
+//     "memory_gb" may be left out when the machine file records its memory (version 3).
+//
+// A machine file is also a cluster on its own: one node of that machine (cluster_of_machine),
+// so that `meshtrain calibrate --out m.json` then `meshtrain plan --machine m.json` (or
+// `--cluster m.json`) plans for the machine measured, with no cluster file to write.
 //
 // The reader is strict, as the machine file's (plan/json_reader.h): an unknown or missing
 // field, a value of the wrong type, a rate that is not a positive finite number, both or
@@ -55,5 +60,18 @@ struct Cluster {
 Cluster cluster_from_json(const nlohmann::json& j, const std::string& source, const std::string& base_dir);
 // Reads and parses a cluster file (and the machine file it names); throws std::invalid_argument.
 Cluster read_cluster_file(const std::string& path);
+
+// ---- a machine file as a cluster ----
+// Machine `m` (read from `path`) planned for alone: one node of it, exactly as a cluster file
+// {"nodes": 1, "machine": path} without devices_per_node or memory_gb reads it (all its cores,
+// kCpuRanksPerCore ranks a core, its memory_bytes the node's memory), named after its host.
+// A machine file that records no memory (version 2) is refused, saying how to mend it.
+Cluster cluster_of_machine(const MachineProfile& m, const std::string& path);
+// `plan --machine FILE`: a machine file as cluster_of_machine; a cluster file is refused
+// (pointing at --cluster), any other file as read_machine_file refuses it.
+Cluster read_machine_as_cluster(const std::string& path);
+// `plan --cluster FILE`: by its "kind", a cluster file (read_cluster_file) or a machine file
+// (cluster_of_machine); any other kind, or none, is refused naming the file and both kinds.
+Cluster read_cluster_or_machine_file(const std::string& path);
 
 }  // namespace meshtrain::plan

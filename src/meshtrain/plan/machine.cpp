@@ -64,6 +64,7 @@ json to_json(const MachineProfile& p) {
   j["calibrate_seconds"] = p.calibrate_seconds;
   j["call_overhead_s"] = p.call_overhead_s;
   j["llc_bytes"] = p.llc_bytes;
+  if (p.version >= 3) j["memory_bytes"] = p.memory_bytes;
   j["shared_core_efficiency"] = p.shared_core_efficiency;
   j["oversubscribed_handoff_s"] = p.oversubscribed_handoff_s;
   j["gemm"] = json::array();
@@ -97,9 +98,9 @@ MachineProfile from_json(const json& j, const std::string& source) {
   MachineProfile p;
   if (r.str("kind") != kMachineFileKind) r.fail("kind", std::string("is not '") + kMachineFileKind + "'");
   p.version = r.int32("version", 1);
-  if (p.version != kMachineFileVersion)
-    r.fail("version", "is " + std::to_string(p.version) + " but this meshtrain reads version " +
-                          std::to_string(kMachineFileVersion));
+  if (p.version < kMachineFileOldestVersion || p.version > kMachineFileVersion)
+    r.fail("version", "is " + std::to_string(p.version) + " but this meshtrain reads versions " +
+                          std::to_string(kMachineFileOldestVersion) + " to " + std::to_string(kMachineFileVersion));
   p.mode = r.word("mode", {"quick", "full"});
   p.date = r.str("date");
   p.meshtrain_commit = r.str("meshtrain_commit");
@@ -111,6 +112,7 @@ MachineProfile from_json(const json& j, const std::string& source) {
   p.calibrate_seconds = r.rate("calibrate_seconds");
   p.call_overhead_s = r.rate("call_overhead_s");
   p.llc_bytes = r.integer("llc_bytes", 0, kNoLimit);
+  if (p.version >= 3) p.memory_bytes = r.integer("memory_bytes", 0, kNoLimit);  // version 2: unknown
   p.shared_core_efficiency = r.rate("shared_core_efficiency");
   p.oversubscribed_handoff_s = r.rate("oversubscribed_handoff_s");
 

@@ -12,6 +12,10 @@
 // naming the file and the field (e.g. "machine.json: gemm[3].gflops is -1; ..."), as is a
 // count beyond kMaxMachineCount, a key given twice or a number beyond a double (io/json.h).
 //
+// Version 3 added memory_bytes; a version 2 file (without it) is still read, its memory 0
+// (unknown), so a machine file measured before it keeps working wherever memory comes from
+// elsewhere (a cluster file's memory_gb, train's own check).
+//
 // Limits: one process's view (one host); the links of several hosts come from several files.
 #pragma once
 
@@ -25,7 +29,9 @@
 
 namespace meshtrain::plan {
 
-inline constexpr int kMachineFileVersion = 2;
+inline constexpr int kMachineFileVersion = 3;
+// The oldest version read (version 2: no memory_bytes).
+inline constexpr int kMachineFileOldestVersion = 2;
 // The most cores, threads and ranks (a link's world) a machine file may record; larger counts
 // are refused, never wrapped to an int.
 inline constexpr int kMaxMachineCount = 1 << 20;
@@ -103,6 +109,10 @@ struct MachineProfile {
   // The last-level cache of the CPU the process runs on (sysfs), shared by the ranks of one
   // process; 0: unknown. Activations beyond it are written to and read back from memory.
   int64_t llc_bytes = 0;
+  // The memory this machine's processes may use: MemTotal in /proc/meminfo, or a lower cgroup
+  // memory limit; the planner's memory of a node when the file is planned for alone. 0:
+  // unknown (no /proc/meminfo, or a version 2 file).
+  int64_t memory_bytes = 0;
   // Ranks that outnumber the cores (threads of one process) take turns: the share of the
   // cores' work they still get done, measured at two ranks a core (1: no loss).
   double shared_core_efficiency = 1;

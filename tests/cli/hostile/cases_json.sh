@@ -78,7 +78,29 @@ expect 2 "machine names m_big.json, which cannot be used \(m_big.json gives [a-z
   "$MT" "${P[@]}" --cluster c_m_big.json
 expect 2 "machine names m_ndup.json, which cannot be used \(m_ndup.json gives the field \"threads\" more than once in [a-z]+\[0\]" -- \
   "$MT" "${P[@]}" --cluster c_m_ndup.json
-rm -f "$WORK"/m.json "$WORK"/m_*.json "$WORK"/c_m_*.json
+
+# ---- plan for the machine file alone (--machine, or --cluster given one), and its refusals ----
+expect 0 "^meshtrain plan: gpt-tiny on .* \(1 node x [0-9]+ ranks as threads on [0-9]+ cores\)" -- "$MT" "${P[@]}" --machine m.json
+expect 0 "best as train flags: --batch 8 " -- "$MT" "${P[@]}" --cluster m.json
+printf '{"kind": "meshtrain trace", "version": 1}' > "$WORK/k_other.json"
+printf '{"name": "x"}' > "$WORK/k_none.json"
+expect 2 "^meshtrain: k_other.json has kind \"meshtrain trace\", but plan reads a cluster file \(kind \"meshtrain cluster\"\) or a machine file \(kind \"meshtrain machine\", written by meshtrain calibrate\); give one$" -- \
+  "$MT" "${P[@]}" --cluster k_other.json
+expect 2 "^meshtrain: k_none.json has no kind, but plan reads a cluster file \(kind \"meshtrain cluster\"\) or a machine file" -- \
+  "$MT" "${P[@]}" --cluster k_none.json
+expect 2 "^meshtrain: k_other.json has kind \"meshtrain trace\", but --machine reads a machine file \(kind \"meshtrain machine\", written by meshtrain calibrate\); give one$" -- \
+  "$MT" "${P[@]}" --machine k_other.json
+expect 2 "^meshtrain: .*h100-node.json is a cluster file, not a machine file; give it with --cluster$" -- \
+  "$MT" "${P[@]}" --machine "$here/../../examples/clusters/h100-node.json"
+expect 2 "^meshtrain: plan takes one of --cluster FILE and --machine FILE, not both" -- "$MT" "${P[@]}" --machine m.json --cluster m.json
+expect 2 "^meshtrain: plan needs the hardware to plan for: --machine FILE.json" -- "$MT" "${P[@]}"
+expect 2 "^meshtrain: m_wrap.json: cores is 4294967297, more than 1048576" -- "$MT" "${P[@]}" --machine m_wrap.json
+# A machine file of version 2 (before calibrate recorded the memory): planned alone, refused.
+machine_json m_v2.json 's = re.sub(r'"'"'\n\s*"memory_bytes": \d+,'"'"', "", s); s = s.replace("\"version\": 3", "\"version\": 2")'
+expect 2 "^meshtrain: m_v2.json records no memory \(a version 2 machine file\); measure the machine again with meshtrain calibrate" -- \
+  "$MT" "${P[@]}" --machine m_v2.json
+expect 2 "^meshtrain: --svg m.json is the same file as --machine m.json" -- "$MT" "${P[@]}" --machine m.json --svg m.json --overwrite
+rm -f "$WORK"/m.json "$WORK"/m_*.json "$WORK"/c_m_*.json "$WORK"/k_*.json
 
 # replace_once FILE OLD NEW: the first OLD in FILE becomes NEW (Python escapes such as \n apply).
 replace_once() {
