@@ -6,6 +6,7 @@
 #include <string>
 
 #include "meshtrain/kernels/flops.h"
+#include "meshtrain/model/builder.h"
 #include "meshtrain/model/cnn.h"
 #include "meshtrain/model/graph.h"
 #include "meshtrain/model/spec.h"
@@ -156,6 +157,40 @@ TEST(Graph, ANamedModelIsFoundByNameAndAUserGraphTravelsWithItsConfig) {
   ASSERT_TRUE(j.contains("graph"));
   EXPECT_EQ(parse_graph(j["graph"], "again").layers.size(), 6u);
   EXPECT_THROW(cnn_config("vgg-mini"), std::invalid_argument);
+}
+
+// The builder's calls mirror the file's fields: vgg-mini built in code is vgg-mini read from its
+// file (the same layers, shapes and parameters), and a bad graph built in code is refused with
+// the file's sentence.
+TEST(Graph, TheBuilderMakesTheGraphTheFileDescribes) {
+  GraphBuilder b("vgg-mini", {1, 28, 28}, 10);
+  b.conv2d("features.0", {.out_channels = 32, .kernel_size = 3, .padding = 1})
+      .batchnorm2d("features.1")
+      .relu("features.2")
+      .maxpool2d("features.3", {.kernel_size = 2})
+      .conv2d("skip", {.out_channels = 32, .kernel_size = 1, .bias = false}, "features.3")
+      .add("sum", {"features.3", "skip"})
+      .flatten("flat")
+      .linear("classifier.0", {.out_features = 10});
+  const auto built = b.build();
+  const Graph file = parse_graph(examples_graph("vgg-mini.json"), "vgg");
+  ASSERT_EQ(built->layers.size(), file.layers.size());
+  for (size_t i = 0; i < file.layers.size(); ++i) {
+    EXPECT_EQ(built->layers[i].name, file.layers[i].name);
+    EXPECT_EQ(built->layers[i].op, file.layers[i].op);
+    EXPECT_EQ(built->layers[i].from, file.layers[i].from);
+  }
+  EXPECT_EQ(infer_shapes(*built, built->image), infer_shapes(file, file.image));
+  EXPECT_EQ(cnn_param_shapes(cnn_config(built)), cnn_param_shapes(cnn_config(std::make_shared<const Graph>(file))));
+
+  GraphBuilder bad("bad", {1, 28, 28}, 10);
+  bad.conv2d("c", {.out_channels = 8, .kernel_size = 3, .padding = 1}).linear("fc", {.out_features = 10});
+  try {
+    bad.build();
+    ADD_FAILURE() << "a linear after a feature map was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 1 'fc' (linear) takes features (N, F)"), std::string::npos) << e.what();
+  }
 }
 
 struct Bad {

@@ -666,7 +666,9 @@ TrainResult train(TrainOptions o) {
   TrainResult res;
   res.start_rss_mb = current_rss_mb();
   const std::shared_ptr<const model::ModelSpec> spec =
-      o.config_file.empty() ? model::model_spec(o.model) : model::model_spec_from_file(o.config_file);
+      o.graph                  ? model::cnn_spec(model::cnn_config(o.graph))
+      : o.config_file.empty() ? model::model_spec(o.model)
+                               : model::model_spec_from_file(o.config_file);
   res.model = spec->name();
   std::optional<TokenDataset> tokens;
   std::optional<ImageDataset> images;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -22,6 +23,7 @@
 
 #include "meshtrain/kernels/bf16.h"
 #include "meshtrain/model/config.h"
+#include "meshtrain/model/graph.h"
 #include "meshtrain/plan/cost.h"
 #include "meshtrain/train/data.h"
 #include "meshtrain/train/optimizer.h"
@@ -34,8 +36,10 @@ const char* intra_flag(IntraSplit s);
 
 struct TrainOptions {
   // model and data
-  std::string model = "gpt-tiny";  // a named config, ignored when config_file is set
+  std::string model = "gpt-tiny";  // a named config, ignored when config_file or graph is set
   std::string config_file;
+  // A layer graph built in code (model/builder.h); it takes the place of model and config_file.
+  std::shared_ptr<const model::Graph> graph;
   std::string data;
   DataOrder data_order = DataOrder::random;
   double val_fraction = 0.1;
