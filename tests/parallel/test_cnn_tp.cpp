@@ -113,9 +113,11 @@ INSTANTIATE_TEST_SUITE_P(Models, CnnTensorParallel,
 
 // The analytic count itself, by hand for cnn-small at tp 2 and 4 rows: conv1 (1 -> 32, filter
 // split, the model's first layer: no dx) sends nothing; conv2 (32 -> 64 on 14 x 14, channel
-// split) all-reduces its (4, 64, 14, 14) partial output: 2 (p-1)/p of 50176 floats.
+// split) all-reduces its (4, 64, 14, 14) partial output: 2 (p-1)/p of 50176 floats; the
+// classifier's pair, fc1 (3136 -> 128, columns) all-reduces its input gradient (4, 3136) and
+// fc2 (128 -> 10, rows) its partial output (4, 10).
 TEST(CnnTensorParallelBytes, CnnSmallByHand) {
-  const double floats = 4.0 * 64 * 14 * 14;
+  const double floats = 4.0 * 64 * 14 * 14 + 4.0 * 3136 + 4.0 * 10;
   EXPECT_EQ(parallel::cnn_tp_bytes_per_microbatch(model::cnn_config("cnn-small"), 2, 4),
             static_cast<uint64_t>(2 * 0.5 * floats * 4));
   EXPECT_EQ(parallel::cnn_tp_bytes_per_microbatch(model::cnn_config("cnn-small"), 4, 4),
