@@ -69,7 +69,8 @@ int64_t RankTrainer::begin_run() {
 
 // ---- before a step ----
 
-// --fail-rank R --fail-at-step S: rank R fails as a crashed rank would, before step S.
+// --fail-rank R --fail-at-step N: world rank R throws at the start of step N (0-based), as a rank
+// lost mid-run (TrainOptions::fail_rank).
 void RankTrainer::inject_fault(int64_t step) const {
   if (step == o_.fail_at_step && mesh_.rank() == o_.fail_rank)
     throw std::runtime_error("rank " + std::to_string(o_.fail_rank) + " failed: injected at step " +
@@ -85,7 +86,7 @@ StepMeter RankTrainer::start_meter() {
   return m;
 }
 
-// ---- after a step ----
+// ---- inside the step: the pipeline's figures ----
 
 // Every pp rank's figures of the step, for rank 0's metrics line: collectives of the pp group,
 // made by every rank inside the step (train_step). The bubble of rank r is the idle share of
@@ -103,6 +104,8 @@ PipelineFigures RankTrainer::gather_pipeline_figures(const pipeline::StepStats& 
   mesh_.pp_group().all_gather(std::array<int64_t, 1>{st.max_in_flight}, f.in_flight);
   return f;
 }
+
+// ---- after a step ----
 
 // The step's record: its results, and what it cost against the meter read at its start.
 StepRecord RankTrainer::measure(int64_t step, const StepResult& out, const StepMeter& m) {
@@ -158,7 +161,7 @@ nlohmann::json RankTrainer::metrics_line(const StepRecord& r, const StepResult& 
   return line;
 }
 
-// ---- the step's end: a stop, a checkpoint ----
+// ---- the step's end: a stop, a checkpoint, the report ----
 
 // A stop asked by SIGINT or SIGTERM (train/stop.h), and --checkpoint-every-s's clock (world
 // rank 0's): every rank agrees on both at the step's end, in one all-reduce. A checkpoint
