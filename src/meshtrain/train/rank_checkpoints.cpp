@@ -2,6 +2,7 @@
 // restores what it needs from the pieces that overlap it; choosing what --resume continues.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -246,6 +247,31 @@ int64_t RankTrainer::restore() {
   saved_step_ = ck.step;
   restore_bytes_read_ = rd.bytes_read();
   return ck.step;
+}
+
+// --resume: restore(), then every rank's bytes read, time and tensor memory gathered into the
+// result and the resume line (each rank reads only its pieces). Returns the resumed step.
+int64_t RankTrainer::resume() {
+  TrainResult& res = sh_.res;
+  const auto t0 = Clock::now();
+  reset_tensor_bytes_peak_thread();
+  const int64_t live = tensor_bytes_live_thread();
+  const int64_t start = restore();
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  const int world = mesh_.world().size();
+  std::vector<int64_t> read(3 * static_cast<size_t>(world));
+  mesh_.world().all_gather(
+      std::array<int64_t, 3>{restore_bytes_read_, static_cast<int64_t>(ns), tensor_bytes_peak_thread() - live}, read);
+  int64_t most = 0, slowest = 0;
+  for (int r = 0; r < world; ++r) {
+    if (lead_) res.restore_bytes_read.push_back(read[3 * r]), res.restore_tensor_bytes.push_back(read[3 * r + 2]);
+    most = std::max(most, read[3 * r]), slowest = std::max(slowest, read[3 * r + 1]);
+  }
+  if (lead_ && !o_.quiet)
+    std::printf("resumed from %s at step %lld (each rank read only its pieces: at most %.1f MiB, in %.2f s)\n",
+                (o_.checkpoint_dir + "/" + step_folder_name(start)).c_str(), static_cast<long long>(start),
+                static_cast<double>(most) / (1024.0 * 1024.0), static_cast<double>(slowest) * 1e-9);
+  return start;
 }
 
 // The optimizer a checkpoint was saved by and the state it keeps (checkpoints from before

@@ -1,5 +1,5 @@
 // Reporting of the rank loop: the start-up header, one progress line per step, the pipeline's
-// actions on the trace, and the trace files with their overlap figures.
+// actions on the trace, the run's summary, and the trace files with their overlap figures.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +13,7 @@
 #include "meshtrain/train/rank_trainer.h"
 #include "meshtrain/pipeline/svg.h"
 #include "meshtrain/train/swimlane.h"
+#include "meshtrain/train/validate.h"
 
 namespace meshtrain::train::detail {
 
@@ -64,6 +65,14 @@ void print_step(const StepRecord& r, int64_t steps) {
               static_cast<long long>(r.step + 1), static_cast<long long>(steps), r.loss, r.lr,
               r.grad_norm, r.step_ms, r.tokens_per_s, 100.0 * r.mfu);
   std::fflush(stdout);
+}
+
+void RankTrainer::print_validation(const StepRecord& r) const {
+  if (r.val_accuracy)
+    std::printf("step %5lld | validation loss %.4f | test accuracy %.2f%%\n", static_cast<long long>(r.step + 1),
+                *r.val_loss, 100.0 * *r.val_accuracy);
+  else
+    std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(r.step + 1), *r.val_loss);
 }
 
 void RankTrainer::print_header() {
@@ -227,6 +236,44 @@ void write_trace(const trace::Recorder& rec, const TrainOptions& o) {
     std::printf(" | rank 0: convolutions %.1f ms = %.0f%% of its %.1f ms of compute-track time", conv_ms,
                 100.0 * conv_ms / std::max(1e-9, compute_ms), compute_ms);
   std::printf("\n");
+}
+
+// ---- the end of the run ----
+
+void RankTrainer::print_summary(float final_val, std::optional<float> final_acc, int stopped) {
+  const TrainResult& res = sh_.res;
+  const double rss = peak_rss_mb();
+  char loss_text[48];
+  std::snprintf(loss_text, sizeof loss_text, " | final validation loss %.4f", final_val);
+  const std::string val =
+      stopped ? std::string(" (stopped early, not evaluated)")
+              : loss_text + (final_acc ? " | test accuracy " + std::to_string(100.0 * *final_acc).substr(0, 5) + "%"
+                                       : std::string());
+  // The process's peak against its prediction: what it held before training (libraries, the
+  // program) plus the start-up check's estimate of this process (every rank's tensors by the
+  // memory model, the data, the validation batches).
+  const double MiB = 1024.0 * 1024.0;
+  const MemoryEstimate est = estimate_memory(o_, sh_.spec);
+  const double predicted = res.start_rss_mb + est.total() / MiB;
+  std::printf("done: %lld steps in %.1f s%s | peak RSS %.0f MiB, %.2fx the predicted %.0f MiB (the process at start "
+              "%.0f + tensors of its %d rank(s) %.0f + data %.0f + validation batches %.0f)\n",
+              static_cast<long long>(res.steps.size()), res.wall_s, val.c_str(), rss, rss / predicted, predicted,
+              res.start_rss_mb, est.ranks, (est.params + est.grads + est.optimizer + est.activations) / MiB,
+              est.data / MiB, est.eval / MiB);
+  const char* wire = o_.comm_dtype == kernels::Precision::bf16 ? "bf16" : "fp32";
+  auto per_step = [&](uint64_t StepRecord::*field) {
+    double sent = 0;
+    for (const StepRecord& s : res.steps) sent += static_cast<double>(s.*field);
+    return sent / static_cast<double>(std::max<size_t>(1, res.steps.size()));
+  };
+  if (res.predicted && !res.steps.empty()) report_prediction();
+  if (o_.dp > 1)
+    std::printf("data-parallel traffic: rank 0 sent %.0f bytes per step (gradients on the wire as %s)\n",
+                per_step(&StepRecord::comm_bytes_sent), o_.exact_sums > 0 ? "float64 totals, --exact-sums" : wire);
+  if (o_.tp > 1)
+    std::printf("tensor-parallel traffic: rank 0 sent %.0f bytes per step (activations on the wire as %s)\n",
+                per_step(&StepRecord::tp_bytes_sent), wire);
+  std::fflush(stdout);
 }
 
 void note(const std::string& text) {

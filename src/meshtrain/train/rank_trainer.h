@@ -1,9 +1,13 @@
-// The trainer's rank loop, shared by trainer.cpp (the loop), rank_data.cpp (the step's and the
-// validation batches, the evaluation, the launcher's heartbeat), rank_checkpoints.cpp (saving
-// this rank's pieces, restoring, choosing what to resume) and rank_report.cpp (progress
-// lines, the header, the trace). Internal to train/: not part of the library's interface.
+// The trainer's rank loop, shared by trainer.cpp (the step and the loop around it),
+// rank_hooks.cpp (what the loop does around each step: measurements, the metrics line, the
+// agreed stop and the step's checkpoint, the run's beginning and end), rank_data.cpp (the step's
+// and the validation batches, the evaluation, the launcher's heartbeat), rank_checkpoints.cpp
+// (saving this rank's pieces, restoring, choosing what to resume) and rank_report.cpp (progress
+// lines, the header, the summary, the trace). Internal to train/: not part of the library's
+// interface.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <memory>
@@ -25,6 +29,7 @@
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/images.h"
 #include "meshtrain/train/layout.h"
+#include "meshtrain/train/metrics.h"
 #include "meshtrain/train/optimizer.h"
 #include "meshtrain/train/stage_runner.h"
 #include "meshtrain/train/trainer.h"
@@ -46,6 +51,29 @@ struct Shared {
   const CheckpointIndex* resume = nullptr;  // --resume: the verified checkpoint to continue from
 };
 
+// Every pipeline rank's figures of a step, for rank 0's metrics line (pp > 1).
+struct PipelineFigures {
+  std::vector<double> bubble;         // (pp): the idle share of the pipeline's step
+  std::vector<int64_t> peak_saved;    // (pp): the most activation bytes held at once
+  std::vector<int64_t> in_flight;     // (pp): the most micro-batches alive at once
+};
+
+// What one step (RankTrainer::train_step) gives back. The loss and gradient norm are the same
+// on every rank.
+struct StepResult {
+  double loss = 0;                // the mean over the batch (micro-batches, dp)
+  double grad_norm = 0;           // the global norm, before clipping
+  std::optional<float> accuracy;  // a classifier's share of the batch predicted right
+  pipeline::StepStats stats;      // this rank's executor figures
+  PipelineFigures pipeline;       // pp > 1
+};
+
+// What a step is measured against, read just before it (RankTrainer::start_meter).
+struct StepMeter {
+  Clock::time_point t0;
+  comm::CommStats dp, tp;  // the dp and tp groups' counters
+};
+
 class RankTrainer {
  public:
   RankTrainer(comm::Communicator& world, Shared& sh);
@@ -53,6 +81,21 @@ class RankTrainer {
   void run();
 
  private:
+  // ---- trainer.cpp: the step ----
+  StepResult train_step(int64_t step);
+  void zero_grads();
+  void finish_grad_sync();
+  // ---- rank_hooks.cpp: around the step, in the order run() calls them ----
+  int64_t begin_run();  // returns the first step
+  void inject_fault(int64_t step) const;
+  StepMeter start_meter();
+  PipelineFigures gather_pipeline_figures(const pipeline::StepStats& st);  // inside the step
+  StepRecord measure(int64_t step, const StepResult& out, const StepMeter& m);
+  nlohmann::json metrics_line(const StepRecord& r, const StepResult& out) const;
+  int checkpoint_or_stop(int64_t step, const nlohmann::json& line);
+  void report_step(const StepRecord& r, nlohmann::json& line);
+  void finish_run(int64_t start, int stopped);
+
   // Data-parallel units in forward order: per stage, its ends (embedding, ln_f) and its blocks.
   std::vector<parallel::Unit> units() {
     std::vector<parallel::Unit> u;
@@ -85,15 +128,15 @@ class RankTrainer {
       for (const model::StageResult& r : runners_.back()->results()) sum += r.loss / static_cast<double>(n);
     return pp_sum(sum);
   }
-  // A classifier's correct predictions and counted samples of the last run, over dp and pp.
-  std::pair<double, double> pipeline_correct() {
-    std::array<double, 2> a{0, 0};
+  // A classifier's share of the last run's samples predicted right, over dp and pp.
+  float batch_accuracy() {
+    std::array<double, 2> a{0, 0};  // correct, counted
     if (stages_.back()->last())
       for (const model::StageResult& r : runners_.back()->results())
         a[0] += static_cast<double>(r.correct), a[1] += static_cast<double>(r.counted);
     if (o_.dp > 1) mesh_.dp_group().all_reduce(a);
     if (o_.pp > 1) mesh_.pp_group().all_reduce(a);
-    return {a[0], a[1]};
+    return static_cast<float>(a[0] / std::max(1.0, a[1]));
   }
   void record(const pipeline::StepStats& st);
   nn::Hooks* hooks() { return ddp_ ? ddp_->hooks() : nullptr; }
@@ -122,12 +165,16 @@ class RankTrainer {
   std::optional<StageCosts> profiled_;       // --pp-balance profile: the measured costs
   std::string layout_line_;  // the image model's intra-layer layout, described (CNNLayout::describe)
   int64_t restore();
+  int64_t resume();  // restore(), with what each rank read reported
   [[noreturn]] void diverged(int64_t step, const char* what, double value) const;
   std::string kept_checkpoint() const;
   StateBytes state_bytes();
   void print_header();
   // The end of a run with a prediction: predicted against measured step time and peak memory.
   void report_prediction();
+  void print_validation(const StepRecord& r) const;
+  // The run's last lines: steps, time, the final validation, peak RSS, the prediction, traffic.
+  void print_summary(float final_val, std::optional<float> final_acc, int stopped);
 
   Shared& sh_;
   const TrainOptions& o_;
@@ -145,6 +192,10 @@ class RankTrainer {
   // order on every rank of its dp and tp groups): where reduce_param_sq adds its sums.
   std::vector<size_t> origin_index_;
   std::optional<int64_t> saved_step_;  // the newest checkpoint this run saved or resumed from
+  // The run's state between steps (begin_run sets it).
+  std::unique_ptr<MetricsWriter> metrics_;  // rank 0
+  Clock::time_point t_start_, last_save_time_;  // --checkpoint-every-s counts from the last save
+  double flops_per_step_ = 0, peak_gflops_ = 0;  // MFU's numerator and peak
 };
 
 // ---- rank_checkpoints.cpp ----

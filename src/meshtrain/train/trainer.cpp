@@ -1,3 +1,8 @@
+// The training loop. First the step every rank runs (RankTrainer::train_step: zero the
+// gradients, the batch, forward and backward through the executor, the gradient sync, the
+// optimizer) and the loop around it (RankTrainer::run, whose hooks are in rank_hooks.cpp);
+// then building a rank's part of the model, the global gradient norm, and train(), which checks
+// the options, opens the data and runs a RankTrainer on every rank.
 #include "meshtrain/train/trainer.h"
 
 #include <algorithm>
@@ -10,10 +15,9 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
-#include <thread>
+#include <tuple>
 
 #include "meshtrain/comm/world.h"
-#include "meshtrain/io/file.h"
 #include "meshtrain/kernels/adamw.h"
 #include "meshtrain/model/gpt.h"
 #include "meshtrain/parallel/data_parallel.h"
@@ -31,7 +35,6 @@
 #include "meshtrain/train/ps_trainer.h"
 #include "meshtrain/train/layout.h"
 #include "meshtrain/train/stage_runner.h"
-#include "meshtrain/train/stop.h"
 #include "meshtrain/train/validate.h"
 #include "meshtrain/train/rank_trainer.h"
 
@@ -39,7 +42,96 @@ namespace meshtrain::train {
 
 namespace detail {
 
-// ---- one rank ----
+// ---- the step ----
+
+// One training step, the same on every rank: zero the gradients, take this rank's rows of the
+// batch, run forward and backward through the executor, finish the gradient sync, update.
+// What the run measures and writes about the step happens around it (run, below; the hooks in
+// rank_hooks.cpp); inside it only `record` (the trace) and the pipeline figures for the metrics
+// line, whose collectives every rank makes at this point.
+StepResult RankTrainer::train_step(int64_t step) {
+  StepResult out;
+  // 1. Zero the gradients: parameter gradients accumulate (+=) over the micro-batches.
+  zero_grads();
+  // 2. This rank's rows of the step's batch, micro-batch by micro-batch.
+  fill_batch(step);
+  // 3. Forward and backward of every micro-batch, in the pipeline schedule's order. Under dp a
+  //    bucket's all-reduce starts as soon as backward has finished its gradients.
+  exec_->set_weights_epoch(step);
+  out.stats = exec_->run_step();
+  record(out.stats);                                   // --trace: the executor's actions
+  const double loss = pipeline_loss(o_.microbatches);  // the mean over the micro-batches
+  if (images()) out.accuracy = batch_accuracy();
+  if (o_.pp > 1) out.pipeline = gather_pipeline_figures(out.stats);  // for the metrics line
+  // 4. Finish the gradient sync (dp, and the tied token table's two copies).
+  finish_grad_sync();
+  // 5. Update. A non-finite loss or gradient norm stops the run before anything of the step is
+  //    applied. Both values are the same on every rank (the loss is averaged over dp and equal
+  //    over tp, the norm is global), so every rank stops here together, with no collective left
+  //    open.
+  out.loss = dp_mean(loss);
+  if (!std::isfinite(out.loss)) diverged(step, "loss", out.loss);
+  {
+    trace::Recorder::Span s(sh_.recorder, mesh_.rank(), trace::Track::compute, "optimizer", "optimizer");
+    out.grad_norm = optimizer_->step_with_grad_sq(step, global_grad_sq());  // applies nothing on a non-finite norm
+    if (ddp_) ddp_->finish_optimizer_step();
+  }
+  if (!std::isfinite(out.grad_norm)) diverged(step, "gradient norm", out.grad_norm);
+  return out;
+}
+
+void RankTrainer::zero_grads() {
+  if (ddp_) ddp_->begin_step();
+  else
+    for (auto& stage : stages_) stage->zero_grad();
+  if (o_.exact_sums > 0)
+    for (nn::Param* p : model_params()) std::fill(p->grad_exact.begin(), p->grad_exact.end(), 0.0);
+}
+
+// The gradients the optimizer reads: under dp the buckets' sync finished (the engine's all-reduce
+// or reduce-scatter); on one rank with --exact-sums the float64 totals rounded once; then the tied
+// token table of the first and last stage summed over the two (under ZeRO-2/3 their equal slices).
+void RankTrainer::finish_grad_sync() {
+  if (ddp_) {
+    trace::Recorder::Span s(sh_.recorder, mesh_.rank(), trace::Track::compute, "wait for gradients", "wait");
+    ddp_->finish_grad_sync();
+  } else if (o_.exact_sums > 0) {
+    for (nn::Param* p : model_params())
+      std::transform(p->grad_exact.begin(), p->grad_exact.end(), p->grad.data(),
+                     [](double g) { return static_cast<float>(g); });
+  }
+  if (emb_) {
+    nn::Param& wte = *(stages_[0]->tied_param() ? stages_[0] : stages_.back())->tied_param();
+    emb_->all_reduce(ddp_ ? ddp_->synced_grad(&wte)
+                          : std::span<float>(wte.grad.data(), static_cast<size_t>(wte.grad.numel())));
+  }
+}
+
+// ---- the loop ----
+
+// Every rank runs the same loop of steps; rank 0 (`lead_`) writes the metrics file, prints and
+// saves the checkpoint's index. The hooks around the step are in rank_hooks.cpp, in the order
+// called here.
+void RankTrainer::run() {
+  // Tensor parallelism's activations on the wire (tp_regions.h), for this rank thread.
+  const parallel::TPWireScope tp_wire(o_.comm_dtype == kernels::Precision::bf16);
+  const int64_t start = begin_run();  // --resume, the header, the metrics file
+  int stopped = 0;                    // the signal a stop was agreed on (train/stop.h)
+  for (int64_t step = start; step < o_.steps && !stopped; ++step) {
+    inject_fault(step);                        // --fail-rank, --fail-at-step
+    const StepMeter meter = start_meter();     // the clock, tensor memory, traffic counters
+    const StepResult out = train_step(step);
+    StepRecord r = measure(step, out, meter);  // lr, time, throughput, MFU, memory, traffic
+    if (o_.eval_every > 0 && ((step + 1) % o_.eval_every == 0 || step + 1 == o_.steps))
+      std::tie(r.val_loss, r.val_accuracy) = evaluate();
+    nlohmann::json line = lead_ ? metrics_line(r, out) : nlohmann::json();
+    stopped = checkpoint_or_stop(step, line);  // a stop agreed by every rank; the step's checkpoint
+    if (lead_) report_step(r, line);           // the metrics file, the progress line, the heartbeat
+  }
+  finish_run(start, stopped);  // the final evaluation, the result, the summary
+}
+
+// ---- building a rank ----
 
 RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     : sh_(sh), o_(sh.o), mesh_(world, {o_.dp, o_.tp, o_.pp}), lead_(world.rank() == 0) {
@@ -266,317 +358,6 @@ void RankTrainer::reduce_param_sq(std::span<double> sq, size_t per_param) {
   }
   for (size_t i = 0; i < origin_index_.size(); ++i)
     for (size_t j = 0; j < per_param; ++j) sq[i * per_param + j] = whole[origin_index_[i] * per_param + j];
-}
-
-// ---- the loop ----
-
-void RankTrainer::run() {
-  // Tensor parallelism's activations on the wire (tp_regions.h), for this rank thread.
-  const parallel::TPWireScope tp_wire(o_.comm_dtype == kernels::Precision::bf16);
-  TrainResult& res = sh_.res;
-  const int64_t B = o_.batch, T = o_.seq, M = o_.microbatches;
-  const bool talk = lead_ && !o_.quiet;
-
-  int64_t start = 0;
-  if (sh_.resume) {
-    const auto t0 = Clock::now();
-    reset_tensor_bytes_peak_thread();
-    const int64_t live = tensor_bytes_live_thread();
-    start = restore();
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-    const int world = mesh_.world().size();
-    std::vector<int64_t> read(3 * static_cast<size_t>(world));
-    mesh_.world().all_gather(
-        std::array<int64_t, 3>{restore_bytes_read_, static_cast<int64_t>(ns), tensor_bytes_peak_thread() - live}, read);
-    int64_t most = 0, slowest = 0;
-    for (int r = 0; r < world; ++r) {
-      if (lead_) res.restore_bytes_read.push_back(read[3 * r]), res.restore_tensor_bytes.push_back(read[3 * r + 2]);
-      most = std::max(most, read[3 * r]), slowest = std::max(slowest, read[3 * r + 1]);
-    }
-    if (talk)
-      std::printf("resumed from %s at step %lld (each rank read only its pieces: at most %.1f MiB, in %.2f s)\n",
-                  (o_.checkpoint_dir + "/" + step_folder_name(start)).c_str(), static_cast<long long>(start),
-                  static_cast<double>(most) / (1024.0 * 1024.0), static_cast<double>(slowest) * 1e-9);
-  }
-  if (o_.save_initial && start == 0) save(0);
-  {
-    const StateBytes mine = state_bytes();
-    int64_t held = 0;
-    for (nn::Param* p : stage_params()) held += p->local_numel();
-    const int world = mesh_.world().size();
-    std::vector<int64_t> all(4 * static_cast<size_t>(world));
-    mesh_.world().all_gather(std::array<int64_t, 4>{mine.params, mine.grads, mine.optimizer, held}, all);
-    if (lead_) {
-      res.start_step = start, res.state_bytes = mine;
-      res.ranks.clear();
-      for (int r = 0; r < world; ++r)
-        res.ranks.push_back({{all[4 * r], all[4 * r + 1], all[4 * r + 2]}, all[4 * r + 3]});
-    }
-  }
-
-  const double flops_per_step = sh_.spec.flops_per_sample(T) * static_cast<double>(B);
-  // MFU's peak: the GEMM rate of a rank's threads times the ranks that can run at once (threads
-  // of one process share its cores: at most cores / threads of them compute together).
-  const int concurrent = o_.backend == "mpi" ? mesh_.world().size()
-                                             : std::max(1, std::min(mesh_.world().size(),
-                                                                    static_cast<int>(std::thread::hardware_concurrency()) /
-                                                                        std::max(1, o_.threads)));
-  const double peak_gflops = measured_gemm_gflops(o_.threads, o_.precision) * concurrent;
-  if (lead_ && o_.hardware) {
-    try {
-      res.predicted = plan::predict(sh_.spec, plan_layout(o_, spans_), *o_.hardware);
-    } catch (const std::invalid_argument& e) {  // a layout the model cannot describe: no prediction
-      if (talk) std::printf("cost model: no prediction for this layout (%s)\n", e.what());
-    }
-  }
-  if (talk) print_header();
-  std::unique_ptr<MetricsWriter> metrics;
-  // --resume: train() kept the file's lines up to `start`; continue it.
-  if (lead_) metrics = std::make_unique<MetricsWriter>(o_.metrics, /*append=*/o_.resume);
-  auto t_start = Clock::now();
-
-  if (lead_ && !o_.launch_status_file.empty())  // the supervising launcher learns the job is up (trainer.h)
-    io::write_file_atomic(o_.launch_status_file, "running from step " + std::to_string(start) + "\n", "the launcher's status file");
-  int stopped = 0;  // the signal a stop was agreed on (train/stop.h)
-  auto last_save_time = Clock::now();  // --checkpoint-every-s counts from the start or the last save
-  for (int64_t step = start; step < o_.steps; ++step) {
-    if (step == o_.fail_at_step && mesh_.rank() == o_.fail_rank)
-      throw std::runtime_error("rank " + std::to_string(o_.fail_rank) + " failed: injected at step " +
-                               std::to_string(step + 1) + " (--fail-rank " +
-                               std::to_string(o_.fail_rank) + " --fail-at-step " + std::to_string(o_.fail_at_step) + ")");
-    auto t0 = Clock::now();
-    reset_tensor_bytes_peak_thread();  // this step's peak, without the last one's evaluation or save
-    comm::CommStats c0 = mesh_.dp_group().stats(), tp0 = mesh_.tp_group().stats();
-    if (ddp_) ddp_->begin_step();
-    else
-      for (auto& stage : stages_) stage->zero_grad();
-    if (o_.exact_sums > 0)
-      for (nn::Param* p : model_params()) std::fill(p->grad_exact.begin(), p->grad_exact.end(), 0.0);
-    fill_batch(step);
-    exec_->set_weights_epoch(step);
-    const pipeline::StepStats pst = exec_->run_step();
-    record(pst);
-    const double loss = pipeline_loss(M);
-    std::optional<float> accuracy;
-    if (images()) {
-      const auto [correct, counted] = pipeline_correct();
-      accuracy = static_cast<float>(correct / std::max(1.0, counted));
-    }
-    std::vector<double> pp_bubble;
-    std::vector<int64_t> pp_peak, pp_in_flight;  // per pp rank
-    if (o_.pp > 1) {  // every pp rank's figures, for rank 0's metrics line
-      // The bubble of rank r: the idle share of the pipeline's step, (step - compute_r) / step,
-      // where the step is the longest rank's (all start together after the last step's
-      // collectives), as the simulator's makespan is.
-      std::vector<double> times(2 * o_.pp);
-      mesh_.pp_group().all_gather(std::array<double, 2>{pst.step_us, pst.compute_us}, times);
-      double step_us = 0;
-      for (int r = 0; r < o_.pp; ++r) step_us = std::max(step_us, times[2 * r]);
-      for (int r = 0; r < o_.pp; ++r)
-        pp_bubble.push_back(step_us > 0 ? (step_us - times[2 * r + 1]) / step_us : 0.0);
-      pp_peak.resize(o_.pp), pp_in_flight.resize(o_.pp);
-      mesh_.pp_group().all_gather(std::array<int64_t, 1>{pst.peak_saved_bytes}, pp_peak);
-      mesh_.pp_group().all_gather(std::array<int64_t, 1>{pst.max_in_flight}, pp_in_flight);
-    }
-    if (ddp_) {
-      trace::Recorder::Span s(sh_.recorder, mesh_.rank(), trace::Track::compute, "wait for gradients", "wait");
-      ddp_->finish_grad_sync();
-    } else if (o_.exact_sums > 0) {  // one rank: the float64 totals rounded once
-      for (nn::Param* p : model_params())
-        std::transform(p->grad_exact.begin(), p->grad_exact.end(), p->grad.data(),
-                       [](double g) { return static_cast<float>(g); });
-    }
-    if (emb_) {  // the tied token table: first stage + last stage (under ZeRO-2/3 their equal slices)
-      nn::Param& wte = *(stages_[0]->tied_param() ? stages_[0] : stages_.back())->tied_param();
-      emb_->all_reduce(ddp_ ? ddp_->synced_grad(&wte)
-                            : std::span<float>(wte.grad.data(), static_cast<size_t>(wte.grad.numel())));
-    }
-    const int rank = mesh_.rank();
-    auto* rec = sh_.recorder;
-    StepRecord r;
-    r.step = step;
-    // A non-finite loss or gradient norm stops the run before anything of the step is applied.
-    // Both values are the same on every rank (the loss is averaged over dp and equal over tp,
-    // the norm is global), so every rank stops here together, with no collective left open.
-    const double mean_loss = dp_mean(loss);
-    if (!std::isfinite(mean_loss)) diverged(step, "loss", mean_loss);
-    r.loss = static_cast<float>(mean_loss);
-    r.accuracy = accuracy;
-    {
-      trace::Recorder::Span s(rec, rank, trace::Track::compute, "optimizer", "optimizer");
-      r.grad_norm = optimizer_->step_with_grad_sq(step, global_grad_sq());  // applies nothing on a non-finite norm
-      if (ddp_) ddp_->finish_optimizer_step();
-    }
-    if (!std::isfinite(r.grad_norm)) diverged(step, "gradient norm", r.grad_norm);
-    r.lr = lr_at(o_.optim, step);
-    step_peak_ = std::max(step_peak_, tensor_bytes_peak_thread());
-    r.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    r.tokens_per_s = static_cast<double>(B * T) / (r.step_ms / 1e3);
-    r.mfu = flops_per_step / (r.step_ms / 1e3) / (peak_gflops * 1e9);
-    r.peak_rss_mb = peak_rss_mb();
-    comm::CommStats c1 = mesh_.dp_group().stats();
-    r.comm_bytes_sent = c1.bytes_sent - c0.bytes_sent;
-    r.comm_bytes_received = c1.bytes_received - c0.bytes_received;
-    r.comm_wait_ms = (c1.wait_seconds - c0.wait_seconds) * 1e3;
-    comm::CommStats tp1 = mesh_.tp_group().stats();
-    const uint64_t tp_bytes = tp1.bytes_sent - tp0.bytes_sent;
-    r.tp_bytes_sent = tp_bytes;
-    const bool last = step + 1 == o_.steps;
-    if (o_.eval_every > 0 && ((step + 1) % o_.eval_every == 0 || last))
-      std::tie(r.val_loss, r.val_accuracy) = evaluate();
-
-    // Rank 0's metrics line of the step. A checkpoint of the step records it (without the save's
-    // timings) before `latest` names it, so no kill leaves a committed step without its line:
-    // a resume writes back a line the file lacks (prepare_checkpoints).
-    nlohmann::json line;
-    if (lead_) {
-      line = step_json(r);
-      if (o_.dp > 1) {
-        line["comm_bytes_sent"] = r.comm_bytes_sent;
-        line["comm_bytes_received"] = r.comm_bytes_received;
-        line["comm_wait_ms"] = r.comm_wait_ms;
-      }
-      if (o_.tp > 1) line["tp_bytes_sent"] = tp_bytes;
-      if (o_.pp > 1) {  // one entry per pipeline rank (of rank 0's dp/tp position)
-        line["bubble"] = pp_bubble;
-        line["peak_saved_activation_bytes"] = pp_peak;
-        line["microbatches_in_flight"] = pp_in_flight;
-      } else {
-        line["peak_saved_activation_bytes"] = std::vector<int64_t>{pst.peak_saved_bytes};
-      }
-      if (r.val_loss) line["val_loss"] = *r.val_loss;
-      line["peak_tensor_bytes"] = step_peak_;  // rank 0's, so far
-      if (res.predicted) {  // rank 0's prediction against rank 0's measurement, with the error
-        const double pred_ms = 1e3 * res.predicted->step_s, pred_peak = res.predicted->memory.at(0).total();
-        line["predicted_step_ms"] = pred_ms;
-        line["predicted_step_error"] = r.step_ms > 0 ? (pred_ms - r.step_ms) / r.step_ms : 0.0;
-        line["predicted_peak_tensor_bytes"] = pred_peak;
-        line["predicted_peak_error"] = step_peak_ > 0 ? (pred_peak - static_cast<double>(step_peak_)) / static_cast<double>(step_peak_) : 0.0;
-      }
-      if (images()) line["images_per_s"] = r.tokens_per_s;  // T is 1: samples per second
-      if (r.accuracy) line["accuracy"] = *r.accuracy;
-      if (r.val_accuracy) line["val_accuracy"] = *r.val_accuracy;
-    }
-    // A stop asked by SIGINT or SIGTERM (train/stop.h), and --checkpoint-every-s's clock (world
-    // rank 0's): every rank agrees on both at this step's end, in one all-reduce.
-    int stopping = 0;
-    bool timed_save = false;
-    if ((stop_handlers_installed() || o_.checkpoint_every_s > 0) && !last) {
-      const bool due = mesh_.rank() == 0 && o_.checkpoint_every_s > 0 &&
-                       std::chrono::duration<double>(Clock::now() - last_save_time).count() >= o_.checkpoint_every_s;
-      std::array<int64_t, 2> flags{stop_signal(), due ? 1 : 0};
-      mesh_.world().all_reduce(flags, {.op = comm::ReduceOp::max});
-      stopping = static_cast<int>(flags[0]);
-      timed_save = flags[1] != 0;
-    }
-    // A checkpoint directory always gets the end of the run (and a stopped one); --checkpoint-every
-    // and --checkpoint-every-s add a cadence.
-    if (!o_.checkpoint_dir.empty() &&
-        ((o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0) || last || stopping || timed_save)) {
-      save(step + 1, lead_ ? &line : nullptr);
-      last_save_time = Clock::now();
-    }
-    stopped = stopping;
-    if (stopping && lead_) res.stopped_by = stopping;  // the result is shared: the lead writes it
-    if (!lead_) {
-      if (stopping) break;
-      continue;
-    }
-
-    if (pending_save_) {  // this step's checkpoint, per world rank
-      nlohmann::json c = {{"step", *pending_save_}, {"seconds", res.last_save_s}};
-      for (const RankSave& s : res.saves) {
-        c["rank_seconds"].push_back(s.seconds);
-        c["bytes_written"].push_back(s.bytes_written);
-        c["resident_bytes"].push_back(s.resident_bytes);
-        c["peak_bytes"].push_back(s.peak_bytes);
-      }
-      line["checkpoint"] = c;
-      pending_save_.reset();
-    }
-    try {
-      metrics->write(line);
-    } catch (const io::WriteError& e) {
-      throw io::WriteError(std::string(e.what()) + " (at step " + std::to_string(step + 1) + ")" + kept_checkpoint());
-    }
-    if (talk && o_.log_every > 0 && ((step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps);
-    if (talk && r.val_loss) {
-      if (r.val_accuracy)
-        std::printf("step %5lld | validation loss %.4f | test accuracy %.2f%%\n", static_cast<long long>(step + 1),
-                    *r.val_loss, 100.0 * *r.val_accuracy);
-      else
-        std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step + 1), *r.val_loss);
-    }
-    res.steps.push_back(r);
-    heartbeat();
-    if (stopping) break;
-  }
-  float final_val = (!res.steps.empty() && res.steps.back().val_loss) ? *res.steps.back().val_loss : 0.f;
-  std::optional<float> final_acc = !res.steps.empty() ? res.steps.back().val_accuracy : std::nullopt;
-  bool have_val = lead_ ? (!res.steps.empty() && res.steps.back().val_loss) : false;
-  // Every rank must agree whether to evaluate (a collective under dp); a stopped run does not.
-  if ((o_.eval_every <= 0 || start >= o_.steps) && stopped == 0) {
-    auto [v, acc] = evaluate();
-    final_val = v, final_acc = acc, have_val = true;
-  }
-  {  // every rank's peak tensor memory in a step
-    std::vector<int64_t> peaks(static_cast<size_t>(mesh_.world().size()));
-    mesh_.world().all_gather(std::array<int64_t, 1>{step_peak_}, peaks);
-    if (lead_) res.peak_tensor_bytes = peaks;
-  }
-  if (!lead_) return;
-  try {
-    metrics->close();
-  } catch (const io::WriteError& e) {
-    throw io::WriteError(std::string(e.what()) + " (closing it at the end of the run)" + kept_checkpoint());
-  }
-  res.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
-  {
-    std::vector<double> ms;
-    for (const StepRecord& s : res.steps) ms.push_back(s.step_ms);
-    if (ms.size() >= 5) ms.erase(ms.begin(), ms.begin() + 2);  // the first steps allocate
-    if (!ms.empty()) {
-      std::sort(ms.begin(), ms.end());
-      const size_t n = ms.size();
-      res.measured_step_s = 1e-3 * (n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2);
-    }
-  }
-  if (have_val) res.final_val_loss = final_val, res.final_val_accuracy = final_acc;
-  if (talk) {
-    const double rss = peak_rss_mb();
-    char loss_text[48];
-    std::snprintf(loss_text, sizeof loss_text, " | final validation loss %.4f", final_val);
-    const std::string val =
-        stopped ? std::string(" (stopped early, not evaluated)")
-                : loss_text + (final_acc ? " | test accuracy " + std::to_string(100.0 * *final_acc).substr(0, 5) + "%"
-                                         : std::string());
-    // The process's peak against its prediction: what it held before training (libraries, the
-    // program) plus the start-up check's estimate of this process (every rank's tensors by the
-    // memory model, the data, the validation batches).
-    const double MiB = 1024.0 * 1024.0;
-    const MemoryEstimate est = estimate_memory(o_, sh_.spec);
-    const double predicted = sh_.res.start_rss_mb + est.total() / MiB;
-    std::printf("done: %lld steps in %.1f s%s | peak RSS %.0f MiB, %.2fx the predicted %.0f MiB (the process at start "
-                "%.0f + tensors of its %d rank(s) %.0f + data %.0f + validation batches %.0f)\n",
-                static_cast<long long>(res.steps.size()), res.wall_s, val.c_str(), rss, rss / predicted, predicted,
-                sh_.res.start_rss_mb, est.ranks, (est.params + est.grads + est.optimizer + est.activations) / MiB,
-                est.data / MiB, est.eval / MiB);
-    const char* wire = o_.comm_dtype == kernels::Precision::bf16 ? "bf16" : "fp32";
-    auto per_step = [&](uint64_t StepRecord::*field) {
-      double sent = 0;
-      for (const StepRecord& s : res.steps) sent += static_cast<double>(s.*field);
-      return sent / static_cast<double>(std::max<size_t>(1, res.steps.size()));
-    };
-    if (res.predicted && !res.steps.empty()) report_prediction();
-    if (o_.dp > 1)
-      std::printf("data-parallel traffic: rank 0 sent %.0f bytes per step (gradients on the wire as %s)\n",
-                  per_step(&StepRecord::comm_bytes_sent),
-                  o_.exact_sums > 0 ? "float64 totals, --exact-sums" : wire);
-    if (o_.tp > 1)
-      std::printf("tensor-parallel traffic: rank 0 sent %.0f bytes per step (activations on the wire as %s)\n",
-                  per_step(&StepRecord::tp_bytes_sent), wire);
-    std::fflush(stdout);
-  }
 }
 
 }  // namespace detail
