@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""The named image models from their files give the loss curves recorded from the binary of the
-commit before they were files (tests/model/named_curves.json, made by record_named_curves.sh):
-20 steps at every layout recorded. Bit for bit on a CPU with the recorded instruction sets
+"""The named models from their files give the loss curves recorded from the binary of the commit
+before they were files (made by record_named_curves.sh: the image models in
+tests/model/named_curves.json, from 2dcd77c; the token models in named_token_curves.json, from
+8d5ccca): 20 steps at every layout recorded. The third argument picks the family. Bit for bit on a CPU with the recorded instruction sets
 (oneDNN picks its kernels by them); elsewhere within 1e-5 relative, and the test says so."""
 import json
 import subprocess
 import sys
 
-binary, here = sys.argv[1], sys.argv[2]
-recorded = json.load(open(f"{here}/named_curves.json"))
-out = subprocess.run([f"{here}/record_named_curves.sh", binary], check=True, capture_output=True, text=True).stdout
+binary, here, family = sys.argv[1], sys.argv[2], sys.argv[3]
+recorded = json.load(open(f"{here}/{'named_curves' if family == 'image' else 'named_token_curves'}.json"))
+out = subprocess.run([f"{here}/record_named_curves.sh", binary, family], check=True, capture_output=True,
+                     text=True).stdout
 now = json.loads(out)
 exact = now["cpu_flags"] == recorded["cpu_flags"]
 print(f"cpu flags here: {now['cpu_flags']!r}; recorded on: {recorded['cpu_flags']!r}: "

@@ -246,7 +246,9 @@ TEST(Graph, MalformedGraphsAreRefusedNamingTheLayerAndTheField) {
        {"layer 1 'b'", "read by no layer"}},
       {"logits of the wrong size", graph_of({layer("f", "flatten"), layer("fc", "linear", {{"out_features", 3}})}),
        {"layer 1 'fc'", "(N, 10)", "out_features 10"}},
-      {"tokens input", graph_of({layer("f", "flatten")}, {{"tokens", 8}}), {"\"tokens\"", "GPT config"}},
+      {"tokens without a vocabulary", graph_of({layer("f", "flatten")}, {{"tokens", 8}}), {"input.\"vocab\" is missing"}},
+      {"images and tokens", graph_of({layer("f", "flatten")}, {{"tokens", 8}, {"vocab", 8}, {"classes", 2}}),
+       {"input.\"classes\" is not a field of the input"}},
       {"a unit cut where two tensors are live",
        graph_of({layer("a", "conv2d", with(conv, {{"unit", "u1"}})), layer("b", "conv2d", with(conv, {{"unit", "u1"}})),
                  layer("c", "conv2d", with(conv, {{"unit", "u2"}})),
@@ -279,6 +281,151 @@ TEST(Graph, AModelFileIsAcceptedWhereverAModelNameIs) {
   ASSERT_NE(spec->cnn(), nullptr);
   // Its concat of branches from one source is a block of parallel branches.
   EXPECT_EQ(cnn_branch_blocks(*spec->cnn()), (std::map<std::string, size_t>{{"mix", 3}}));
+}
+
+
+// ---- token models: a transformer as a layer graph (model/config.h: gpt_config(Graph)) ----
+
+// A pre-norm GPT of `blocks` blocks written layer by layer, as a user writes one.
+json gpt_layers(int blocks, int C, int heads, int V, int positions) {
+  json L = json::array({layer("wte", "embedding", {{"num_embeddings", V}, {"embedding_dim", C}}),
+                        layer("wpe", "position_embedding", {{"num_embeddings", positions}, {"embedding_dim", C}, {"from", "input"}}),
+                        layer("embed", "add", {{"from", {"wte", "wpe"}}})});
+  std::string x = "embed";
+  for (int b = 0; b < blocks; ++b) {
+    std::string h = "h.";
+    h += std::to_string(b);
+    L.push_back(layer(h + ".ln_1", "layernorm", {{"from", x}}));
+    L.push_back(layer(h + ".attn", "causal_self_attention", {{"heads", heads}}));
+    L.push_back(layer(h + ".add_1", "add", {{"from", {x, h + ".attn"}}}));
+    L.push_back(layer(h + ".ln_2", "layernorm"));
+    L.push_back(layer(h + ".mlp.c_fc", "linear", {{"out_features", 4 * C}}));
+    L.push_back(layer(h + ".mlp.gelu", "gelu", {{"approximate", "tanh"}}));
+    L.push_back(layer(h + ".mlp.c_proj", "linear", {{"out_features", C}}));
+    L.push_back(layer(h + ".add_2", "add", {{"from", {h + ".add_1", h + ".mlp.c_proj"}}}));
+    x = h + ".add_2";
+  }
+  L.push_back(layer("ln_f", "layernorm", {{"from", x}}));
+  L.push_back(layer("lm_head", "linear", {{"out_features", V}, {"bias", false}, {"tied_to", "wte"}}));
+  return L;
+}
+
+const json kTokens = {{"tokens", 16}, {"vocab", 64}};
+
+// The transformer a token graph compiles to, or the refusal's message.
+std::string gpt_refusal(const json& j) {
+  try {
+    gpt_config(parse_graph(j, "model file g.json"));
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TokenGraph, TheNamedTransformersAreTheirDocumentedShapes) {
+  // README's table of named models: layers, width, heads, vocabulary, positions, batch, sequence.
+  struct Want { const char* name; int64_t L, C, H, V, P, B, T; };
+  for (const Want& w : {Want{"gpt-tiny", 4, 128, 4, 256, 64, 12, 64}, Want{"gpt-small", 6, 384, 6, 256, 256, 8, 256},
+                        Want{"gpt2-124m", 12, 768, 12, 50257, 1024, 4, 64}}) {
+    const auto g = named_graph(w.name);
+    ASSERT_NE(g, nullptr) << w.name;
+    EXPECT_TRUE(g->tokens());
+    const GPTConfig c = gpt_config(*g);
+    EXPECT_EQ(c.name, w.name);
+    EXPECT_EQ(std::vector<int64_t>({c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.block_size, c.batch, c.seq}),
+              std::vector<int64_t>({w.L, w.C, w.H, w.V, w.P, w.B, w.T}))
+        << w.name;
+    EXPECT_FALSE(c.has_skip());
+    EXPECT_EQ(model_spec(w.name)->family(), "gpt");
+  }
+  // GPT-2 small's published parameter count (the head tied to the embedding).
+  EXPECT_EQ(gpt_config("gpt2-124m").num_params(), 124439808);
+}
+
+TEST(TokenGraph, AUserTransformerWithALongSkipCompiles) {
+  const auto spec = model_spec(std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/skip-transformer.json");
+  ASSERT_NE(spec->gpt(), nullptr);
+  const GPTConfig& c = *spec->gpt();
+  EXPECT_EQ(c.n_layer, 4);
+  EXPECT_EQ(c.n_embd, 96);
+  EXPECT_EQ(c.n_head, 4);
+  EXPECT_EQ(c.skip_from, 0);
+  EXPECT_EQ(c.skip_to, 3);
+  EXPECT_EQ(c.seq, 32);
+  EXPECT_EQ(c.block_size, 48);
+  // A hand count: the tables, four blocks (two layernorms, c_attn, c_proj, c_fc, c_proj), ln_f.
+  const int64_t block = 4 * 96 + (96 * 288 + 288) + (96 * 96 + 96) + (96 * 384 + 384) + (384 * 96 + 96);
+  EXPECT_EQ(c.num_params(), 256 * 96 + 48 * 96 + 4 * block + 2 * 96);
+}
+
+TEST(TokenGraph, AGraphThatIsNoPreNormTransformerIsRefusedNamingTheLayer) {
+  const json ok = graph_of(gpt_layers(2, 32, 4, 64, 16), kTokens);
+  EXPECT_EQ(gpt_refusal(ok), "");
+  struct Bad {
+    std::string what;
+    json graph;
+    std::vector<std::string> says;
+  };
+  auto edit = [&](size_t i, const json& fields) {
+    json j = ok;
+    j["layers"][i].update(fields);
+    return j;
+  };
+  // A post-norm block (the original transformer's): attention first, the layernorms after the sums.
+  const json post_norm = graph_of(
+      json::array({ok["layers"][0], ok["layers"][1], ok["layers"][2],
+                   layer("h.0.attn", "causal_self_attention", {{"heads", 4}}),
+                   layer("h.0.add_1", "add", {{"from", {"embed", "h.0.attn"}}}), layer("h.0.ln_1", "layernorm"),
+                   layer("h.0.mlp.c_fc", "linear", {{"out_features", 128}}), layer("h.0.mlp.gelu", "gelu", {{"approximate", "tanh"}}),
+                   layer("h.0.mlp.c_proj", "linear", {{"out_features", 32}}),
+                   layer("h.0.add_2", "add", {{"from", {"h.0.ln_1", "h.0.mlp.c_proj"}}}), layer("h.0.ln_2", "layernorm"),
+                   layer("lm_head", "linear", {{"out_features", 64}, {"bias", false}, {"tied_to", "wte"}})}),
+      kTokens);
+  json untied = ok;
+  untied["layers"].back().erase("tied_to");
+  std::vector<Bad> cases = {
+      {"an MLP of 3 x the width", edit(7, {{"out_features", 96}}), {"layer 7 'h.0.mlp.c_fc' (linear)", "4 x the width, 128"}},
+      {"the exact GELU", edit(8, {{"approximate", "none"}}), {"layer 8 'h.0.mlp.gelu' (gelu)", "\"tanh\""}},
+      {"heads that change", edit(12, {{"heads", 2}}), {"layer 12 'h.1.attn'", "every block has the same heads"}},
+      {"a head of its own", untied, {"'lm_head' (linear) is the head", "\"tied_to\": \"wte\""}},
+      {"a post-norm block", post_norm, {"layer 3 'h.0.attn' (causal_self_attention) is where block h.0's first layernorm"}},
+      {"a renamed layernorm", edit(6, {{"name", "block0.norm2"}}), {"layer 6 'block0.norm2'", "name it 'h.0.ln_2'"}},
+      {"a unit", edit(5, {{"unit", "u"}}), {"layer 5 'h.0.add_1'", "drop it"}},
+      {"another eps", edit(3, {{"eps", 1e-6}}), {"layer 3 'h.0.ln_1'", "1e-5"}},
+  };
+  for (const Bad& c : cases) {
+    const std::string m = gpt_refusal(c.graph);
+    EXPECT_FALSE(m.empty()) << c.what << ": accepted";
+    for (const std::string& piece : c.says) EXPECT_NE(m.find(piece), std::string::npos) << c.what << ": " << m;
+  }
+}
+
+TEST(TokenGraph, ShapesAndOpsOfTheWrongKindAreRefusedWhenRead) {
+  const json ok = graph_of(gpt_layers(1, 32, 4, 64, 16), kTokens);
+  EXPECT_EQ(refusal(ok), "");
+  auto edit = [&](size_t i, const json& fields) {
+    json j = ok;
+    j["layers"][i].update(fields);
+    return j;
+  };
+  json conv = ok;
+  conv["layers"][3] = layer("h.0.ln_1", "conv2d", {{"out_channels", 4}, {"kernel_size", 3}, {"from", "embed"}});
+  json on_images = graph_of(json::array({layer("e", "embedding", {{"num_embeddings", 64}, {"embedding_dim", 8}}),
+                                         layer("fc", "linear", {{"out_features", 10}})}));
+  const std::vector<std::pair<json, std::vector<std::string>>> cases = {
+      {edit(1, {{"num_embeddings", 8}}), {"layer 1 'wpe'", "8 positions, fewer than the 16 tokens"}},
+      {edit(0, {{"num_embeddings", 50}}), {"layer 0 'wte'", "num_embeddings 64"}},
+      {edit(4, {{"heads", 5}}), {"layer 4 'h.0.attn'", "5 heads over 32 features"}},
+      {conv, {"layer 3 'h.0.ln_1'", "'conv2d', which image models take"}},
+      {on_images, {"layer 0 'e'", "'embedding', which token models take"}},
+      {edit(12, {{"out_features", 32}}), {"layer 12 'lm_head'", "tied to 'wte'"}},
+      {edit(1, {{"from", "wte"}}), {"layer 1 'wpe'", "\"from\": \"input\""}},
+  };
+  for (const auto& [j, says] : cases) {
+    const std::string m = refusal(j);
+    EXPECT_FALSE(m.empty()) << j.dump() << ": accepted";
+    for (const std::string& piece : says) EXPECT_NE(m.find(piece), std::string::npos) << m;
+  }
 }
 
 }  // namespace

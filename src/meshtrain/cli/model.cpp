@@ -15,7 +15,10 @@
 #include "meshtrain/parallel/cnn_branch.h"
 #include "meshtrain/parallel/cnn_spatial.h"
 #include "meshtrain/parallel/cnn_tp.h"
+#include "meshtrain/parallel/tensor_parallel.h"
 #include "meshtrain/pipeline/partition.h"
+#include "meshtrain/train/layout.h"
+#include "meshtrain/train/trainer.h"
 
 namespace meshtrain::cli {
 namespace {
@@ -78,6 +81,98 @@ std::pair<std::string, double> tp_split(const model::Graph& g, const model::Chan
   return {"replicated", 0};
 }
 
+// Each layer's parameter elements: the model's parameters by the longest layer name that
+// prefixes theirs (h.0.attn.c_attn.weight: h.0.attn).
+std::vector<double> params_by_layer(const model::Graph& g, const model::ModelSpec& spec) {
+  std::vector<double> out(g.layers.size(), 0);
+  for (const auto& [name, shape] : spec.param_shapes()) {
+    size_t best = g.layers.size(), len = 0;
+    for (size_t i = 0; i < g.layers.size(); ++i)
+      if (g.layers[i].name.size() > len && name.rfind(g.layers[i].name + ".", 0) == 0) best = i, len = g.layers[i].name.size();
+    if (best < g.layers.size()) out[best] += static_cast<double>(shape_numel(shape));
+  }
+  return out;
+}
+
+// What --tp N does to a transformer's layer (Megatron's layout, parallel/tensor_parallel.h).
+std::string tp_token_split(const model::GraphLayer& l, int p) {
+  const std::string n = std::to_string(p);
+  switch (l.op) {
+    case model::Op::embedding: return "vocabulary rows/" + n + ", all-reduce y";
+    case model::Op::causal_self_attention: return "heads/" + n + ": c_attn columns, c_proj rows, all-reduce y";
+    case model::Op::linear:
+      if (l.tied >= 0) return "vocabulary/" + n + " (the embedding's rows), cross-entropy over the shards";
+      return l.name.ends_with(".c_fc") ? "columns/" + n + ", all-reduce dx" : "rows/" + n + ", all-reduce y";
+    case model::Op::gelu: return "features/" + n;
+    default: return "replicated";
+  }
+}
+
+// A token model's table: each layer's block (its pipeline unit), the stage train puts it on,
+// its output, parameters and forward FLOPs.
+void show_tokens(const ShowOptions& o, const model::Graph& g, const model::ModelSpec& spec) {
+  if (o.spatial > 1 || o.branch > 1)
+    throw UsageError(std::string(o.spatial > 1 ? "--spatial" : "--branch-parallel") + " splits image models; " + g.name +
+                     " reads tokens: give --tp or --pp");
+  const model::GPTConfig& cfg = *spec.gpt();
+  try {
+    if (o.tp > 1) parallel::validate_tp(cfg, o.tp, parallel::TPOptions{}, cfg.seq);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (o.pp > cfg.n_layer)
+    throw UsageError(g.name + " has " + std::to_string(cfg.n_layer) + " blocks to cut between pipeline stages, fewer "
+                     "than the " + std::to_string(o.pp) + " asked for; lower --pp");
+  const std::vector<Shape> shapes = model::infer_shapes(g, {cfg.seq});
+  // Block of each layer: -1 the embeddings, n_layer ln_f and the head; a long skip's sum is its
+  // block's input.
+  std::vector<int64_t> block(g.layers.size(), -1);
+  int64_t b = -1;
+  for (size_t i = 0; i < g.layers.size(); ++i) {
+    const std::string& name = g.layers[i].name;
+    if (name == "ln_f") b = cfg.n_layer;
+    else if (name.starts_with("h.") && name.ends_with(".ln_1")) b = std::stoll(name.substr(2));
+    block[i] = b;
+  }
+  for (size_t i = 1; i + 1 < g.layers.size(); ++i)  // a sum after a block's last sum: the skip
+    if (g.layers[i].op == model::Op::add && g.layers[i - 1].op == model::Op::add && block[i + 1] < cfg.n_layer)
+      block[i] = block[i + 1];
+  std::vector<int> stage_of(static_cast<size_t>(cfg.n_layer) + 2, 0);  // by block + 1
+  if (o.pp > 1) {
+    train::TrainOptions t;
+    t.pp = o.pp;
+    t.seq = cfg.seq;
+    const auto spans = train::stage_layers(t, cfg);
+    for (size_t st = 0; st < spans.size(); ++st)
+      for (int64_t u = spans[st].first; u < spans[st].end; ++u) stage_of[static_cast<size_t>(u + 1)] = static_cast<int>(st);
+    stage_of.back() = o.pp - 1;
+  }
+  const std::vector<double> layer_params = params_by_layer(g, spec);
+  std::printf("%s: tokens (%lld) of a vocabulary of %lld; %zu layers in %lld blocks\n", g.name.c_str(),
+              static_cast<long long>(cfg.seq), static_cast<long long>(cfg.vocab_size), g.layers.size(),
+              static_cast<long long>(cfg.n_layer));
+  const std::string layout_head = o.tp > 1 ? "--tp " + std::to_string(o.tp) + ": split, inserted collectives" : "";
+  std::printf("%-5s %-5s %-24s %-22s %-18s %11s %10s  %s\n", "block", o.pp > 1 ? "stage" : "", "layer", "op", "output",
+              "parameters", "fwd MFLOP", layout_head.c_str());
+  double params = 0, flops = 0;
+  for (size_t i = 0; i < g.layers.size(); ++i) {
+    const model::GraphLayer& l = g.layers[i];
+    const bool first = i == 0 || block[i] != block[i - 1];
+    const double f = model::forward_flops(g, shapes, {cfg.seq}, i);
+    flops += f, params += layer_params[i];
+    const std::string unit = block[i] < 0 ? "emb" : block[i] == cfg.n_layer ? "head" : std::to_string(block[i]);
+    std::printf("%-5s %-5s %-24s %-22s %-18s %11.0f %10.3f  %s\n", first ? unit.c_str() : "",
+                first && o.pp > 1 ? std::to_string(stage_of[static_cast<size_t>(block[i] + 1)]).c_str() : "",
+                l.name.c_str(), model::op_name(l.op), shape_text(shapes[i]).c_str(), layer_params[i], f / 1e6,
+                o.tp > 1 ? tp_token_split(l, o.tp).c_str() : "");
+  }
+  std::printf("%-5s %-5s %-24s %-22s %-18s %11.0f %10.3f\n", "", "", "total", "", "", params, flops / 1e6);
+  std::printf("forward + backward: %.3f MFLOP a sample (3 x forward); activations saved for backward: %.2f MiB a "
+              "sample (the planner's count)\n",
+              3 * flops / 1e6, cfg.activation_bytes(1, cfg.seq) / (1 << 20));
+  if (o.pp > 1) std::printf("--pp %d: blocks cut between stages by their FLOPs, as train cuts them\n", o.pp);
+}
+
 void show(const ShowOptions& o) {
   std::shared_ptr<const model::ModelSpec> spec;
   try {
@@ -85,13 +180,24 @@ void show(const ShowOptions& o) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  const model::CNNConfig* cfg = spec->cnn();
-  if (!cfg || !cfg->graph)
-    throw UsageError(o.model + " is a transformer (a GPT config), not a layer graph; `model show` prints the layers of "
-                     "image models and model files (plan --model " + o.model + " predicts its layouts)");
   if ((o.tp > 1) + (o.spatial > 1) + (o.branch > 1) > 1)
     throw UsageError("--tp, --spatial and --branch-parallel each split the layers over the same intra-layer ranks; "
                      "give one of them");
+  if (spec->gpt()) {
+    std::shared_ptr<const model::Graph> g = model::named_graph(o.model);
+    if (!g && o.model.ends_with(".json")) {
+      try {
+        auto read = model::read_graph_file(o.model);
+        if (read.tokens()) g = std::make_shared<const model::Graph>(std::move(read));
+      } catch (const std::invalid_argument&) {
+      }
+    }
+    if (!g)
+      throw UsageError(o.model + " is a GPT config (n_layer, n_embd, ...), not a layer graph; `model show` prints the "
+                       "layers of model files and named models (plan --config " + o.model + " predicts its layouts)");
+    return show_tokens(o, *g, *spec);
+  }
+  const model::CNNConfig* cfg = spec->cnn();
   try {
     if (o.tp > 1) parallel::validate_cnn_tp(*cfg, o.tp);
     if (o.spatial > 1) parallel::validate_cnn_spatial(*cfg, o.spatial);
@@ -126,11 +232,7 @@ void show(const ShowOptions& o) {
   }
 
   double params = 0, flops = 0, tp_bytes = 0;
-  std::vector<double> layer_params(g.layers.size(), 0);
-  for (const auto& [name, shape] : spec->param_shapes())
-    for (size_t i = 0; i < g.layers.size(); ++i)
-      if (name.rfind(g.layers[i].name + ".", 0) == 0 && name.find('.', g.layers[i].name.size() + 1) == std::string::npos)
-        layer_params[i] += static_cast<double>(shape_numel(shape));
+  const std::vector<double> layer_params = params_by_layer(g, *spec);
   std::printf("%s: images (%lld, %lld, %lld), %lld classes; %zu layers in %zu pipeline units\n", g.name.c_str(),
               static_cast<long long>(image[0]), static_cast<long long>(image[1]), static_cast<long long>(image[2]),
               static_cast<long long>(g.classes), g.layers.size(), starts.size() - 1);

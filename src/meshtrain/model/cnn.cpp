@@ -28,16 +28,23 @@ nlohmann::json CNNConfig::to_json() const {
   return j;
 }
 
-std::vector<std::string> cnn_config_names() { return named_graph_names(); }
+std::vector<std::string> cnn_config_names() {
+  std::vector<std::string> v;
+  for (const std::string& n : named_graph_names())
+    if (!named_graph(n)->tokens()) v.push_back(n);
+  return v;
+}
 
 CNNConfig cnn_config(const std::string& name) {
-  if (auto g = named_graph(name)) return cnn_config(g);
+  if (auto g = named_graph(name); g && !g->tokens()) return cnn_config(g);
   std::string names;
   for (const std::string& n : cnn_config_names()) names += (names.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown CNN '" + name + "'; the named CNNs are " + names);
 }
 
 CNNConfig cnn_config(std::shared_ptr<const Graph> graph) {
+  if (graph->tokens())
+    throw std::invalid_argument(graph->name + " is a token model (a transformer), not an image model");
   CNNConfig c;
   c.name = graph->name;
   c.channels = graph->image[0], c.height = graph->image[1], c.width = graph->image[2];

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "meshtrain/io/json.h"
+#include "meshtrain/model/graph.h"
 
 namespace meshtrain::model {
 
@@ -150,27 +151,117 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j, const std::string& sourc
 }
 
 GPTConfig gpt_config(const std::string& name) {
-  GPTConfig c;
-  c.name = name;
-  if (name == "gpt-tiny") {
-    c.n_layer = 4, c.n_embd = 128, c.n_head = 4, c.vocab_size = 256, c.block_size = 64;
-    c.batch = 12, c.seq = 64;
-  } else if (name == "gpt-small") {
-    c.n_layer = 6, c.n_embd = 384, c.n_head = 6, c.vocab_size = 256, c.block_size = 256;
-    c.batch = 8, c.seq = 256;
-  } else if (name == "gpt2-124m") {
-    c.n_layer = 12, c.n_embd = 768, c.n_head = 12, c.vocab_size = 50257, c.block_size = 1024;
-    c.batch = 4, c.seq = 64;
-  } else {
+  const std::shared_ptr<const Graph> g = named_graph(name);
+  if (!g || !g->tokens()) {
     std::string names;
     for (auto& n : gpt_config_names()) names += (names.empty() ? "" : ", ") + n;
     throw std::invalid_argument("unknown model '" + name + "'; choose one of " + names +
                                 ", or give --config FILE.json");
   }
-  return c;
+  return gpt_config(*g);
 }
 
-std::vector<std::string> gpt_config_names() { return {"gpt-tiny", "gpt-small", "gpt2-124m"}; }
+std::vector<std::string> gpt_config_names() {
+  std::vector<std::string> v;
+  for (const std::string& n : named_graph_names())
+    if (named_graph(n)->tokens()) v.push_back(n);
+  return v;
+}
+
+GPTConfig gpt_config(const Graph& g) {
+  const size_t n = g.layers.size();
+  size_t i = 0;
+  auto fail = [&](size_t at, const std::string& what) {
+    std::string where = at < n ? "layer " + std::to_string(at) + " '" + g.layers[at].name + "' (" +
+                                     op_name(g.layers[at].op) + ") "
+                               : "the last layer ";
+    throw std::invalid_argument(g.name + ": " + where + what +
+                                "; a token model is a GPT: token and position embeddings, pre-norm blocks, ln_f and "
+                                "a head tied to the token embedding (docs/models.md)");
+  };
+  // The next layer: op `op` reading exactly `from` (in any order), named `name` where its
+  // parameters' names depend on it.
+  auto expect = [&](Op op, const std::string& name, std::vector<int> from, const std::string& role) -> size_t {
+    if (i >= n) fail(n, "ends the graph where " + role + " should follow");
+    const GraphLayer& L = g.layers[i];
+    if (L.op != op) fail(i, "is where " + role + " (" + op_name(op) + ") should be");
+    if (!name.empty() && L.name != name)
+      fail(i, "is " + role + "; name it '" + name + "', its parameters' state-dict prefix in meshtrain's transformer");
+    std::vector<int> got = L.from;
+    std::sort(got.begin(), got.end());
+    std::sort(from.begin(), from.end());
+    if (got != from) {
+      std::string want;
+      for (int k : from) want += (want.empty() ? "'" : ", '") + (k < 0 ? std::string("input") : g.layers[static_cast<size_t>(k)].name) + "'";
+      fail(i, "is " + role + " and must read " + want);
+    }
+    return i++;
+  };
+  auto eps = [&](size_t k) {
+    if (g.layers[k].eps != 1e-5) fail(k, "has eps " + nlohmann::json(g.layers[k].eps).dump() + "; meshtrain's layernorm uses 1e-5");
+  };
+  for (size_t k = 0; k < n; ++k)
+    if (!g.layers[k].unit.empty()) fail(k, "has a \"unit\"; a token model's pipeline units are its blocks: drop it");
+  GPTConfig c;
+  c.name = g.name;
+  c.vocab_size = g.vocab;
+  const size_t wte = expect(Op::embedding, "wte", {-1}, "the token embedding");
+  const size_t wpe = expect(Op::position_embedding, "wpe", {-1}, "the position embedding");
+  c.n_embd = g.layers[wte].out_channels;
+  c.block_size = g.layers[wpe].num_embeddings;
+  int x = static_cast<int>(expect(Op::add, "", {static_cast<int>(wte), static_cast<int>(wpe)}, "the sum of the embeddings"));
+  std::vector<int> block_out;
+  while (i < n && g.layers[i].name != "ln_f") {
+    const int64_t b = static_cast<int64_t>(block_out.size());
+    const std::string h = "h." + std::to_string(b);
+    if (g.layers[i].op == Op::add) {  // a long skip into this block's input
+      const GraphLayer& s = g.layers[i];
+      const int other = s.from.size() == 2 && (s.from[0] == x || s.from[1] == x) ? s.from[s.from[0] == x] : -2;
+      const auto from = std::find(block_out.begin(), block_out.end(), other);
+      if (from == block_out.end() || c.has_skip())
+        fail(i, c.has_skip() ? "is a second skip; a transformer may have one long skip"
+                             : "is a sum before block " + h + "; a long skip adds an earlier block's output to the "
+                               "previous block's output");
+      c.skip_from = from - block_out.begin(), c.skip_to = b;
+      if (c.skip_from + 1 >= c.skip_to) fail(i, "skips no block; a long skip jumps over at least one block");
+      x = static_cast<int>(i++);
+    }
+    const size_t ln1 = expect(Op::layernorm, h + ".ln_1", {x}, "block " + h + "'s first layernorm");
+    eps(ln1);
+    const size_t attn = expect(Op::causal_self_attention, h + ".attn", {static_cast<int>(ln1)}, "block " + h + "'s attention");
+    if (b == 0) c.n_head = g.layers[attn].heads;
+    if (g.layers[attn].heads != c.n_head)
+      fail(attn, "has " + std::to_string(g.layers[attn].heads) + " heads, block h.0 " + std::to_string(c.n_head) +
+                     "; every block has the same heads");
+    if (!g.layers[attn].bias) fail(attn, "has no bias; meshtrain's attention projections have biases");
+    const int r1 = static_cast<int>(expect(Op::add, "", {x, static_cast<int>(attn)}, "block " + h + "'s first residual sum"));
+    const size_t ln2 = expect(Op::layernorm, h + ".ln_2", {r1}, "block " + h + "'s second layernorm");
+    eps(ln2);
+    const size_t fc = expect(Op::linear, h + ".mlp.c_fc", {static_cast<int>(ln2)}, "block " + h + "'s MLP input layer");
+    if (g.layers[fc].out_channels != 4 * c.n_embd)
+      fail(fc, "has out_features " + std::to_string(g.layers[fc].out_channels) + "; the MLP is 4 x the width, " +
+                   std::to_string(4 * c.n_embd));
+    const size_t act = expect(Op::gelu, "", {static_cast<int>(fc)}, "block " + h + "'s GELU");
+    if (!g.layers[act].tanh) fail(act, "is the exact GELU; meshtrain's MLP uses \"approximate\": \"tanh\"");
+    const size_t proj = expect(Op::linear, h + ".mlp.c_proj", {static_cast<int>(act)}, "block " + h + "'s MLP output layer");
+    for (size_t k : {fc, proj})
+      if (!g.layers[k].bias || g.layers[k].tied >= 0) fail(k, "must have its own weight and a bias");
+    x = static_cast<int>(expect(Op::add, "", {r1, static_cast<int>(proj)}, "block " + h + "'s second residual sum"));
+    block_out.push_back(x);
+  }
+  if (block_out.empty()) fail(i, "comes before any block; give at least one block h.0");
+  c.n_layer = static_cast<int64_t>(block_out.size());
+  const size_t lnf = expect(Op::layernorm, "ln_f", {x}, "the final layernorm");
+  eps(lnf);
+  const size_t head = expect(Op::linear, "", {static_cast<int>(lnf)}, "the head");
+  if (g.layers[head].tied != static_cast<int>(wte) || g.layers[head].bias)
+    fail(head, "is the head: give it \"tied_to\": \"wte\" and \"bias\": false (it shares the token embedding)");
+  if (i != n) fail(i, "follows the head; the head's output is the logits");
+  c.batch = g.batch;
+  c.seq = g.seq;
+  c.validate();
+  return c;
+}
 
 GPTConfig gpt_config_from_file(const std::string& path) {
   const std::string source = "model config file " + path;

@@ -9,6 +9,8 @@
 
 namespace meshtrain::model {
 
+struct Graph;
+
 struct GPTConfig {
   // Largest value of any integer field (2^31 - 1).
   static constexpr int64_t kMaxField = 2147483647;
@@ -52,8 +54,16 @@ struct GPTConfig {
 };
 
 // gpt-tiny, gpt-small, gpt2-124m; throws std::invalid_argument listing the names otherwise.
+// A named token model (models/*.json), compiled by gpt_config(const Graph&).
 GPTConfig gpt_config(const std::string& name);
 std::vector<std::string> gpt_config_names();
+// A token model's layer graph (model/graph.h) as the transformer it describes: token and
+// position embeddings and their sum, pre-norm blocks named h.<i> (ln_1, causal self-attention
+// attn, the residual sum, ln_2, mlp.c_fc of 4 x the width, a tanh GELU, mlp.c_proj, the residual
+// sum), at most one long skip (a sum of an earlier block's output into a later block's input),
+// ln_f, and a head tied to the token embedding. Anything else is refused with a sentence naming
+// the layer and what was expected there.
+GPTConfig gpt_config(const Graph& g);
 // Reads a JSON file with the fields of GPTConfig (from_json's rules); every problem, including
 // malformed JSON, is a std::invalid_argument naming the file (and the field).
 GPTConfig gpt_config_from_file(const std::string& path);

@@ -23,11 +23,15 @@ constexpr int64_t kMaxDim = 65'536;       // channels, features, image sides
 constexpr int64_t kMaxWindow = 255;       // kernel, stride, padding
 constexpr double kMaxLayerParams = 1u << 31;
 
+// Which input an op takes: image models, token models, or both.
+enum Takes { kImages = 1, kTokens = 2, kBoth = 3 };
+
 struct OpInfo {
   Op op;
   const char* name;
   std::vector<const char*> fields;  // beyond name, op, from, unit
   const char* what;                 // for the list of ops
+  int takes = kImages;
 };
 
 const std::vector<OpInfo>& ops() {
@@ -38,16 +42,24 @@ const std::vector<OpInfo>& ops() {
       {Op::maxpool2d, "maxpool2d", {"kernel_size", "stride", "padding"}, "max pooling"},
       {Op::global_avgpool2d, "global_avgpool2d", {}, "the mean of each channel's map"},
       {Op::flatten, "flatten", {}, "(C, H, W) to features"},
-      {Op::linear, "linear", {"out_features", "bias"}, "a fully connected layer"},
-      {Op::add, "add", {}, "the sum of two or more tensors of one shape"},
+      {Op::linear, "linear", {"out_features", "bias", "tied_to"}, "a fully connected layer", kBoth},
+      {Op::add, "add", {}, "the sum of two or more tensors of one shape", kBoth},
       {Op::concat, "concat", {}, "tensors joined along channels"},
+      {Op::embedding, "embedding", {"num_embeddings", "embedding_dim"}, "a token's row of a table", kTokens},
+      {Op::position_embedding, "position_embedding", {"num_embeddings", "embedding_dim"},
+       "a position's row of a table", kTokens},
+      {Op::layernorm, "layernorm", {"eps"}, "layer normalisation over features", kTokens},
+      {Op::causal_self_attention, "causal_self_attention", {"heads", "bias"},
+       "multi-head self-attention, each token over those before it", kTokens},
+      {Op::gelu, "gelu", {"approximate"}, "the Gaussian error linear unit", kTokens},
   };
   return v;
 }
 
-std::string op_list() {
+std::string op_list(int takes = kBoth) {
   std::string s;
-  for (const OpInfo& o : ops()) s += (s.empty() ? "" : ", ") + std::string(o.name);
+  for (const OpInfo& o : ops())
+    if (o.takes & takes) s += (s.empty() ? "" : ", ") + std::string(o.name);
   return s;
 }
 
@@ -126,23 +138,30 @@ Graph parse_graph(const nlohmann::json& j, const std::string& source) {
   auto top_fail = [&](const std::string& what) { refuse.file(what); };
   if (j.contains("batch")) g.batch = integer(j["batch"], "batch", 1, 1 << 20, top_fail);
 
-  // ---- the input ----
+  // ---- the input: images with classes, or tokens of a vocabulary ----
   if (!j.contains("input") || !j["input"].is_object())
-    refuse.file("\"input\" must be an object such as {\"image\": [1, 28, 28], \"classes\": 10}");
+    refuse.file("\"input\" must be an object such as {\"image\": [1, 28, 28], \"classes\": 10} or "
+                "{\"tokens\": 64, \"vocab\": 256}");
   const nlohmann::json& in = j["input"];
+  const bool tokens = in.contains("tokens") || in.contains("vocab");
   for (auto it = in.begin(); it != in.end(); ++it)
-    if (it.key() != "image" && it.key() != "classes") {
-      if (it.key() == "tokens")
-        refuse.file("input \"tokens\": a layer graph takes images for now; a transformer on tokens is a GPT config "
-                    "(docs/models.md)");
-      refuse.file("input.\"" + it.key() + "\" is not a field of the input (it has image and classes)");
-    }
-  if (!in.contains("image") || !in["image"].is_array() || in["image"].size() != 3)
-    refuse.file("input.\"image\" must be [channels, height, width]");
-  for (size_t d = 0; d < 3; ++d)
-    g.image.push_back(integer(in["image"][d], "input.image[" + std::to_string(d) + "]", 1, kMaxDim, top_fail));
-  if (!in.contains("classes")) refuse.file("input.\"classes\" is missing: give the number of classes");
-  g.classes = integer(in["classes"], "input.classes", 2, 1 << 20, top_fail);
+    if (tokens ? it.key() != "tokens" && it.key() != "vocab" : it.key() != "image" && it.key() != "classes")
+      refuse.file("input.\"" + it.key() + "\" is not a field of the input (images: image and classes; tokens: tokens "
+                  "and vocab)");
+  if (tokens) {
+    if (!in.contains("tokens")) refuse.file("input.\"tokens\" is missing: give a sample's length in tokens");
+    if (!in.contains("vocab")) refuse.file("input.\"vocab\" is missing: give the size of the vocabulary");
+    g.seq = integer(in["tokens"], "input.tokens", 1, kMaxDim, top_fail);
+    g.vocab = integer(in["vocab"], "input.vocab", 2, 1 << 24, top_fail);
+  } else {
+    if (!in.contains("image") || !in["image"].is_array() || in["image"].size() != 3)
+      refuse.file("input.\"image\" must be [channels, height, width]");
+    for (size_t d = 0; d < 3; ++d)
+      g.image.push_back(integer(in["image"][d], "input.image[" + std::to_string(d) + "]", 1, kMaxDim, top_fail));
+    if (!in.contains("classes")) refuse.file("input.\"classes\" is missing: give the number of classes");
+    g.classes = integer(in["classes"], "input.classes", 2, 1 << 20, top_fail);
+  }
+  const int takes = tokens ? kTokens : kImages;
 
   // ---- the layers ----
   if (!j.contains("layers") || !j["layers"].is_array() || j["layers"].empty())
@@ -162,12 +181,15 @@ Graph parse_graph(const nlohmann::json& j, const std::string& source) {
            "or ending with '.'");
     if (name == "input") fail("is named 'input', which \"from\" uses for the model's input; rename it");
     if (index.count(name)) fail("has the name of layer " + std::to_string(index[name]) + "; names must be unique");
-    if (!l.contains("op") || !l["op"].is_string()) fail("has no \"op\"; give one of " + op_list());
+    if (!l.contains("op") || !l["op"].is_string()) fail("has no \"op\"; give one of " + op_list(takes));
     const std::string op = l["op"].get<std::string>();
     const OpInfo* info = nullptr;
     for (const OpInfo& o : ops())
       if (op == o.name) info = &o;
-    if (!info) fail("has the unknown op '" + op + "'; the ops are " + op_list());
+    if (!info) fail("has the unknown op '" + op + "'; the ops are " + op_list(takes));
+    if (!(info->takes & takes))
+      fail("has the op '" + op + "', which " + (tokens ? "image" : "token") + " models take; a model of " +
+           (tokens ? "tokens" : "images") + " takes " + op_list(takes));
     GraphLayer L;
     L.name = name, L.op = info->op;
     for (auto it = l.begin(); it != l.end(); ++it) {
@@ -198,7 +220,32 @@ Graph parse_graph(const nlohmann::json& j, const std::string& source) {
         L.stride = l.contains("stride") ? integer(l["stride"], "stride", 1, kMaxWindow, field_fail) : L.kernel;
         if (l.contains("padding")) L.padding = integer(l["padding"], "padding", 0, L.kernel / 2, field_fail);
         break;
-      case Op::linear: L.out_channels = integer(req("out_features"), "out_features", 1, kMaxDim, field_fail); break;
+      case Op::linear:
+        L.out_channels = integer(req("out_features"), "out_features", 1, 1 << 24, field_fail);
+        if (l.contains("tied_to")) {
+          const nlohmann::json& t = l["tied_to"];
+          auto it = t.is_string() ? index.find(t.get<std::string>()) : index.end();
+          if (it == index.end() || g.layers[static_cast<size_t>(it->second)].op != Op::embedding)
+            field_fail("\"tied_to\" is " + t.dump() + "; give the name of an earlier embedding whose weight it shares");
+          L.tied = it->second;
+        }
+        break;
+      case Op::embedding:
+      case Op::position_embedding:
+        L.num_embeddings = integer(req("num_embeddings"), "num_embeddings", 1, 1 << 24, field_fail);
+        L.out_channels = integer(req("embedding_dim"), "embedding_dim", 1, kMaxDim, field_fail);
+        break;
+      case Op::causal_self_attention: L.heads = integer(req("heads"), "heads", 1, 4096, field_fail); break;
+      case Op::layernorm:
+        if (l.contains("eps")) L.eps = number(l["eps"], "eps", 0, 1, true, field_fail);
+        break;
+      case Op::gelu:
+        if (l.contains("approximate")) {
+          if (l["approximate"] != "none" && l["approximate"] != "tanh")
+            field_fail("\"approximate\" is " + l["approximate"].dump() + "; give \"none\" (the exact erf) or \"tanh\"");
+          L.tanh = l["approximate"] == "tanh";
+        }
+        break;
       case Op::batchnorm2d:
         if (l.contains("eps")) L.eps = number(l["eps"], "eps", 0, 1, true, field_fail);
         if (l.contains("momentum")) L.momentum = number(l["momentum"], "momentum", 0, 1, false, field_fail);
@@ -252,6 +299,11 @@ Graph parse_graph(const nlohmann::json& j, const std::string& source) {
     if (!read[i])
       refuse.layer(i, g.layers[i].name, "is read by no layer: only the last layer's output may go unread (the logits); "
                                         "name it in a later layer's \"from\", or remove it");
+  if (g.tokens()) {
+    if (!j.contains("batch")) g.batch = 12;
+    infer_shapes(g, {g.seq});  // every shape meets, the last gives the logits
+    return g;
+  }
   infer_shapes(g, g.image);  // every shape meets, the last gives the logits
   unit_starts(g);            // the units given are whole
   return g;
@@ -262,7 +314,77 @@ Graph read_graph_file(const std::string& path) {
   return parse_graph(io::read_json_file_strict(path, source, "give a JSON layer graph (docs/models.md)"), source);
 }
 
+namespace {
+
+// A token model's shapes: (T, C) a sample.
+std::vector<Shape> infer_token_shapes(const Graph& g, int64_t T) {
+  const Refuse refuse(g.name);
+  std::vector<Shape> out;
+  auto name_of = [&](int k) { return k < 0 ? std::string("input") : g.layers[static_cast<size_t>(k)].name; };
+  for (size_t i = 0; i < g.layers.size(); ++i) {
+    const GraphLayer& L = g.layers[i];
+    const std::string op = op_name(L.op);
+    auto fail = [&](const std::string& what) { refuse.layer(i, L.name, "(" + op + ") " + what); };
+    const int src = L.from[0];
+    const bool embeds = L.op == Op::embedding || L.op == Op::position_embedding;
+    if (embeds != (src < 0))
+      fail(embeds ? "reads '" + name_of(src) + "'; an embedding reads the tokens: give \"from\": \"input\""
+                  : "reads the tokens; only an embedding takes them (put an embedding first)");
+    const Shape x = src < 0 ? Shape{T} : out[static_cast<size_t>(src)];
+    Shape y = x;
+    switch (L.op) {
+      case Op::embedding:
+        if (L.num_embeddings != g.vocab)
+          fail("has num_embeddings " + std::to_string(L.num_embeddings) + " for a vocabulary of " +
+               std::to_string(g.vocab) + "; a token embedding has a row for every token (num_embeddings " +
+               std::to_string(g.vocab) + ")");
+        y = {T, L.out_channels};
+        break;
+      case Op::position_embedding:
+        if (L.num_embeddings < T)
+          fail("has " + std::to_string(L.num_embeddings) + " positions, fewer than the " + std::to_string(T) +
+               " tokens of a sample; raise num_embeddings or lower input.tokens");
+        y = {T, L.out_channels};
+        break;
+      case Op::causal_self_attention:
+        if (x[1] % L.heads != 0)
+          fail("has " + std::to_string(L.heads) + " heads over " + std::to_string(x[1]) +
+               " features, which they do not divide; pick heads that divide " + std::to_string(x[1]));
+        break;
+      case Op::linear:
+        if (L.tied >= 0) {
+          const GraphLayer& e = g.layers[static_cast<size_t>(L.tied)];
+          if (L.out_channels != e.num_embeddings || x[1] != e.out_channels)
+            fail("is tied to '" + e.name + "', a " + std::to_string(e.num_embeddings) + " x " +
+                 std::to_string(e.out_channels) + " table, but maps " + std::to_string(x[1]) + " features to " +
+                 std::to_string(L.out_channels) + "; a tied layer maps embedding_dim to num_embeddings");
+        }
+        y = {T, L.out_channels};
+        break;
+      case Op::add:
+        for (int k : L.from) {
+          if (k < 0) fail("reads the tokens; only an embedding takes them");
+          if (out[static_cast<size_t>(k)] != x)
+            fail("adds '" + name_of(L.from[0]) + "' " + shape_text(x) + " and '" + name_of(k) + "' " +
+                 shape_text(out[static_cast<size_t>(k)]) + ": the tensors of a sum must have one shape");
+        }
+        break;
+      default: break;  // layernorm, gelu: the shape they take
+    }
+    out.push_back(y);
+  }
+  if (out.back() != Shape{T, g.vocab})
+    refuse.layer(g.layers.size() - 1, g.layers.back().name,
+                 "is the last layer and gives " + shape_text(out.back()) + "; the logits must be (N, " +
+                     std::to_string(T) + ", " + std::to_string(g.vocab) + "), a score for every token of the " +
+                     std::to_string(g.vocab) + ": end with a linear of out_features " + std::to_string(g.vocab));
+  return out;
+}
+
+}  // namespace
+
 std::vector<Shape> infer_shapes(const Graph& g, const Shape& chw) {
+  if (g.tokens()) return infer_token_shapes(g, chw.at(0));
   const Refuse refuse(g.name);
   std::vector<Shape> out;
   auto in_of = [&](int k) -> const Shape& { return k < 0 ? chw : out[static_cast<size_t>(k)]; };
@@ -335,6 +457,7 @@ std::vector<Shape> infer_shapes(const Graph& g, const Shape& chw) {
         }
         y[1] = x[1], y[2] = x[2];
         break;
+      default: fail("is an op of token models");  // parse_graph refuses it first
     }
     out.push_back(y);
   }
@@ -351,6 +474,16 @@ double forward_flops(const Graph& g, const std::vector<Shape>& shapes, const Sha
   const Shape& in = l.from[0] < 0 ? chw : shapes[static_cast<size_t>(l.from[0])];
   if (l.op == Op::conv2d)
     return 2.0 * static_cast<double>(shape_numel(shapes[i])) * static_cast<double>(in[0] * l.kernel * l.kernel);
+  if (g.tokens()) {  // (T, C) a sample
+    const double T = static_cast<double>(shapes[i][0]);
+    if (l.op == Op::linear) return 2.0 * T * static_cast<double>(in[1] * l.out_channels);
+    if (l.op == Op::causal_self_attention) {
+      const double C = static_cast<double>(in[1]);
+      // q.k and p.v over the causal triangle (T (T + 1) / 2 pairs), 2 C FLOPs a pair each.
+      return 2.0 * T * C * 3 * C + 2.0 * T * C * C + 2 * 2.0 * C * T * (T + 1) / 2;
+    }
+    return 0;
+  }
   if (l.op == Op::linear) return 2.0 * static_cast<double>(in[0]) * static_cast<double>(l.out_channels);
   return 0;
 }

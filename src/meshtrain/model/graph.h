@@ -39,7 +39,11 @@
 
 namespace meshtrain::model {
 
-enum class Op { conv2d, batchnorm2d, relu, maxpool2d, global_avgpool2d, flatten, linear, add, concat };
+enum class Op {
+  conv2d, batchnorm2d, relu, maxpool2d, global_avgpool2d, flatten, linear, add, concat,
+  // Token models (a transformer): compiled by model/transformer_graph.cpp.
+  embedding, position_embedding, layernorm, causal_self_attention, gelu
+};
 
 const char* op_name(Op op);
 
@@ -53,12 +57,22 @@ struct GraphLayer {
   int64_t out_channels = 0, kernel = 1, stride = 1, padding = 0;
   bool bias = true;
   double eps = 1e-5, momentum = 0.1;
+  // Token models. embedding, position_embedding: num_embeddings (rows) and embedding_dim (in
+  // out_channels); causal_self_attention: heads; linear: tied, the embedding whose weight it
+  // shares (-1: its own); gelu: tanh, PyTorch's approximate="tanh".
+  int64_t num_embeddings = 0, heads = 0;
+  int tied = -1;
+  bool tanh = false;
 };
 
 struct Graph {
   std::string name;
+  // The input: images, or tokens.
   Shape image;            // (C, H, W) of a sample as the file gives it
   int64_t classes = 0;
+  int64_t seq = 0;        // tokens: a sample's length (the recommended --seq)
+  int64_t vocab = 0;      // tokens: the vocabulary
+  bool tokens() const { return vocab > 0; }
   int64_t batch = 64;     // the recommended global batch
   std::vector<GraphLayer> layers;
   nlohmann::json source;  // the file's JSON, as read (recorded in checkpoints)
@@ -76,12 +90,14 @@ std::shared_ptr<const Graph> named_graph(const std::string& name);
 std::vector<std::string> named_graph_names();
 
 // The per-sample output shape of every layer for an input of (C, H, W) (the file's, or scaled):
-// (C, H, W) or (F). Refuses shapes that do not meet, naming the layer.
+// (C, H, W) or (F); of a token model for the input (T): (T, C). Refuses shapes that do not meet,
+// naming the layer.
 std::vector<Shape> infer_shapes(const Graph& g, const Shape& chw);
 
 // Forward FLOPs of layer i for one sample, 2 per multiply-add of a convolution or a linear layer
 // (their bias and every element-wise layer: 0), as kernels/flops.h counts the calls; `shapes`
-// from infer_shapes for an input of `chw`.
+// from infer_shapes for an input of `chw` (a token model's: (T)). Attention: its two projections
+// (GEMMs) and its two products over the causal triangle (its own kernel, not counted).
 double forward_flops(const Graph& g, const std::vector<Shape>& shapes, const Shape& chw, size_t i);
 
 // Where a pipeline may cut: unit u is layers [starts[u], starts[u + 1]) (starts.back() is the

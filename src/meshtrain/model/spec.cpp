@@ -344,7 +344,10 @@ std::shared_ptr<const ModelSpec> model_spec_from_file(const std::string& path) {
     throw std::invalid_argument(source + " is " + std::string(j.type_name()) + ", but a model file must be a JSON object: "
                                 "a layer graph {\"name\": ..., \"input\": ..., \"layers\": [...]} (docs/models.md) or a GPT "
                                 "config {\"n_layer\": ..., \"n_embd\": ..., ...} (README)");
-  if (is_graph_json(j)) return cnn_spec(cnn_config(std::make_shared<const Graph>(parse_graph(j, source))));
+  if (is_graph_json(j)) {
+    auto g = std::make_shared<const Graph>(parse_graph(j, source));
+    return g->tokens() ? gpt_spec(gpt_config(*g)) : cnn_spec(cnn_config(g));
+  }
   if (j.is_object() && j.contains("family") && j["family"] != "gpt") {
     if (j["family"] != "cnn")
       throw std::invalid_argument(source + ": \"family\" must be \"gpt\" or \"cnn\", not " + j["family"].dump());

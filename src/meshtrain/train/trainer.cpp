@@ -394,9 +394,18 @@ std::string trace_svg_path(const std::string& trace) {
   return svg + ".svg";
 }
 
+namespace {
+// The model the options name: a graph built in code, a named model, a model file or a config.
+std::shared_ptr<const model::ModelSpec> model_of(const TrainOptions& o) {
+  if (o.graph) return o.graph->tokens() ? model::gpt_spec(model::gpt_config(*o.graph)) : model::cnn_spec(model::cnn_config(o.graph));
+  return o.config_file.empty() ? model::model_spec(o.model) : model::model_spec_from_file(o.config_file);
+}
+}  // namespace
+
 model::GPTConfig resolve_options(TrainOptions& o) {
-  model::GPTConfig cfg =
-      o.config_file.empty() ? model::gpt_config(o.model) : model::gpt_config_from_file(o.config_file);
+  const auto spec = model_of(o);
+  if (!spec->gpt()) throw bad(spec->name() + " is an image model; resolve_options resolves a token model's options");
+  model::GPTConfig cfg = *spec->gpt();
   // -1: the model's recommended shape; any other value is checked as given.
   if (o.batch == -1) o.batch = cfg.batch;
   if (o.seq == -1) o.seq = cfg.seq;
@@ -446,10 +455,7 @@ ImageDataset open_images(const TrainOptions& o, const model::ModelSpec& spec) {
 TrainResult train(TrainOptions o) {
   TrainResult res;
   res.start_rss_mb = current_rss_mb();
-  const std::shared_ptr<const model::ModelSpec> spec =
-      o.graph                  ? model::cnn_spec(model::cnn_config(o.graph))
-      : o.config_file.empty() ? model::model_spec(o.model)
-                               : model::model_spec_from_file(o.config_file);
+  const std::shared_ptr<const model::ModelSpec> spec = model_of(o);
   res.model = spec->name();
   std::optional<TokenDataset> tokens;
   std::optional<ImageDataset> images;

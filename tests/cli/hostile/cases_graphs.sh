@@ -30,12 +30,27 @@ expect 2 "layer 0 'a' \\(conv2d\\) has a 7x7 convolution over a 4x4 map \\(paddi
 graph g_dup.json '{"name": "a", "op": "flatten"}, {"name": "a", "op": "linear", "out_features": 10}'
 expect 2 "layer 1 'a' has the name of layer 0; names must be unique" -- "$MT" model show g_dup.json
 graph g_range.json '{"name": "f", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 99999999999}'
-expect 2 "layer 1 'fc' \\(linear\\): \"out_features\" is 99999999999, more than 65536" -- "$MT" model show g_range.json
+expect 2 "layer 1 'fc' \\(linear\\): \"out_features\" is 99999999999, more than 16777216" -- "$MT" model show g_range.json
 printf '[1, 2]\n' >"$WORK/g_array.json"
 expect 2 "model config file g_array.json is array, but a model file must be a JSON object: a layer graph" -- "$MT" model show g_array.json
 expect 2 "model config file missing.json does not exist" -- "$MT" model show missing.json
 expect 2 "unknown model 'vgg-huge'" -- "$MT" model show vgg-huge
-expect 2 "gpt-tiny is a transformer \\(a GPT config\\), not a layer graph" -- "$MT" model show gpt-tiny
+# Token models: the named transformers are graphs; a GPT config is not; a token graph that is no
+# pre-norm GPT is refused naming the layer.
+expect 0 "h.3.mlp.c_proj +linear" -- "$MT" model show gpt-tiny
+printf '{"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "block_size": 32}\n' >"$WORK/g_gptcfg.json"
+expect 2 "g_gptcfg.json is a GPT config \\(n_layer, n_embd, ...\\), not a layer graph" -- "$MT" model show g_gptcfg.json
+TOK='{"tokens": 16, "vocab": 256}'
+graph g_tokconv.json '{"name": "wte", "op": "embedding", "num_embeddings": 256, "embedding_dim": 32},
+  {"name": "c", "op": "conv2d", "out_channels": 8, "kernel_size": 3}' "$TOK"
+expect 2 "layer 1 'c' has the op 'conv2d', which image models take; a model of tokens takes embedding" -- \
+  "$MT" train --model g_tokconv.json --data fashion-mnist --steps 1 --quiet
+graph g_noblock.json '{"name": "wte", "op": "embedding", "num_embeddings": 256, "embedding_dim": 32},
+  {"name": "wpe", "op": "position_embedding", "num_embeddings": 16, "embedding_dim": 32, "from": "input"},
+  {"name": "e", "op": "add", "from": ["wte", "wpe"]}, {"name": "ln_f", "op": "layernorm"},
+  {"name": "head", "op": "linear", "out_features": 256}' "$TOK"
+expect 2 "layer 3 'ln_f' \\(layernorm\\) comes before any block; give at least one block h.0" -- \
+  "$MT" model show g_noblock.json
 # 100,000 layers: refused before any layer is built.
 python3 -c 'import json; print(json.dumps({"name": "big", "input": {"image": [1, 28, 28], "classes": 10},
   "layers": [{"name": "r%d" % i, "op": "relu"} for i in range(100000)]}))' >"$WORK/g_big.json"
