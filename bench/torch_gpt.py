@@ -30,12 +30,20 @@ import statistics
 import sys
 import time
 
-CONFIGS = {
-    # as meshtrain's src/meshtrain/model/config.cpp (max_seq = block_size: the position table)
-    "gpt-tiny": dict(layers=4, d=128, heads=4, vocab=256, batch=12, seq=64, max_seq=64),
-    "gpt-small": dict(layers=6, d=384, heads=6, vocab=256, batch=8, seq=256, max_seq=256),
-    "gpt2-124m": dict(layers=12, d=768, heads=12, vocab=50257, batch=4, seq=64, max_seq=1024),
-}
+def config_of_file(path):
+    """A named token model's shape from its file (models/*.json, the layer graph meshtrain reads):
+    blocks, width and heads from its layers, the position table from wpe, batch and length."""
+    g = json.load(open(path))
+    layers = {l["name"]: l for l in g["layers"]}
+    blocks = sum(1 for l in g["layers"] if l["op"] == "causal_self_attention")
+    return dict(layers=blocks, d=layers["wte"]["embedding_dim"], heads=layers["h.0.attn"]["heads"],
+                vocab=g["input"]["vocab"], batch=g.get("batch", 12), seq=g["input"]["tokens"],
+                max_seq=layers["wpe"]["num_embeddings"])
+
+
+MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models")
+CONFIGS = {name: config_of_file(os.path.join(MODELS_DIR, name + ".json"))
+           for name in ("gpt-tiny", "gpt-small", "gpt2-124m")}
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's python3-torch lives here, not in a pyenv python
 

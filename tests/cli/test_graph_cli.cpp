@@ -110,7 +110,8 @@ TEST_F(GraphCli, AnMlpMatchesOneRankAtEveryLayout) {
 // gradients and does not apply).
 TEST_F(GraphCli, ATransformerWithASkipAcrossTheCutMatchesOneRankAtEveryLayout) {
   expect_layouts_match("skip-transformer.json", {"--dp 2 --zero 1", "--dp 2 --zero 3", "--pp 2", "--tp 2",
-                                                 "--dp 2 --pp 2 --tp 2", "--tp 2 --sequence-parallel"},
+                                                 "--dp 2 --pp 2 --tp 2", "--tp 2 --sequence-parallel",
+                                                 "--pp 2 --pp-cuts h.3"},
                        6, 1e-5);
   expect_layouts_match("skip-transformer.json", {"--dp 2", "--pp 2"}, 30, 1e-5);
 }
@@ -167,6 +168,21 @@ TEST_F(GraphCli, ModelShowCountsParametersAndTheBytesTpSends) {
     EXPECT_NEAR(sent, predicted, 0.001 * predicted) << "model show says " << predicted << " bytes a step, the run sent " << sent;
   }
   EXPECT_EQ(lines, 2);
+}
+
+// --pp-cuts places the stages by layer name: at a layer that begins a unit, as --pp-balance
+// counts would; a layer inside a unit is refused naming it and where a stage can begin.
+TEST_F(GraphCli, PpCutsPlaceTheStagesByLayerName) {
+  expect_layouts_match("vgg-mini.json", {"--pp 2 --pp-cuts skip", "--pp 3 --pp-cuts features.2,flat"}, 6, 1e-5);
+  const std::string metrics = dir_->file("cuts.jsonl");
+  const auto r = run_cli("train --model " + std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/vgg-mini.json --data " +
+                         dir_->path().string() + " --steps 1 --pp 2 --pp-cuts sum --metrics " + metrics);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--pp-cuts: no stage of vgg-mini can begin at 'sum'; a stage begins at a layer that begins a "
+                          "pipeline unit: features.1, features.2, features.3, skip, flat"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::ifstream(metrics).good());
 }
 
 TEST_F(GraphCli, AMalformedGraphExits2NamingTheLayerAndWritesNothing) {

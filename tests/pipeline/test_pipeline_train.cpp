@@ -12,6 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/model/config.h"
+#include "meshtrain/model/graph.h"
+#include "meshtrain/model/spec.h"
+#include "meshtrain/plan/cost.h"
 #include "meshtrain/train/layout.h"
 #include "meshtrain/train/trainer.h"
 #include "parallel/layout_fixture.h"
@@ -230,6 +233,56 @@ TEST(PipelineLayouts, GptSmallAtPp2AndPp3) {
   three.pp = 3;
   EXPECT_EQ(train::stage_layers(three, meshtrain::model::gpt_config("gpt-small")),
             (std::vector<meshtrain::pipeline::LayerSpan>{{0, 2}, {2, 4}, {4, 6}}));
+}
+
+// One balancer: the stages train cuts (by FLOPs, its default) are the stages the planner
+// predicts with (plan::balance_stages), for every named model and every example graph, at pp 2 to
+// 4 and, where the units divide, interleaved with 2 chunks.
+TEST(PipelineLayouts, TrainCutsTheStagesThePlannerPredicts) {
+  std::vector<std::string> models = meshtrain::model::named_graph_names();
+  for (const auto& e : fs::directory_iterator(std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models"))
+    models.push_back(e.path().string());
+  int compared = 0;
+  for (const std::string& name : models) {
+    const auto spec = meshtrain::model::model_spec(name);
+    for (int pp = 2; pp <= 4; ++pp)
+      for (int chunks : {1, 2}) {
+        if (spec->num_units() < pp * chunks || (chunks > 1 && spec->num_units() % (pp * chunks) != 0)) continue;
+        train::TrainOptions o;
+        o.pp = pp, o.chunks = chunks, o.seq = spec->default_seq();
+        meshtrain::plan::Layout l;
+        l.pp = pp, l.chunks = chunks, l.seq = spec->default_seq();
+        const auto trained = spec->gpt() ? train::stage_layers(o, *spec->gpt()) : train::stage_units(o, *spec->cnn());
+        EXPECT_EQ(trained, meshtrain::plan::balance_stages(*spec, l)) << name << " pp " << pp << " chunks " << chunks;
+        ++compared;
+      }
+  }
+  EXPECT_GE(compared, 20);
+}
+
+// --pp-cuts by block name: counts of blocks per stage; a wrong count of names, a layer inside a
+// block and names out of order are refused with the flag's name.
+TEST(PipelineLayouts, PpCutsNameTheBlocksStagesBeginAt) {
+  const auto tiny = meshtrain::model::model_spec("gpt-tiny");
+  train::TrainOptions o;
+  o.pp = 2, o.pp_cuts = "h.3";
+  EXPECT_EQ(train::stage_counts_at(*tiny, o), "3,1");
+  o.pp = 3, o.pp_cuts = "h.1.ln_1,h.2";
+  EXPECT_EQ(train::stage_counts_at(*tiny, o), "1,1,2");
+  auto refusal = [&](int pp, const std::string& cuts) {
+    o.pp = pp, o.pp_cuts = cuts;
+    try {
+      train::stage_counts_at(*tiny, o);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(refusal(3, "h.2").find("names 1 layer(s), but 3 stages begin at 2 layers"), std::string::npos);
+  EXPECT_NE(refusal(2, "h.1.attn").find("no stage of gpt-tiny can begin at 'h.1.attn'; a stage begins at a block"),
+            std::string::npos);
+  EXPECT_NE(refusal(3, "h.2,h.1").find("'h.1' does not come after the stage before it"), std::string::npos);
+  EXPECT_NE(refusal(2, "h.0").find("can begin at 'h.0'"), std::string::npos);
 }
 
 // A long skip connection (block 0's output added to block 3's input, gpt-tiny's shapes): across

@@ -17,6 +17,7 @@
 #include "meshtrain/parallel/cnn_tp.h"
 #include "meshtrain/parallel/tensor_parallel.h"
 #include "meshtrain/pipeline/partition.h"
+#include "meshtrain/plan/cost.h"
 #include "meshtrain/train/layout.h"
 #include "meshtrain/train/trainer.h"
 
@@ -219,14 +220,16 @@ void show(const ShowOptions& o) {
     const auto at2 = spec->op_costs(whole, model::CostQuery{.rows = 2});
     for (size_t u = 0; u < at1.size(); ++u) saved.push_back(at2[u].saved_bytes - at1[u].saved_bytes);
   }
-  // Pipeline stages: the balancer train runs (by the units' FLOPs).
+  // Pipeline stages: the one balancer, which train and plan run (by the units' FLOPs).
   std::vector<int> stage_of(starts.size(), 0);
   if (o.pp > 1) {
     const int64_t units = static_cast<int64_t>(starts.size()) - 1;
     if (units < o.pp)
       throw UsageError(g.name + " has " + std::to_string(units) + " units to cut between pipeline stages, fewer than "
                        "the " + std::to_string(o.pp) + " asked for; lower --pp");
-    const auto spans = pipeline::balance_layers(model::cnn_unit_flops(*cfg), o.pp, 0.0, 0.0);
+    plan::Layout l;
+    l.pp = o.pp;
+    const auto spans = plan::balance_stages(*spec, l);
     for (size_t st = 0; st < spans.size(); ++st)
       for (int64_t u = spans[st].first; u < spans[st].end; ++u) stage_of[static_cast<size_t>(u)] = static_cast<int>(st);
   }

@@ -97,6 +97,7 @@ void add_train_command(CLI::App& app) {
   c->add_option("--schedule", opt->schedule, "Pipeline schedule with --pp > 1: naive, gpipe, 1f1b, interleaved, zb (ZB-H1: backward split into input and weight gradients)")->capture_default_str();
   c->add_option("--chunks", opt->chunks, "Model chunks per pipeline rank (--schedule interleaved: 2 or more)")->check(integer<int>(1))->capture_default_str();
   c->add_flag("--recompute", opt->recompute, "Keep each pipeline stage's input only and recompute its forward inside backward (less activation memory, one more forward)");
+  c->add_option("--pp-cuts", opt->pp_cuts, "The layers the pipeline stages after the first begin at, comma-separated: blocks of a transformer (h.2) or layers of a graph that begin a unit (model show lists them)");
   c->add_option("--pp-balance", opt->pp_balance, "Blocks per pipeline stage: counts such as 3,3,2,2, or `flops` (the default: balanced by the analytic FLOPs of the blocks and the head) or `profile` (balanced by their forward + backward time, measured at start)");
   c->add_option("--zero", opt->zero, "ZeRO stage 0..3")->check(integer<int>(0))->capture_default_str();
   CLI::Option* bucket_flag = c->add_option("--bucket-mb", *bucket_mb, "Data-parallel gradient bucket size in MiB (default 4)");
@@ -165,7 +166,7 @@ void add_train_command(CLI::App& app) {
     try {
       // A flag given an empty value would silently mean "not given": refuse it.
       for (const char* flag : {"--model", "--config", "--data", "--metrics", "--trace", "--checkpoint-dir",
-                               "--pp-balance", "--schedule", "--backend", "--data-order", "--optimizer",
+                               "--pp-balance", "--pp-cuts", "--schedule", "--backend", "--data-order", "--optimizer",
                                "--lr-schedule"})
         if (given(flag) && c->get_option(flag)->as<std::string>().empty())
           throw std::invalid_argument(std::string(flag) + " is empty; give it a value or leave the flag out");

@@ -161,10 +161,13 @@ GPTConfig gpt_config(const std::string& name) {
   return gpt_config(*g);
 }
 
-std::vector<std::string> gpt_config_names() {
-  std::vector<std::string> v;
+std::vector<std::string> gpt_config_names() {  // smallest first
+  std::vector<std::pair<int64_t, std::string>> by_size;
   for (const std::string& n : named_graph_names())
-    if (named_graph(n)->tokens()) v.push_back(n);
+    if (named_graph(n)->tokens()) by_size.push_back({gpt_config(*named_graph(n)).num_params(), n});
+  std::sort(by_size.begin(), by_size.end());
+  std::vector<std::string> v;
+  for (auto& [size, n] : by_size) v.push_back(n);
   return v;
 }
 

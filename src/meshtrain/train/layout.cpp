@@ -1,14 +1,17 @@
 #include "meshtrain/train/layout.h"
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <map>
 #include <stdexcept>
 
+#include "meshtrain/model/spec.h"
 #include "meshtrain/model/stage.h"
 #include "meshtrain/parallel/data_parallel.h"
 
 #include "meshtrain/pipeline/passes.h"
+#include "meshtrain/plan/cost.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain::train {
@@ -40,14 +43,6 @@ plan::Layout plan_layout(const TrainOptions& o, const std::vector<pipeline::Laye
   l.branch_balance = o.branch_balance;
   l.pad_vocab = o.pad_vocab;
   return l;
-}
-
-StageCosts flop_costs(const model::GPTConfig& cfg, int64_t T) {
-  const double C = static_cast<double>(cfg.n_embd), t = static_cast<double>(T);
-  StageCosts c;
-  c.blocks.assign(static_cast<size_t>(cfg.n_layer), 24 * C * C + 4 * t * C);
-  c.head = 2 * C * static_cast<double>(cfg.vocab_size);
-  return c;
 }
 
 StageCosts profile_costs(const model::GPTConfig& cfg, int64_t rows, int64_t T, int threads, uint64_t seed) {
@@ -96,6 +91,16 @@ StageCosts profile_costs(const model::GPTConfig& cfg, int64_t rows, int64_t T, i
   return c;
 }
 
+namespace {
+// The planner's balancer (plan::balance_stages) is the one that cuts: what `plan` predicts a
+// layout with is the split train runs.
+plan::Layout by_flops(const TrainOptions& o, int64_t seq) {
+  plan::Layout l;
+  l.pp = o.pp, l.chunks = o.pp == 1 ? 1 : o.chunks, l.seq = seq;
+  return l;
+}
+}  // namespace
+
 std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model::GPTConfig& cfg,
                                               const StageCosts* measured) {
   const int chunks = o.pp == 1 ? 1 : o.chunks;
@@ -110,8 +115,8 @@ std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model
                                   " equal stages; change --pp or --chunks");
     return pipeline::equal_layers(cfg.n_layer, stages);
   }
-  const StageCosts c = measured ? *measured : flop_costs(cfg, o.seq > 0 ? o.seq : cfg.seq);
-  return pipeline::balance_layers(c.blocks, stages, c.embedding, c.head);
+  if (measured) return pipeline::balance_layers(measured->blocks, stages, measured->embedding, measured->head);
+  return plan::balance_stages(*model::gpt_spec(cfg), by_flops(o, o.seq > 0 ? o.seq : cfg.seq));
 }
 
 std::vector<pipeline::LayerSpan> stage_units(const TrainOptions& o, const model::CNNConfig& cfg) {
@@ -129,7 +134,62 @@ std::vector<pipeline::LayerSpan> stage_units(const TrainOptions& o, const model:
                                   " units to divide into " + std::to_string(stages) + " equal stages; change --pp or --chunks");
     return pipeline::equal_layers(units, stages);
   }
-  return pipeline::balance_layers(model::cnn_unit_flops(cfg), stages, 0.0, 0.0);
+  return plan::balance_stages(*model::cnn_spec(cfg), by_flops(o, 1));
+}
+
+std::string stage_counts_at(const model::ModelSpec& spec, const TrainOptions& o) {
+  auto bad = [](const std::string& m) { throw std::invalid_argument("--pp-cuts: " + m); };
+  if (!o.pp_balance.empty()) bad("--pp-cuts and --pp-balance both place the stages; give one of them");
+  if (o.pp < 2) bad("it names the layers pipeline stages begin at; it needs --pp 2 or more");
+  const int64_t stages = int64_t{o.pp} * o.chunks, units = spec.num_units();
+  std::vector<std::string> names;
+  for (size_t at = 0;;) {
+    const size_t comma = o.pp_cuts.find(',', at);
+    names.push_back(o.pp_cuts.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  if (static_cast<int64_t>(names.size()) != stages - 1)
+    bad("it names " + std::to_string(names.size()) + " layer(s), but " + std::to_string(stages) +
+        " stages begin at " + std::to_string(stages - 1) + " layers after the first stage's: give " +
+        std::to_string(stages - 1) + " names, comma-separated");
+  // Where a stage may begin, by name: the unit it starts.
+  std::vector<std::pair<std::string, int64_t>> begins;
+  if (const model::GPTConfig* g = spec.gpt()) {
+    for (int64_t b = 1; b < g->n_layer; ++b) {
+      begins.push_back({"h." + std::to_string(b), b});
+      begins.push_back({"h." + std::to_string(b) + ".ln_1", b});
+    }
+  } else if (spec.cnn() && spec.cnn()->graph) {
+    const model::Graph& graph = *spec.cnn()->graph;
+    const std::vector<int> starts = model::unit_starts(graph);
+    for (size_t u = 1; u + 1 < starts.size(); ++u)
+      begins.push_back({graph.layers[static_cast<size_t>(starts[u])].name, static_cast<int64_t>(u)});
+  }
+  std::vector<int64_t> first{0};
+  for (const std::string& name : names) {
+    auto it = std::find_if(begins.begin(), begins.end(), [&](const auto& b) { return b.first == name; });
+    if (it == begins.end()) {
+      std::string some;
+      for (size_t k = 0; k < begins.size() && k < 12; ++k) {
+        if (k) some += ", ";
+        some += begins[k].first;
+      }
+      bad("no stage of " + spec.name() + " can begin at '" + name + "'; a stage begins at a " +
+          (spec.gpt() ? "block" : "layer that begins a pipeline unit") + ": " + some +
+          (begins.size() > 12 ? ", ..." : "") + " (model show lists the units)");
+    }
+    if (it->second <= first.back())
+      bad("'" + name + "' does not come after the stage before it; list the layers in the order they run");
+    first.push_back(it->second);
+  }
+  std::string counts;
+  first.push_back(units);
+  for (size_t s = 0; s + 1 < first.size(); ++s) {
+    if (s) counts += ',';
+    counts += std::to_string(first[s + 1] - first[s]);
+  }
+  return counts;
 }
 
 }  // namespace meshtrain::train

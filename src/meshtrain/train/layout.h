@@ -6,6 +6,7 @@
 
 #include "meshtrain/model/cnn.h"
 #include "meshtrain/model/config.h"
+#include "meshtrain/model/spec.h"
 #include "meshtrain/pipeline/partition.h"
 #include "meshtrain/pipeline/schedule.h"
 
@@ -24,9 +25,6 @@ struct StageCosts {
   double embedding = 0, head = 0;
 };
 
-// The analytic costs: per token, a block's GEMMs 24 C^2 and attention 4 T C, the head 2 C V
-// (the tied projection), the embedding a lookup (0).
-StageCosts flop_costs(const model::GPTConfig& cfg, int64_t T);
 // Measured costs (--pp-balance profile): forward + backward seconds of each block, of the
 // embedding and of the head, on one micro-batch of `rows` x T through the whole model on this
 // thread (one untimed pass, then per part the least of three timed ones).
@@ -34,11 +32,18 @@ StageCosts profile_costs(const model::GPTConfig& cfg, int64_t rows, int64_t T, i
 
 // Blocks per stage (stage s = chunk * pp + rank): --pp-balance counts when given; equal spans
 // for several chunks per rank; otherwise balanced to minimise the largest stage cost, by
-// `measured` when given (--pp-balance profile) and else by flop_costs.
+// `measured` when given (--pp-balance profile) and else by the planner's FLOPs
+// (plan::balance_stages, the one balancer `plan` predicts with).
 std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model::GPTConfig& cfg,
                                               const StageCosts* measured = nullptr);
 // The same for a CNN (model/cnn.h): its units per stage, by --pp-balance counts, or balanced by
 // the units' FLOPs (equal spans for interleaved schedules).
 std::vector<pipeline::LayerSpan> stage_units(const TrainOptions& o, const model::CNNConfig& cfg);
+
+// --pp-cuts: the layers the stages after the first begin at, as --pp-balance counts of units
+// ("2,3,1"). A transformer's stages begin at a block (h.<i> or h.<i>.ln_1); a graph's at a
+// layer that begins a unit (model/graph.h: unit_starts). Throws std::invalid_argument naming
+// the layer and where a stage can begin.
+std::string stage_counts_at(const model::ModelSpec& spec, const TrainOptions& o);
 
 }  // namespace meshtrain::train

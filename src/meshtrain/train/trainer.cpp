@@ -457,6 +457,7 @@ TrainResult train(TrainOptions o) {
   res.start_rss_mb = current_rss_mb();
   const std::shared_ptr<const model::ModelSpec> spec = model_of(o);
   res.model = spec->name();
+  if (!o.pp_cuts.empty()) o.pp_balance = stage_counts_at(*spec, o);  // by name, as counts
   std::optional<TokenDataset> tokens;
   std::optional<ImageDataset> images;
   if (spec->gpt()) {

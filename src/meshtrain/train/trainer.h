@@ -54,6 +54,7 @@ struct TrainOptions {
   std::string schedule = "1f1b";  // with --pp > 1: naive, gpipe, 1f1b, interleaved, zb (zb-h1)
   int chunks = 1;                  // model chunks per pp rank (interleaved: 2 or more)
   std::string pp_balance;          // blocks per stage: "3,3,2,2", "flops" (also empty) or "profile"
+  std::string pp_cuts;             // the layers stages 1, 2, ... begin at: "h.2" or "layer2.0.conv1,fc"
   bool recompute = false;          // keep each stage's input only; recompute its forward in backward
   int zero = 0;
   bool sequence_parallel = false;  // with --tp: layernorm/residual regions split along T

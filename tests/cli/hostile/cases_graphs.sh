@@ -43,7 +43,7 @@ expect 2 "g_gptcfg.json is a GPT config \\(n_layer, n_embd, ...\\), not a layer 
 TOK='{"tokens": 16, "vocab": 256}'
 graph g_tokconv.json '{"name": "wte", "op": "embedding", "num_embeddings": 256, "embedding_dim": 32},
   {"name": "c", "op": "conv2d", "out_channels": 8, "kernel_size": 3}' "$TOK"
-expect 2 "layer 1 'c' has the op 'conv2d', which image models take; a model of tokens takes embedding" -- \
+expect 2 "layer 1 'c' has the op 'conv2d', which image models take; a model of tokens takes linear, add, embedding" -- \
   "$MT" train --model g_tokconv.json --data fashion-mnist --steps 1 --quiet
 graph g_noblock.json '{"name": "wte", "op": "embedding", "num_embeddings": 256, "embedding_dim": 32},
   {"name": "wpe", "op": "position_embedding", "num_embeddings": 16, "embedding_dim": 32, "from": "input"},
