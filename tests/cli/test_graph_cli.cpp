@@ -40,8 +40,9 @@ class GraphCli : public ::testing::Test {
   // The per-step losses of `steps` steps of examples/models/<file> (or a named model) at `flags`.
   static std::vector<double> curve(const std::string& file, const std::string& flags, int steps) {
     const std::string metrics = dir_->file(file + std::to_string(++runs_) + ".jsonl");
-    const std::string model =
-        file.ends_with(".json") ? std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/" + file : file;
+    const std::string model = file.starts_with("/") || !file.ends_with(".json")
+                                  ? file
+                                  : std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/" + file;
     const std::string data = file == "skip-transformer.json" ? dir_->file("text.txt") : dir_->path().string();
     const auto r = run_cli("train --model " + model +
                                " --data " + data + " --steps " + std::to_string(steps) +
@@ -168,6 +169,25 @@ TEST_F(GraphCli, ModelShowCountsParametersAndTheBytesTpSends) {
     EXPECT_NEAR(sent, predicted, 0.001 * predicted) << "model show says " << predicted << " bytes a step, the run sent " << sent;
   }
   EXPECT_EQ(lines, 2);
+}
+
+// Dropout (examples/models/mlp-dropout.json: p 0.3 after both hidden layers) draws its masks by
+// (step, the sample's place in the global batch, element), so every layout draws the same ones
+// and keeps one rank's curve; and it drops something: at p 0 the same network's first loss
+// differs.
+TEST_F(GraphCli, DropoutDrawsTheSameMasksAtEveryLayout) {
+  expect_layouts_match("mlp-dropout.json", {"--dp 2 --zero 1", "--dp 2 --zero 3", "--pp 2", "--tp 2",
+                                            "--dp 2 --pp 2 --tp 2"},
+                       6, 1e-5);
+  expect_layouts_match("mlp-dropout.json", {"--dp 2", "--pp 2"}, 30, 1e-6, "--exact-sums 2");
+  std::ifstream in(std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/mlp-dropout.json");
+  nlohmann::json g = nlohmann::json::parse(in);
+  for (auto& l : g["layers"])
+    if (l["op"] == "dropout") l["p"] = 0;
+  const std::string none = dir_->file("mlp-no-dropout.json");
+  std::ofstream(none) << g.dump();
+  const double with = curve("mlp-dropout.json", "", 1).at(0), without = curve(none, "", 1).at(0);
+  EXPECT_GT(std::abs(with - without), 1e-4 * without) << with << " " << without;
 }
 
 // --pp-cuts places the stages by layer name: at a layer that begins a unit, as --pp-balance

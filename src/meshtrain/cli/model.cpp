@@ -51,6 +51,11 @@ std::string op_text(const model::GraphLayer& l) {
     if (l.stride != 1 && !(l.op == model::Op::maxpool2d && l.stride == l.kernel)) t += " s" + std::to_string(l.stride);
     if (l.padding) t += " p" + std::to_string(l.padding);
   }
+  if (l.op == model::Op::dropout) {
+    char p[32];
+    std::snprintf(p, sizeof p, " p=%g", l.p);
+    t += p;
+  }
   return t;
 }
 

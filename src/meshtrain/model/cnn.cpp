@@ -11,6 +11,7 @@
 #include "meshtrain/kernels/elementwise.h"
 #include "meshtrain/nn/activation.h"
 #include "meshtrain/nn/conv.h"
+#include "meshtrain/nn/dropout.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/pool.h"
 #include "meshtrain/nn/shape.h"
@@ -116,6 +117,7 @@ std::unique_ptr<nn::Layer> build_layer(const GraphFacts& f, size_t i, bool fold_
       return bn;
     }
     case Op::relu: return std::make_unique<nn::ReLU>();
+    case Op::dropout: return std::make_unique<nn::Dropout>(l.name, l.p, seed);
     case Op::maxpool2d:
       return L.max_pool(l.kernel, in, nn::Pool2dOptions{.stride = l.stride, .padding = l.padding});
     case Op::global_avgpool2d: return L.global_pool(in, f.block(l.from[0]));

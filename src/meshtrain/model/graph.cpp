@@ -52,6 +52,7 @@ const std::vector<OpInfo>& ops() {
       {Op::causal_self_attention, "causal_self_attention", {"heads", "bias"},
        "multi-head self-attention, each token over those before it", kTokens},
       {Op::gelu, "gelu", {"approximate"}, "the Gaussian error linear unit", kTokens},
+      {Op::dropout, "dropout", {"p"}, "elements zeroed with probability p in training"},
   };
   return v;
 }
@@ -239,6 +240,12 @@ Graph parse_graph(const nlohmann::json& j, const std::string& source) {
       case Op::layernorm:
         if (l.contains("eps")) L.eps = number(l["eps"], "eps", 0, 1, true, field_fail);
         break;
+      case Op::dropout:
+        if (l.contains("p")) {
+          L.p = number(l["p"], "p", 0, 1, false, field_fail);
+          if (L.p == 1) field_fail("\"p\" is 1, which drops everything; give a probability below 1");
+        }
+        break;
       case Op::gelu:
         if (l.contains("approximate")) {
           if (l["approximate"] != "none" && l["approximate"] != "tanh")
@@ -425,7 +432,8 @@ std::vector<Shape> infer_shapes(const Graph& g, const Shape& chw) {
       }
       case Op::maxpool2d: y = window("pooling window"), y[0] = x[0]; break;
       case Op::batchnorm2d: needs_map(), y = x; break;
-      case Op::relu: y = x; break;
+      case Op::relu:
+      case Op::dropout: y = x; break;
       case Op::global_avgpool2d: needs_map(), y = {x[0], 1, 1}; break;
       case Op::flatten:
         if (x.size() != 3) fail("flattens a feature map; its input '" + name_of(L.from[0]) + "' is " + shape_text(x) + " already");
@@ -556,7 +564,11 @@ ChannelSplits channel_splits(const Graph& g) {
 }
 
 bool graph_takes_blocked(const Graph& g) {
-  for (const GraphLayer& L : g.layers) {
+  const std::vector<Shape> shapes = infer_shapes(g, g.image);
+  for (size_t i = 0; i < g.layers.size(); ++i) {
+    const GraphLayer& L = g.layers[i];
+    // Dropout draws by an element's place in NCHW order; a blocked map's order differs.
+    if (L.op == Op::dropout && shapes[i].size() == 3) return false;
     if (L.op == Op::maxpool2d || L.op == Op::concat) return false;
     if (L.op == Op::flatten && (L.from[0] < 0 || g.layers[static_cast<size_t>(L.from[0])].op != Op::global_avgpool2d))
       return false;

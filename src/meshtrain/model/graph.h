@@ -42,7 +42,8 @@ namespace meshtrain::model {
 enum class Op {
   conv2d, batchnorm2d, relu, maxpool2d, global_avgpool2d, flatten, linear, add, concat,
   // Token models (a transformer): compiled by model/transformer_graph.cpp.
-  embedding, position_embedding, layernorm, causal_self_attention, gelu
+  embedding, position_embedding, layernorm, causal_self_attention, gelu,
+  dropout
 };
 
 const char* op_name(Op op);
@@ -63,6 +64,7 @@ struct GraphLayer {
   int64_t num_embeddings = 0, heads = 0;
   int tied = -1;
   bool tanh = false;
+  double p = 0.5;  // dropout: the probability an element is zeroed in training
 };
 
 struct Graph {
@@ -118,8 +120,8 @@ ChannelSplits channel_splits(const Graph& g);
 // Whether every layer after the input can keep oneDNN's blocked activation layout
 // (convolution, batch norm, ReLU, add, global average pooling, and a flatten or linear after
 // the global pool): the graph then keeps it where the layout gives one (no convolution
-// converts); otherwise (a max pool, a concat, a flatten of a feature map) every activation is
-// NCHW.
+// converts); otherwise (a max pool, a concat, a flatten of a feature map, dropout on a feature
+// map) every activation is NCHW.
 bool graph_takes_blocked(const Graph& g);
 
 }  // namespace meshtrain::model

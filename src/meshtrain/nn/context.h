@@ -55,6 +55,11 @@ class Context {
   // The optimizer step whose weights this pass reads (-1: unknown, e.g. evaluation): bf16 weight
   // copies made for it are reused (Param::bf16_value). Set by the executor for training passes.
   int64_t weights_epoch = -1;
+  // The training step this pass belongs to and the index of its micro-batch's first sample in
+  // the step's global batch (set by the trainer): dropout keys its masks by them (nn/dropout.h).
+  // step -1: no step (evaluation, or a caller that does not say): dropout passes x through.
+  int64_t step = -1;
+  int64_t first_sample = 0;
   Hooks* hooks = nullptr;  // not owned; null: no callbacks
 
   void grad_ready(Param* p) {

@@ -409,6 +409,16 @@ int64_t ring_all_reduce_sent(int64_t n, int p, int r) {
 void validate_cnn_spatial(const model::CNNConfig& cfg, int n) {
   if (n < 1) throw std::invalid_argument("--spatial must be at least 1");
   if (n == 1) return;
+  if (cfg.graph) {  // dropout draws by an element's place in the whole map (nn/dropout.h)
+    const model::Graph& g = *cfg.graph;
+    const std::vector<Shape> shapes = model::infer_shapes(g, {cfg.channels, cfg.height, cfg.width});
+    for (size_t i = 0; i < g.layers.size(); ++i)
+      if (g.layers[i].op == model::Op::dropout && shapes[i].size() == 3)
+        throw std::invalid_argument("--spatial " + std::to_string(n) + " cannot split " + cfg.name + "'s layer " +
+                                    std::to_string(i) + " '" + g.layers[i].name + "' (dropout) over bands of rows: "
+                                    "its mask is drawn by an element's place in the whole map; move the dropout "
+                                    "after the flatten, or use --tp or --dp");
+  }
   const PlanLayout plan = plan_of(cfg);
   // Every map's height: each window's input and output, and the classifier's input.
   std::string smallest;

@@ -77,26 +77,29 @@ void RankTrainer::fill_batch(int64_t step) {
   if (images()) {
     const ImageDataset& ds = *sh_.images;
     const int64_t per = ds.channels() * ds.height() * ds.width();
-    img_.resize(M * rows * per), tgt_.resize(M * rows);
+    img_.resize(M * rows * per), tgt_.resize(M * rows), first_rows_.resize(M);
     for (int64_t mb = 0; mb < M; ++mb) {
-      const int64_t r0 = mb * (B / M) + d * rows;
+      const int64_t r0 = first_rows_[mb] = mb * (B / M) + d * rows;
       ds.batch(Split::train, o_.data_order, o_.seed, step, B, r0, r0 + rows, img_.data() + mb * rows * per,
                tgt_.data() + mb * rows, o_.augment);
     }
     for (auto& r : runners_)
-      r->set_batches({.images = img_.data(), .sample_floats = per, .targets = tgt_.data(), .rows = rows, .T = 1},
+      r->set_batches({.images = img_.data(), .sample_floats = per, .targets = tgt_.data(), .rows = rows, .T = 1,
+                      .step = step, .first_sample = first_rows_.data()},
                      1.0f / static_cast<float>(M));
     return;
   }
-  tok_.resize(M * rows * T), tgt_.resize(M * rows * T);
+  tok_.resize(M * rows * T), tgt_.resize(M * rows * T), first_rows_.resize(M);
   const int64_t rank_row0 = d * (B / o_.dp);
   for (int64_t mb = 0; mb < M; ++mb) {
-    const int64_t r0 = rank_row0 + mb * rows;
+    const int64_t r0 = first_rows_[mb] = rank_row0 + mb * rows;
     sh_.tokens->batch(Split::train, o_.data_order, o_.seed, step, B, T, r0, r0 + rows, tok_.data() + mb * rows * T,
                       tgt_.data() + mb * rows * T);
   }
   for (auto& r : runners_)
-    r->set_batches({.tokens = tok_.data(), .targets = tgt_.data(), .rows = rows, .T = T}, 1.0f / static_cast<float>(M));
+    r->set_batches({.tokens = tok_.data(), .targets = tgt_.data(), .rows = rows, .T = T, .step = step,
+                    .first_sample = first_rows_.data()},
+                   1.0f / static_cast<float>(M));
 }
 
 }  // namespace meshtrain::train::detail

@@ -156,6 +156,7 @@ class RankTrainer {
   bool images() const { return sh_.images != nullptr; }
   std::vector<int32_t> tok_, tgt_;  // the step's token ids and targets (or labels)
   std::vector<float> img_;          // the step's images
+  std::vector<int64_t> first_rows_;  // each micro-batch's first sample in the step's global batch
   void save(int64_t step, const nlohmann::json* metrics_line = nullptr);
   RankPieces my_pieces();
   void report_save(int64_t step, double seconds, std::vector<RankSave> ranks);

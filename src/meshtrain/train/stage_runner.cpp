@@ -22,11 +22,14 @@ model::MicroBatch StageDriver::micro_batch(int mb) const {
 
 Tensor StageDriver::forward(nn::Context& ctx, int mb, const Tensor& input, nn::Portal& portal) {
   ctx.hooks = hooks_;
+  ctx.step = b_.step;
+  ctx.first_sample = b_.first_sample ? b_.first_sample[mb] : 0;
   model::StageResult result;
   Tensor out;
   if (recompute_ && ctx.training) {
     nn::Context light(ctx.threads, /*training=*/false, ctx.precision);  // saves nothing
     light.weights_epoch = ctx.weights_epoch;  // the same weights
+    light.step = ctx.step, light.first_sample = ctx.first_sample;  // the same dropout masks
     light.hooks = hooks_;
     out = stage_.forward(light, input, micro_batch(mb), &result, &portal);
     std::vector<Tensor> keep;  // the input, and the skip tensor this stage adds

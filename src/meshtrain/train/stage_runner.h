@@ -32,6 +32,10 @@ struct BatchArrays {
   const int32_t* targets = nullptr;
   int64_t rows = 0;
   int64_t T = 1;
+  // Training: the step, and per micro-batch the index of its first sample in the step's global
+  // batch (nn::Context::step, first_sample: dropout's masks). step -1: none (evaluation).
+  int64_t step = -1;
+  const int64_t* first_sample = nullptr;
 };
 
 class StageDriver : public pipeline::StageRunner {

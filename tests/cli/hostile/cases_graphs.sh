@@ -51,6 +51,13 @@ graph g_noblock.json '{"name": "wte", "op": "embedding", "num_embeddings": 256, 
   {"name": "head", "op": "linear", "out_features": 256}' "$TOK"
 expect 2 "layer 3 'ln_f' \\(layernorm\\) comes before any block; give at least one block h.0" -- \
   "$MT" model show g_noblock.json
+# Dropout: p of 1 drops everything; on a feature map it cannot be split into row bands.
+graph g_p1.json '{"name": "f", "op": "flatten"}, {"name": "d", "op": "dropout", "p": 1}, '"$FC"
+expect 2 "layer 1 'd' \\(dropout\\): \"p\" is 1, which drops everything" -- "$MT" model show g_p1.json
+graph g_dmap.json '{"name": "c", "op": "conv2d", "out_channels": 8, "kernel_size": 3, "padding": 1},
+  {"name": "d", "op": "dropout", "p": 0.2}, {"name": "f", "op": "flatten"}, '"$FC"
+expect 2 "--spatial 2 cannot split g's layer 1 'd' \\(dropout\\) over bands of rows" -- \
+  "$MT" train --model g_dmap.json --data fashion-mnist --steps 1 --quiet --spatial 2
 # 100,000 layers: refused before any layer is built.
 python3 -c 'import json; print(json.dumps({"name": "big", "input": {"image": [1, 28, 28], "classes": 10},
   "layers": [{"name": "r%d" % i, "op": "relu"} for i in range(100000)]}))' >"$WORK/g_big.json"
