@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "cnn_runs.h"
+#include "meshtrain/optim/optimizer.h"
 #include "meshtrain/parallel/cnn_spatial.h"
-#include "meshtrain/train/optimizer.h"
 #include "meshtrain/train/trainer.h"
 #include "temp_dir.h"
 

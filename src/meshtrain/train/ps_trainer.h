@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "meshtrain/data/data.h"
 #include "meshtrain/model/config.h"
 #include "meshtrain/parallel/param_server.h"
-#include "meshtrain/train/data.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain::train {

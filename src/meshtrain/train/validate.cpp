@@ -342,7 +342,7 @@ MemoryEstimate estimate_memory(const TrainOptions& o, const model::ModelSpec& sp
   }
   std::error_code ec;
   if (spec.input() == model::InputKind::images) {
-    e.data = 55e6;  // Fashion-MNIST's 70,000 images of 28 x 28, held as bytes (train/images.h)
+    e.data = 55e6;  // Fashion-MNIST's 70,000 images of 28 x 28, held as bytes (data/images.h)
   } else if (!o.data.empty() && fs::is_regular_file(o.data, ec)) {
     // The token file, held once per process as uint16 (a text file: one token per byte).
     const double size = static_cast<double>(fs::file_size(o.data, ec));

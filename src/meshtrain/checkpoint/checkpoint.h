@@ -81,9 +81,9 @@
 #include <utility>
 #include <vector>
 
+#include "meshtrain/checkpoint/safetensors.h"
 #include "meshtrain/nn/param.h"
 #include "meshtrain/tensor/tensor.h"
-#include "meshtrain/train/safetensors.h"
 
 namespace meshtrain::train {
 
