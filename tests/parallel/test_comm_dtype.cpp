@@ -15,10 +15,10 @@
 #include "meshtrain/data/data.h"
 #include "meshtrain/model/stage.h"
 #include "meshtrain/nn/context.h"
-#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/data/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
-#include "meshtrain/parallel/tensor_parallel.h"
-#include "meshtrain/parallel/tp_regions.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tp_regions.h"
 
 using namespace meshtrain;
 

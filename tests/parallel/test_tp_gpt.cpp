@@ -14,7 +14,7 @@
 #include "meshtrain/model/gpt.h"
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/parallel/mesh.h"
-#include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
 #include "tp_test_util.h"
 
 using namespace meshtrain;

@@ -1,4 +1,4 @@
-// Branch parallelism (--branch-parallel N, parallel/cnn_branch.h) through the trainer:
+// Branch parallelism (--branch-parallel N, parallel/branch/cnn_branch.h) through the trainer:
 // inception-small's Inception blocks with their branches on different ranks reproduce the
 // single-rank loss curve and gradient norm (alone, under dp, ZeRO and a pipeline whose first
 // stage is replicated over the branch ranks), the bytes rank 0 sends over the branch group are
@@ -19,7 +19,7 @@
 #include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/model/cnn.h"
 #include "meshtrain/optim/optimizer.h"
-#include "meshtrain/parallel/cnn_branch.h"
+#include "meshtrain/parallel/branch/cnn_branch.h"
 #include "meshtrain/train/trainer.h"
 #include "temp_dir.h"
 

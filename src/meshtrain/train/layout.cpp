@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "meshtrain/model/stage.h"
-#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/data/data_parallel.h"
 
 #include "meshtrain/pipeline/passes.h"
 #include "meshtrain/train/trainer.h"

@@ -25,7 +25,7 @@
 #include "meshtrain/model/spec.h"
 #include "meshtrain/model/stage.h"
 #include "meshtrain/optim/optimizer.h"
-#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/data/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/pipeline/executor.h"
 #include "meshtrain/trace/trace.h"

@@ -6,7 +6,7 @@
 //
 // Every rank runs the same loop (ranks are threads of this process, or MPI processes): it
 // builds its part of the model, draws its rows of the global batch, and lets the data-parallel
-// engine (parallel/data_parallel.h) synchronise gradients and shard optimizer state. Rank 0
+// engine (parallel/data/data_parallel.h) synchronise gradients and shard optimizer state. Rank 0
 // prints and writes metrics; every rank saves its pieces of each checkpoint (checkpoint/checkpoint.h:
 // named parts of the full logical tensors, so any layout resumes any other).
 // Limits: tensor and pipeline parallelism are validated here and run as their drivers land.

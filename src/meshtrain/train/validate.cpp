@@ -485,7 +485,7 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
   refuse(o.pad_vocab, "--pad-vocab pads a transformer's vocabulary; drop it");
   if (o.tp > 1 && o.intra == IntraSplit::spatial) {
     // Zero-bubble schedules defer the weight gradients past the unit's backward, where the
-    // spatial layout sums their band-partial parts (parallel/cnn_spatial.h).
+    // spatial layout sums their band-partial parts (parallel/spatial/cnn_spatial.h).
     refuse(o.pp > 1 && (o.schedule == "zb" || o.schedule == "zb-h1"),
            "--spatial sums each unit's partial weight gradients as its backward ends, which --schedule " + o.schedule +
                " defers; use --schedule 1f1b, gpipe or interleaved");
