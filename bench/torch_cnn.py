@@ -54,7 +54,7 @@ import torch_gpt  # noqa: E402  (stdlib-only at import time; torch is imported l
 
 MODELS = ("cnn-small", "resnet-small")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MEAN, STD = 0.2860, 0.3530  # train/images.h
+MEAN, STD = 0.2860, 0.3530  # data/images.h
 
 
 def parse_args(argv):
@@ -110,7 +110,7 @@ def read_idx(data_dir, name):
 
 
 def training_set(data_dir):
-    """(images (n, 1, 28, 28) float32 normalised as train/images.h, labels (n,) int64)."""
+    """(images (n, 1, 28, 28) float32 normalised as data/images.h, labels (n,) int64)."""
     import numpy as np
     px = read_idx(data_dir, "train-images-idx3-ubyte")
     labels = read_idx(data_dir, "train-labels-idx1-ubyte").astype(np.int64)

@@ -1,18 +1,18 @@
 // `meshtrain train --branch-parallel 2`: the header names each Inception block's assignment, and
 // `checkpoint convert --to-single` of the checkpoint it writes (each branch's tensors by the rank
 // owning the branch) yields every tensor of inception-small with the checkpoint's values; bad
-// --branch-balance exits 2 with a sentence. Images: tests/train/idx_files.h.
+// --branch-balance exits 2 with a sentence. Images: tests/data/idx_files.h.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <string>
 
 #include "cli_run.h"
+#include "data/idx_files.h"
+#include "meshtrain/checkpoint/checkpoint.h"
+#include "meshtrain/checkpoint/safetensors.h"
 #include "meshtrain/model/cnn.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/safetensors.h"
 #include "temp_dir.h"
-#include "train/idx_files.h"
 
 using meshtrain::testing::run_cli;
 namespace train = meshtrain::train;

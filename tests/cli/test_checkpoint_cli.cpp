@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "cli_run.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/safetensors.h"
+#include "meshtrain/checkpoint/checkpoint.h"
+#include "meshtrain/checkpoint/safetensors.h"
 #include "temp_dir.h"
 
 using meshtrain::testing::run_cli;

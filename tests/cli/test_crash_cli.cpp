@@ -31,7 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "temp_dir.h"
 #include "tmpfs_mount.h"
 

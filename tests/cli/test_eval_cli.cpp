@@ -1,6 +1,6 @@
 // `meshtrain eval`: a classifier checkpoint's test accuracy equals what training measured on the
 // same test images at the same step, and the confusion matrix counts every test image once, by
-// its true class. The images are a small synthetic IDX set (tests/train/idx_files.h).
+// its true class. The images are a small synthetic IDX set (tests/data/idx_files.h).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
+#include "data/idx_files.h"
 #include "temp_dir.h"
-#include "train/idx_files.h"
 
 using meshtrain::testing::run_cli;
 

@@ -4,7 +4,7 @@
 // 1e-5 relative over the first 6 steps on the default path, and within 1e-6 over 30 steps
 // with --exact-sums where it applies (dp, pp, branches). Every run takes two micro-batches of 8
 // (batch norm normalises over a micro-batch, so one rank's curve is that of the same
-// micro-batches). Images: tests/train/idx_files.h.
+// micro-batches). Images: tests/data/idx_files.h.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
+#include "data/idx_files.h"
 #include "temp_dir.h"
-#include "train/idx_files.h"
 
 using meshtrain::testing::run_cli;
 

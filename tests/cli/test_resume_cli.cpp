@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;

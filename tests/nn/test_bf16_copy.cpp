@@ -9,7 +9,7 @@
 #include "gradcheck.h"
 #include "meshtrain/kernels/bf16.h"
 #include "meshtrain/nn/linear.h"
-#include "meshtrain/train/optimizer.h"
+#include "meshtrain/optim/optimizer.h"
 
 using namespace meshtrain;
 using namespace meshtrain::testing;

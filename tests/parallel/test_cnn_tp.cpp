@@ -1,4 +1,4 @@
-// Convolutions split by filters and channels (parallel/cnn_tp.h), one micro-batch at a time: at
+// Convolutions split by filters and channels (parallel/tensor/cnn_tp.h), one micro-batch at a time: at
 // tp 2 and 4 each named CNN gives the single rank's loss and, gathered over the ranks, its
 // gradients; each rank holds its share of the split tensors; and the bytes the tp communicator
 // sent equal the analytic count of the layout's all-reduces and all-gathers.
@@ -12,8 +12,8 @@
 
 #include "meshtrain/comm/threads_backend.h"
 #include "meshtrain/model/cnn.h"
-#include "meshtrain/parallel/cnn_tp.h"
 #include "meshtrain/parallel/mesh.h"
+#include "meshtrain/parallel/tensor/cnn_tp.h"
 #include "tp_test_util.h"
 
 using namespace meshtrain;

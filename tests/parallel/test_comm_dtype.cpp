@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "meshtrain/comm/threads_backend.h"
+#include "meshtrain/data/data.h"
 #include "meshtrain/model/stage.h"
 #include "meshtrain/nn/context.h"
-#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/data/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
-#include "meshtrain/parallel/tensor_parallel.h"
-#include "meshtrain/parallel/tp_regions.h"
-#include "meshtrain/train/data.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tp_regions.h"
 
 using namespace meshtrain;
 

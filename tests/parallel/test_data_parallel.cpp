@@ -7,14 +7,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "layout_fixture.h"
 #include "meshtrain/comm/threads_backend.h"
 #include "meshtrain/model/stage.h"
-#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/data/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
-#include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
 #include "meshtrain/tensor/tensor.h"
 #include "meshtrain/train/trainer.h"
-#include "layout_fixture.h"
 #include "temp_dir.h"
 
 using namespace meshtrain;

@@ -1,4 +1,4 @@
-// Parameter server (parallel/param_server.h, train/ps_trainer.h): staleness 0 reproduces the
+// Parameter server (parallel/data/param_server.h, train/ps_trainer.h): staleness 0 reproduces the
 // single-rank loss curve like all-reduce data parallelism (DESIGN decision 1); a bound of 3
 // holds a fast worker exactly at 3 steps ahead of a stalled one, and with one worker slowed 2x
 // no read is ever more than 3 ahead;
@@ -17,11 +17,11 @@
 #include <numeric>
 #include <thread>
 
+#include "layout_fixture.h"
 #include "meshtrain/comm/threads_backend.h"
-#include "meshtrain/parallel/param_server.h"
+#include "meshtrain/parallel/data/param_server.h"
 #include "meshtrain/train/ps_trainer.h"
 #include "meshtrain/train/trainer.h"
-#include "layout_fixture.h"
 #include "temp_dir.h"
 
 using namespace meshtrain;

@@ -16,7 +16,7 @@
 #include "meshtrain/comm/threads_backend.h"
 #include "meshtrain/model/gpt.h"
 #include "meshtrain/parallel/mesh.h"
-#include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
 
 using namespace meshtrain;
 

@@ -10,11 +10,11 @@
 #include <span>
 
 #include "meshtrain/comm/threads_backend.h"
+#include "meshtrain/data/data.h"
 #include "meshtrain/model/gpt.h"
+#include "meshtrain/optim/optimizer.h"
 #include "meshtrain/parallel/mesh.h"
-#include "meshtrain/parallel/tensor_parallel.h"
-#include "meshtrain/train/data.h"
-#include "meshtrain/train/optimizer.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
 #include "tp_test_util.h"
 
 using namespace meshtrain;

@@ -13,9 +13,9 @@
 #include "meshtrain/model/config.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/parallel/mesh.h"
-#include "meshtrain/parallel/tensor_parallel.h"
-#include "meshtrain/parallel/tp_regions.h"
-#include "meshtrain/parallel/tp_vocab.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tp_regions.h"
+#include "meshtrain/parallel/tensor/tp_vocab.h"
 #include "tp_test_util.h"
 
 using namespace meshtrain;

@@ -10,7 +10,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/nn/param.h"
-#include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
 #include "meshtrain/tensor/rng.h"
 
 namespace tp_test {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "idx_files.h"
+#include "data/idx_files.h"
 #include "meshtrain/train/trainer.h"
 #include "temp_dir.h"
 

@@ -22,9 +22,9 @@
 #include <tuple>
 #include <vector>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/kernels/bf16.h"
 #include "meshtrain/train/trainer.h"
-#include "meshtrain/train/checkpoint.h"
 #include "parallel/layout_fixture.h"
 #include "temp_dir.h"
 

@@ -1,10 +1,10 @@
-// Branch parallelism (--branch-parallel N, parallel/cnn_branch.h) through the trainer:
+// Branch parallelism (--branch-parallel N, parallel/branch/cnn_branch.h) through the trainer:
 // inception-small's Inception blocks with their branches on different ranks reproduce the
 // single-rank loss curve and gradient norm (alone, under dp, ZeRO and a pipeline whose first
 // stage is replicated over the branch ranks), the bytes rank 0 sends over the branch group are
 // the analytic count exactly, checkpoints written by the branches' owners resume at other
 // layouts, and bad input is refused with a sentence.
-// The images: the synthetic bar set of tests/train/idx_files.h, as in test_cnn_training.cpp.
+// The images: the synthetic bar set of tests/data/idx_files.h, as in test_cnn_training.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "cnn_runs.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/model/cnn.h"
-#include "meshtrain/parallel/cnn_branch.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/optimizer.h"
+#include "meshtrain/optim/optimizer.h"
+#include "meshtrain/parallel/branch/cnn_branch.h"
 #include "meshtrain/train/trainer.h"
 #include "temp_dir.h"
 

@@ -1,4 +1,4 @@
-// The spatial split (--spatial N, parallel/cnn_spatial.h) through the trainer: row bands of
+// The spatial split (--spatial N, parallel/spatial/cnn_spatial.h) through the trainer: row bands of
 // every feature map reproduce the single-rank loss curve (cnn-small, resnet-small, inception-
 // small; with dp), the tp group sends exactly the analytic bytes per step, checkpoints saved
 // under the split resume under the filter split and at one rank, and bad band counts are refused
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "cnn_runs.h"
-#include "meshtrain/parallel/cnn_spatial.h"
-#include "meshtrain/train/optimizer.h"
+#include "meshtrain/optim/optimizer.h"
+#include "meshtrain/parallel/spatial/cnn_spatial.h"
 #include "meshtrain/train/trainer.h"
 #include "temp_dir.h"
 

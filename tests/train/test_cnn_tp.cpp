@@ -1,4 +1,4 @@
-// Convolutions split by filters and channels (--tp with an image model, parallel/cnn_tp.h)
+// Convolutions split by filters and channels (--tp with an image model, parallel/tensor/cnn_tp.h)
 // through the trainer: tp 2 and 4, dp 2 x tp 2 (with ZeRO-3 too) and pp 2 x tp 2 reproduce the
 // single-rank loss curve; the tp bytes of a step are the layout's analytic count; a checkpoint
 // saved at tp 2 resumes at one rank and at dp 2 x tp 4 on the uninterrupted curve, and one
@@ -13,7 +13,7 @@
 
 #include "cnn_runs.h"
 #include "meshtrain/model/cnn.h"
-#include "meshtrain/parallel/cnn_tp.h"
+#include "meshtrain/parallel/tensor/cnn_tp.h"
 #include "meshtrain/train/trainer.h"
 #include "temp_dir.h"
 

@@ -1,9 +1,9 @@
-// The CNNs through the trainer (model/cnn.h, train/images.h): every layout reproduces the
+// The CNNs through the trainer (model/cnn.h, data/images.h): every layout reproduces the
 // single-rank loss curve (synchronised batch norm, micro-batches cut alike at every layout),
 // checkpoints carry the batch-norm running statistics and resume at another layout on the
 // uninterrupted curve, --data-order sequential reads the file order at every layout, and an
 // image model refuses what it cannot take with a sentence.
-// The images are a small synthetic IDX data set (bar_images in tests/train/idx_files.h, so the
+// The images are a small synthetic IDX data set (bar_images in tests/data/idx_files.h, so the
 // test does not need the Fashion-MNIST package): each class a bar at its own row over noise.
 #include <gtest/gtest.h>
 
@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "cnn_runs.h"
-#include "idx_files.h"
-#include "meshtrain/train/idx.h"
-#include "meshtrain/train/images.h"
+#include "data/idx_files.h"
+#include "meshtrain/checkpoint/checkpoint.h"
+#include "meshtrain/data/idx.h"
+#include "meshtrain/data/images.h"
+#include "meshtrain/optim/optimizer.h"
 #include "meshtrain/trace/trace.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/optimizer.h"
 #include "meshtrain/train/swimlane.h"
 #include "meshtrain/train/trainer.h"
 #include "temp_dir.h"

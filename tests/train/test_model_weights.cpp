@@ -9,8 +9,8 @@
 #include <map>
 #include <string>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/model/gpt.h"
-#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/trainer.h"
 #include "temp_dir.h"
 

@@ -17,10 +17,10 @@
 #include <sstream>
 #include <string>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/nn/param.h"
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/optim/optimizer.h"
 #include "meshtrain/train/metrics.h"
-#include "meshtrain/train/optimizer.h"
 #include "meshtrain/train/trainer.h"
 #include "temp_dir.h"
 

@@ -1,4 +1,4 @@
-// Sharded checkpoints (train/checkpoint.h): every rank writes only what it holds, no rank's
+// Sharded checkpoints (checkpoint/checkpoint.h): every rank writes only what it holds, no rank's
 // tensor memory rises during a save, a resuming rank reads only what it needs, and version-1
 // (full-tensor) checkpoints still load. Resuming on the curve at other layouts is
 // test_layout_matrix.cpp's Resharding test.
@@ -12,8 +12,8 @@
 #include <set>
 #include <string>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/model/gpt.h"
-#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/trainer.h"
 #include "parallel/layout_fixture.h"
 #include "temp_dir.h"

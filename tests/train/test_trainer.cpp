@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/optimizer.h"
+#include "meshtrain/checkpoint/checkpoint.h"
+#include "meshtrain/optim/optimizer.h"
 #include "meshtrain/train/trainer.h"
 
 using namespace meshtrain;

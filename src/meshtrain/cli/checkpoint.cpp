@@ -12,12 +12,12 @@
 #include <memory>
 #include <string>
 
+#include "meshtrain/checkpoint/checkpoint.h"
+#include "meshtrain/checkpoint/safetensors.h"
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/cli/options.h"
 #include "meshtrain/model/spec.h"
-#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/outputs.h"
-#include "meshtrain/train/safetensors.h"
 
 namespace meshtrain::cli {
 

@@ -8,9 +8,9 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/model/config.h"
 #include "meshtrain/model/spec.h"
-#include "meshtrain/train/checkpoint.h"
 
 namespace meshtrain::cli {
 

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/cli/options.h"
+#include "meshtrain/data/images.h"
 #include "meshtrain/model/spec.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/images.h"
 #include "meshtrain/train/validate.h"
 
 namespace meshtrain::cli {

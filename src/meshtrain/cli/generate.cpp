@@ -9,11 +9,11 @@
 #include <new>
 #include <stdexcept>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/cli/options.h"
 #include "meshtrain/model/gpt.h"
 #include "meshtrain/tensor/rng.h"
-#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/validate.h"
 
 namespace meshtrain::cli {

@@ -12,10 +12,10 @@
 #include "meshtrain/model/cnn.h"
 #include "meshtrain/model/graph.h"
 #include "meshtrain/model/spec.h"
-#include "meshtrain/parallel/cnn_branch.h"
-#include "meshtrain/parallel/cnn_spatial.h"
-#include "meshtrain/parallel/cnn_tp.h"
-#include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/branch/cnn_branch.h"
+#include "meshtrain/parallel/spatial/cnn_spatial.h"
+#include "meshtrain/parallel/tensor/cnn_tp.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
 #include "meshtrain/pipeline/partition.h"
 #include "meshtrain/plan/cost.h"
 #include "meshtrain/train/layout.h"
@@ -60,7 +60,7 @@ std::string op_text(const model::GraphLayer& l) {
 }
 
 // What --tp N does to layer i, and the bytes per sample one rank sends for it (forward and
-// backward; parallel/cnn_tp.h's table): a convolution pair splits filters then channels, an
+// backward; parallel/tensor/cnn_tp.h's table): a convolution pair splits filters then channels, an
 // unpaired convolution splits filters and gathers its output; a linear pair splits columns then
 // rows; per-channel layers between a pair act on their rank's channels; everything else is
 // replicated.
@@ -100,7 +100,7 @@ std::vector<double> params_by_layer(const model::Graph& g, const model::ModelSpe
   return out;
 }
 
-// What --tp N does to a transformer's layer (Megatron's layout, parallel/tensor_parallel.h).
+// What --tp N does to a transformer's layer (Megatron's layout, parallel/tensor/tensor_parallel.h).
 std::string tp_token_split(const model::GraphLayer& l, int p) {
   const std::string n = std::to_string(p);
   switch (l.op) {

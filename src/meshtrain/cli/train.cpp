@@ -9,13 +9,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/cli/commands.h"
-#include "meshtrain/model/spec.h"
 #include "meshtrain/cli/options.h"
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/comm/world.h"
+#include "meshtrain/model/spec.h"
 #include "meshtrain/plan/machine.h"
-#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/stop.h"
 #include "meshtrain/train/trainer.h"

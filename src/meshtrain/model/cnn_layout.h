@@ -9,11 +9,11 @@
 //   single rank            (none)               everything
 //   filters / channels     --tp N               a convolution's output channels (filter split) or
 //                                               its input channels (channel split), paired as
-//                                               column and row are (parallel/cnn_tp.h)
+//                                               column and row are (parallel/tensor/cnn_tp.h)
 //   image regions          --spatial N          a band of every feature map's rows, with halos
-//                                               exchanged before each window (parallel/cnn_spatial.h)
+//                                               exchanged before each window (parallel/spatial/cnn_spatial.h)
 //   branches               --branch-parallel N  some of each Inception block's branches
-//                                               (parallel/cnn_branch.h)
+//                                               (parallel/branch/cnn_branch.h)
 //
 // Channel pairing. A model marks each convolution with how its input arrives and its output
 // leaves: `full` (every channel on every rank) or `split` (this rank's share of the channels,

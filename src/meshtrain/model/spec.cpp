@@ -38,7 +38,7 @@ class GPTSpec : public ModelSpec {
   GPTConfig cfg_;
 };
 
-// One rank's share of the layers of a GPT stage (model/stage.h, parallel/tp_layout.h): what
+// One rank's share of the layers of a GPT stage (model/stage.h, parallel/tensor/tp_layout.h): what
 // each layer saves is what its forward hands to Context::save (tests/model/test_cost.cpp
 // checks the sum against a stage's measured Context), FLOPs are 2mnk a product.
 std::vector<OpCost> GPTSpec::op_costs(const StageSpec& spec, const CostQuery& q) const {

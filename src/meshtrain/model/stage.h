@@ -4,7 +4,7 @@
 // pipeline cuts it into several, and the executor (pipeline/executor.h) runs them.
 //
 // How each piece is split over a layout is the job of a GPTLayout, the layer factory: the
-// plain one here builds single-rank layers; parallel/tp_layout.h builds column/row-parallel
+// plain one here builds single-rank layers; parallel/tensor/tp_layout.h builds column/row-parallel
 // blocks, the vocabulary-parallel embedding and head, and sequence parallelism. The stage never
 // branches on the layout.
 //

@@ -16,7 +16,7 @@ namespace meshtrain::nn {
 
 // How a parameter is laid out over the tensor-parallel axis: on every tp rank whole and equal
 // (replicated), cut along a dimension (split), or whole on one tp rank only, the others not
-// holding it at all (owned: an Inception branch under --branch-parallel, parallel/cnn_branch.h).
+// holding it at all (owned: an Inception branch under --branch-parallel, parallel/branch/cnn_branch.h).
 struct ShardSpec {
   enum class Kind { kReplicated, kSplit, kOwned };
   Kind kind = Kind::kReplicated;

@@ -6,10 +6,10 @@
 #include <stdexcept>
 
 #include "meshtrain/comm/select.h"
-#include "meshtrain/parallel/cnn_branch.h"
-#include "meshtrain/parallel/cnn_spatial.h"
-#include "meshtrain/parallel/cnn_tp.h"
-#include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/branch/cnn_branch.h"
+#include "meshtrain/parallel/spatial/cnn_spatial.h"
+#include "meshtrain/parallel/tensor/cnn_tp.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
 #include "meshtrain/pipeline/passes.h"
 #include "meshtrain/pipeline/schedule.h"
 

@@ -8,7 +8,7 @@
 
 #include "meshtrain/model/spec.h"
 #include "meshtrain/model/stage.h"
-#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/data/data_parallel.h"
 
 #include "meshtrain/pipeline/passes.h"
 #include "meshtrain/plan/cost.h"

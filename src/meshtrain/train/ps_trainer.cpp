@@ -1,6 +1,6 @@
 // Parameter-server training: the worker loop (pull, forward/backward on this worker's rows,
 // push) and the server loop (the optimizer over the shard as the rounds close). See ps_trainer.h and
-// parallel/param_server.h.
+// parallel/data/param_server.h.
 #include "meshtrain/train/ps_trainer.h"
 
 #include <array>
@@ -16,7 +16,7 @@
 #include "meshtrain/comm/world.h"
 #include "meshtrain/kernels/adamw.h"
 #include "meshtrain/model/gpt.h"
-#include "meshtrain/parallel/param_server.h"
+#include "meshtrain/parallel/data/param_server.h"
 #include "meshtrain/train/metrics.h"
 
 namespace meshtrain::train {

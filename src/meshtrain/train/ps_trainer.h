@@ -2,7 +2,7 @@
 // 0..dp-1 are workers (each a full model replica computing gradients on its rows of the global
 // batch), ranks dp..dp+S-1 are servers (each owning a contiguous shard of the flattened
 // parameters and its optimizer state). The protocol, the rounds and the staleness rule live in
-// parallel/param_server.h; docs/param_server.md explains the modes.
+// parallel/data/param_server.h; docs/param_server.md explains the modes.
 //
 // The run spends a sample budget of `steps` global batches (steps * dp pushes of B/dp rows);
 // a faster worker may take more of it than a slower one when the staleness bound allows.
@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "meshtrain/data/data.h"
 #include "meshtrain/model/config.h"
-#include "meshtrain/parallel/param_server.h"
-#include "meshtrain/train/data.h"
+#include "meshtrain/parallel/data/param_server.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain::train {

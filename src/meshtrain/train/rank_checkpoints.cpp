@@ -1,4 +1,4 @@
-// Checkpoints of the rank loop: every rank saves the pieces it holds (train/checkpoint.h) and
+// Checkpoints of the rank loop: every rank saves the pieces it holds (checkpoint/checkpoint.h) and
 // restores what it needs from the pieces that overlap it; choosing what --resume continues.
 #include <algorithm>
 #include <array>
@@ -318,7 +318,7 @@ static void check_same_optimizer(const SavedOptimizer& saved, const OptimizerCon
   }
 }
 
-// --resume: chooses and loads the checkpoint (train/checkpoint.h: the newest valid step folder),
+// --resume: chooses and loads the checkpoint (checkpoint/checkpoint.h: the newest valid step folder),
 // checks it belongs to this run, and trims the metrics file to its step. Without --resume, a
 // run that will save refuses a directory holding step folders. `lead` prints the notes.
 std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const model::ModelSpec& spec, bool lead) {

@@ -8,10 +8,10 @@
 #include <span>
 
 #include "meshtrain/io/file.h"
-#include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
+#include "meshtrain/pipeline/svg.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/rank_trainer.h"
-#include "meshtrain/pipeline/svg.h"
 #include "meshtrain/train/swimlane.h"
 #include "meshtrain/train/validate.h"
 

@@ -19,18 +19,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/data/images.h"
+#include "meshtrain/model/spec.h"
 #include "meshtrain/model/stage.h"
-#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/optim/optimizer.h"
+#include "meshtrain/parallel/data/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/pipeline/executor.h"
 #include "meshtrain/trace/trace.h"
-#include "meshtrain/model/spec.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/images.h"
 #include "meshtrain/train/layout.h"
 #include "meshtrain/train/metrics.h"
-#include "meshtrain/train/optimizer.h"
 #include "meshtrain/train/stage_runner.h"
 #include "meshtrain/train/trainer.h"
 

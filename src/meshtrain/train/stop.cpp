@@ -7,20 +7,19 @@
 #include <csignal>
 #include <thread>
 
+#include "meshtrain/checkpoint/stop_deferred.h"
+
 namespace meshtrain::train {
 
 namespace {
 
 std::atomic<int> g_signal{0};
 std::atomic<bool> g_installed{false};
-std::atomic<int> g_deferred{0};   // StopDeferred scopes open
-std::atomic<int> g_exit_code{0};  // a second signal's exit code, waiting for them to close
 static_assert(std::atomic<int>::is_always_lock_free, "the handler may only touch lock-free atomics");
 
 // The first signal asks for the stop, a second one ends the process at once, or when the last
-// StopDeferred scope closes. Async-signal-safe (it also runs as a handler, below). The exit
-// code is published before the scopes are counted, and a scope's end counts before it reads
-// the code (both sequentially consistent), so one of the two sees the other and exits.
+// StopDeferred scope closes (checkpoint/stop_deferred.h). Async-signal-safe (it also runs as a
+// handler, below).
 extern "C" void on_stop_signal(int sig) {
   int none = 0;
   if (g_signal.compare_exchange_strong(none, sig)) {
@@ -31,8 +30,7 @@ extern "C" void on_stop_signal(int sig) {
     (void)ignored;
     return;
   }
-  g_exit_code.store(128 + sig);
-  if (g_deferred.load() == 0) ::_exit(128 + sig);
+  exit_when_undeferred(128 + sig);
 }
 
 }  // namespace
@@ -68,13 +66,6 @@ void install_stop_handlers(bool with_sigterm) {
 bool stop_handlers_installed() { return g_installed.load(); }
 
 int stop_signal() { return g_signal.load(); }
-
-StopDeferred::StopDeferred() { g_deferred.fetch_add(1); }
-
-StopDeferred::~StopDeferred() {
-  if (g_deferred.fetch_sub(1) == 1)
-    if (const int code = g_exit_code.load()) ::_exit(code);
-}
 
 const char* signal_name(int sig) {
   switch (sig) {

@@ -8,9 +8,10 @@
 // signal ends the process at once with 128 + the signal (130 for SIGINT, 143 for SIGTERM, 138
 // for SIGUSR1): a checkpoint being written is then left unfinished in its temporary folder, and
 // `latest` keeps naming the last complete one (checkpoints are committed by a rename,
-// train/checkpoint.h). A commit's last moves (the step folder installed, `latest` rewritten
-// through `latest.tmp`) run inside a StopDeferred scope: a second signal that comes then ends
-// the process as soon as the scope closes, so it never leaves `latest.tmp` behind or an
+// checkpoint/checkpoint.h). A commit's last moves (the step folder installed, `latest` rewritten
+// through `latest.tmp`) run inside a StopDeferred scope (checkpoint/stop_deferred.h, below
+// train/ so that the checkpoint library need not link the trainer): a second signal that comes
+// then ends the process as soon as the scope closes, so it never leaves `latest.tmp` behind or an
 // installed step folder that `latest` does not name. The signals are received by a thread of their own, never by a thread
 // that computes. Under MPI, SIGTERM is left to the MPI backend (the launcher's kill of a job
 // whose peer died, reported with what the rank was waiting for): stop an MPI job with SIGUSR1
@@ -27,15 +28,5 @@ bool stop_handlers_installed();
 int stop_signal();
 // "SIGINT", "SIGTERM", "SIGUSR1" or "a signal".
 const char* signal_name(int sig);
-
-// While one lives (on any thread), a second signal's exit waits for its end; nests. Keep the
-// scope short: a few renames and fsyncs.
-class StopDeferred {
- public:
-  StopDeferred();
-  ~StopDeferred();
-  StopDeferred(const StopDeferred&) = delete;
-  StopDeferred& operator=(const StopDeferred&) = delete;
-};
 
 }  // namespace meshtrain::train

@@ -17,26 +17,26 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/comm/world.h"
 #include "meshtrain/kernels/adamw.h"
 #include "meshtrain/model/gpt.h"
-#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/branch/cnn_branch.h"
+#include "meshtrain/parallel/data/data_parallel.h"
 #include "meshtrain/parallel/mesh.h"
-#include "meshtrain/parallel/tensor_parallel.h"
-#include "meshtrain/parallel/cnn_branch.h"
-#include "meshtrain/parallel/cnn_spatial.h"
-#include "meshtrain/parallel/cnn_tp.h"
-#include "meshtrain/parallel/tp_regions.h"
-#include "meshtrain/parallel/tp_layout.h"
+#include "meshtrain/parallel/spatial/cnn_spatial.h"
+#include "meshtrain/parallel/tensor/cnn_tp.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tp_layout.h"
+#include "meshtrain/parallel/tensor/tp_regions.h"
 #include "meshtrain/pipeline/executor.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/metrics.h"
 #include "meshtrain/trace/trace.h"
-#include "meshtrain/train/ps_trainer.h"
 #include "meshtrain/train/layout.h"
+#include "meshtrain/train/metrics.h"
+#include "meshtrain/train/ps_trainer.h"
+#include "meshtrain/train/rank_trainer.h"
 #include "meshtrain/train/stage_runner.h"
 #include "meshtrain/train/validate.h"
-#include "meshtrain/train/rank_trainer.h"
 
 namespace meshtrain::train {
 

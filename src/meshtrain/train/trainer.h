@@ -6,8 +6,8 @@
 //
 // Every rank runs the same loop (ranks are threads of this process, or MPI processes): it
 // builds its part of the model, draws its rows of the global batch, and lets the data-parallel
-// engine (parallel/data_parallel.h) synchronise gradients and shard optimizer state. Rank 0
-// prints and writes metrics; every rank saves its pieces of each checkpoint (train/checkpoint.h:
+// engine (parallel/data/data_parallel.h) synchronise gradients and shard optimizer state. Rank 0
+// prints and writes metrics; every rank saves its pieces of each checkpoint (checkpoint/checkpoint.h:
 // named parts of the full logical tensors, so any layout resumes any other).
 // Limits: tensor and pipeline parallelism are validated here and run as their drivers land.
 #pragma once
@@ -21,12 +21,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/data/data.h"
 #include "meshtrain/kernels/bf16.h"
 #include "meshtrain/model/config.h"
 #include "meshtrain/model/graph.h"
+#include "meshtrain/optim/optimizer.h"
 #include "meshtrain/plan/cost.h"
-#include "meshtrain/train/data.h"
-#include "meshtrain/train/optimizer.h"
 
 namespace meshtrain::train {
 
@@ -95,7 +95,7 @@ struct TrainOptions {
   bool save_initial = false;
   bool overwrite = false;  // outputs may replace files meshtrain did not write (train/outputs.h)
   // image models
-  bool augment = false;           // random crop and flip of the training images (train/images.h)
+  bool augment = false;           // random crop and flip of the training images (data/images.h)
   bool batch_norm_local = false;  // batch-norm statistics per rank (default: over the dp group)
   // The planner's hardware (plan/cost.h): with it, the run prints its predicted step time and
   // peak tensor memory per rank at the start, writes them in every metrics line, and at the
@@ -221,7 +221,7 @@ model::GPTConfig resolve_options(TrainOptions& opt);
 // A step that saves records its metrics line (without the save's timings) in the checkpoint's
 // state before `latest` names it; the line goes to the metrics file after the save, with a
 // "checkpoint" object of the save's timings.
-// --resume continues from the newest valid step folder (train/checkpoint.h) and leaves the
+// --resume continues from the newest valid step folder (checkpoint/checkpoint.h) and leaves the
 // metrics file with exactly one line for each step up to that one (train/metrics.h: later and
 // cut lines dropped, duplicates collapsed, a missing line written back from the checkpoint that
 // recorded it), printing a note to stderr for anything it chose, skipped, repaired or could not

@@ -342,7 +342,7 @@ MemoryEstimate estimate_memory(const TrainOptions& o, const model::ModelSpec& sp
   }
   std::error_code ec;
   if (spec.input() == model::InputKind::images) {
-    e.data = 55e6;  // Fashion-MNIST's 70,000 images of 28 x 28, held as bytes (train/images.h)
+    e.data = 55e6;  // Fashion-MNIST's 70,000 images of 28 x 28, held as bytes (data/images.h)
   } else if (!o.data.empty() && fs::is_regular_file(o.data, ec)) {
     // The token file, held once per process as uint16 (a text file: one token per byte).
     const double size = static_cast<double>(fs::file_size(o.data, ec));
@@ -485,7 +485,7 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
   refuse(o.pad_vocab, "--pad-vocab pads a transformer's vocabulary; drop it");
   if (o.tp > 1 && o.intra == IntraSplit::spatial) {
     // Zero-bubble schedules defer the weight gradients past the unit's backward, where the
-    // spatial layout sums their band-partial parts (parallel/cnn_spatial.h).
+    // spatial layout sums their band-partial parts (parallel/spatial/cnn_spatial.h).
     refuse(o.pp > 1 && (o.schedule == "zb" || o.schedule == "zb-h1"),
            "--spatial sums each unit's partial weight gradients as its backward ends, which --schedule " + o.schedule +
                " defers; use --schedule 1f1b, gpipe or interleaved");

@@ -22,9 +22,9 @@
 #include <cstdint>
 #include <string>
 
+#include "meshtrain/data/data.h"
 #include "meshtrain/model/config.h"
 #include "meshtrain/model/spec.h"
-#include "meshtrain/train/data.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain::train {

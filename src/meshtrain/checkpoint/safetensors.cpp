@@ -1,6 +1,6 @@
 // Safetensors reading and writing, plus the durable-file helpers (atomic write, fsync, CRC32).
 // Format and guarantees are in safetensors.h.
-#include "meshtrain/train/safetensors.h"
+#include "meshtrain/checkpoint/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

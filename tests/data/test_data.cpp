@@ -1,4 +1,4 @@
-// Tests for train/data: the three file layouts, the split, sequential batches against the file
+// Tests for data/data: the three file layouts, the split, sequential batches against the file
 // bytes (computed here independently, llm.c's loop), random batches (reproducible, independent
 // of row slicing and of B, inside the split), and the error messages.
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/data/data.h"
 #include "meshtrain/tensor/rng.h"
-#include "meshtrain/train/data.h"
 
 using namespace meshtrain;
 using namespace meshtrain::train;

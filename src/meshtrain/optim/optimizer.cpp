@@ -1,4 +1,4 @@
-#include "meshtrain/train/optimizer.h"
+#include "meshtrain/optim/optimizer.h"
 
 #include <cmath>
 #include <sstream>

@@ -1,6 +1,6 @@
 // Tensor-parallel layers, the block, the builder, and the checkpoint / clipping helpers
 // (tensor_parallel.h).
-#include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,8 +12,8 @@
 
 #include "meshtrain/kernels/gemm.h"
 #include "meshtrain/kernels/linear.h"
-#include "meshtrain/parallel/tp_layout.h"
-#include "meshtrain/parallel/tp_regions.h"
+#include "meshtrain/parallel/tensor/tp_layout.h"
+#include "meshtrain/parallel/tensor/tp_regions.h"
 
 namespace meshtrain::parallel {
 

@@ -1,4 +1,4 @@
-// Tests for train/images: opening a directory of four IDX files (plain and gzip), every refusal
+// Tests for data/images: opening a directory of four IDX files (plain and gzip), every refusal
 // of a directory, the epoch permutation and the sequential (file) order, training batches as pure functions of (seed, step)
 // whatever the row slicing, augmentation (deterministic, a real crop and flip, checked against
 // an independent padded crop), evaluation batches with the padded last batch, and, when Debian's
@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "idx_files.h"
+#include "meshtrain/data/idx.h"
+#include "meshtrain/data/images.h"
 #include "meshtrain/tensor/rng.h"
-#include "meshtrain/train/idx.h"
-#include "meshtrain/train/images.h"
 #include "temp_dir.h"
 
 using namespace meshtrain;

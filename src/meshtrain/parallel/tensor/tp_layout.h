@@ -16,7 +16,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/model/stage.h"
-#include "meshtrain/parallel/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
 
 namespace meshtrain::parallel {
 

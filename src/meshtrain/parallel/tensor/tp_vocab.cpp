@@ -1,6 +1,6 @@
 // Vocabulary-parallel embedding and cross-entropy (tp_vocab.h). Rows are independent, so the
 // cross-entropy loops split rows over the rank's thread budget.
-#include "meshtrain/parallel/tp_vocab.h"
+#include "meshtrain/parallel/tensor/tp_vocab.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 
 #include "meshtrain/kernels/embedding.h"
 #include "meshtrain/kernels/gemm.h"
-#include "meshtrain/parallel/tp_regions.h"
+#include "meshtrain/parallel/tensor/tp_regions.h"
 
 namespace meshtrain::parallel {
 

@@ -9,7 +9,7 @@
 //   full -> full   (filters,    split along OC          all-gather y along      all-reduce dx; dy's
 //                   gathered)                           channels                own channels kept
 //
-//   linear layers (a pair, parallel/tensor_parallel.h):
+//   linear layers (a pair, parallel/tensor/tensor_parallel.h):
 //   full -> split  (columns)    split along out         none                    all-reduce dx
 //   split -> full  (rows)       split along in          all-reduce y (partial)  none
 //   full -> full                replicated              none                    none
@@ -24,7 +24,7 @@
 // (tp rank 0), as for the transformer's replicated parameters.
 //
 // Bytes per micro-batch of n samples, with A the activation's floats per sample, over p ranks
-// (ring collectives, parallel/tp_regions.h): an all-reduce sends 2 (p-1)/p n A floats per rank,
+// (ring collectives, parallel/tensor/tp_regions.h): an all-reduce sends 2 (p-1)/p n A floats per rank,
 // an all-gather (p-1)/p n A. The first convolution of a model (input_grad false) skips its dx.
 // A bias is replicated and added once, after the reduction (split -> full) or on each rank's own
 // channels (filter splits, where it is split with them).

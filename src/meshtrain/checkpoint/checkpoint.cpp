@@ -1,7 +1,7 @@
 // Checkpoint directories: the sharded save (tmp folder, every rank's files, index, atomic swap,
 // `latest`), the index and its pieces, verification, resume. Layout and guarantees are in
 // checkpoint.h; reading pieces is in piece_reader.cpp.
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <zlib.h>
@@ -16,8 +16,8 @@
 #include <map>
 #include <sstream>
 
+#include "meshtrain/checkpoint/stop_deferred.h"
 #include "meshtrain/io/json.h"
-#include "meshtrain/train/stop.h"
 
 namespace meshtrain::train {
 
@@ -479,8 +479,9 @@ std::string commit_save(const std::string& dir, int64_t step, const nlohmann::js
     write_file_atomic((fs::path(tmp) / kIndexFile).string(), index_text(j));
     fsync_directory(tmp);
     {
-      // A second stop signal (train/stop.h) waits for these: without that it could end the
-      // process with `latest.tmp` left and `latest` not naming the folder just installed.
+      // A second stop signal (train/stop.h, stop_deferred.h) waits for these: without that it
+      // could end the process with `latest.tmp` left and `latest` not naming the folder just
+      // installed.
       const StopDeferred deferred;
       install_folder(tmp, final_path);
       fsync_directory(dir);

@@ -1,4 +1,4 @@
-#include "meshtrain/parallel/cnn_branch.h"
+#include "meshtrain/parallel/branch/cnn_branch.h"
 
 #include <map>
 
@@ -9,7 +9,7 @@
 #include <stdexcept>
 
 #include "meshtrain/nn/conv.h"
-#include "meshtrain/parallel/tp_regions.h"
+#include "meshtrain/parallel/tensor/tp_regions.h"
 
 namespace meshtrain::parallel {
 

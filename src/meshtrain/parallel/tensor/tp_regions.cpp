@@ -1,5 +1,5 @@
 // Tensor-parallel region operations: each forward next to its backward mirror (tp_regions.h).
-#include "meshtrain/parallel/tp_regions.h"
+#include "meshtrain/parallel/tensor/tp_regions.h"
 
 #include "meshtrain/parallel/bf16_wire.h"
 

@@ -1,6 +1,6 @@
 // IDX files, plain or gzip-compressed: the format and the refusals are specified in idx.h;
 // this file only implements them.
-#include "meshtrain/train/idx.h"
+#include "meshtrain/data/idx.h"
 
 #include <zlib.h>
 
@@ -12,7 +12,7 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "meshtrain/train/data.h"
+#include "meshtrain/data/data.h"
 
 namespace meshtrain::train {
 

@@ -1,4 +1,4 @@
-#include "meshtrain/parallel/tp_layout.h"
+#include "meshtrain/parallel/tensor/tp_layout.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "meshtrain/kernels/gemm.h"
-#include "meshtrain/parallel/tp_regions.h"
-#include "meshtrain/parallel/tp_vocab.h"
+#include "meshtrain/parallel/tensor/tp_regions.h"
+#include "meshtrain/parallel/tensor/tp_vocab.h"
 
 namespace meshtrain::parallel {
 

@@ -6,7 +6,7 @@
 // server 0 to worker 0, the rounds closed since the last answer (8 doubles each, tag
 // kTagRounds). Messages between one pair and one tag match in posting order, so a header is
 // always followed by its own payload.
-#include "meshtrain/parallel/param_server.h"
+#include "meshtrain/parallel/data/param_server.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-// Tests for train/idx: IDX image and label files read plain and gzip-compressed (recognised by
+// Tests for data/idx: IDX image and label files read plain and gzip-compressed (recognised by
 // their bytes, not their names), and every refusal: a DataError whose sentence names the file
 // and the problem.
 #include <gtest/gtest.h>
@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "idx_files.h"
-#include "meshtrain/train/data.h"
-#include "meshtrain/train/idx.h"
+#include "meshtrain/data/data.h"
+#include "meshtrain/data/idx.h"
 #include "temp_dir.h"
 
 using namespace meshtrain;

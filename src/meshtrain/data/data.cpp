@@ -1,6 +1,6 @@
 // Token datasets: file loading (text, nanoGPT .bin, llm.c .bin), the split and the batch order.
 // The layouts and the order are specified in data.h; this file only implements them.
-#include "meshtrain/train/data.h"
+#include "meshtrain/data/data.h"
 
 #include <algorithm>
 #include <bit>

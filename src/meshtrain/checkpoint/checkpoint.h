@@ -39,7 +39,7 @@
 // Version 1 (full logical tensors in model.safetensors and optimizer.safetensors, no "tensors")
 // still loads: each of its tensors is one whole piece.
 //
-// Saving (rank_checkpoints.cpp runs the steps with the world's collectives between them):
+// Saving (train/rank_checkpoints.cpp runs the steps with the world's collectives between them):
 // rank 0 empties step_XXXXXXXX.tmp/ (begin_save); every rank writes its two files into it
 // (write_rank_pieces: each file written to a .tmp name, fsynced, renamed, the folder fsynced);
 // after a barrier rank 0 reads the files' headers, writes index.json with the size and CRC32
@@ -81,9 +81,9 @@
 #include <utility>
 #include <vector>
 
+#include "meshtrain/checkpoint/safetensors.h"
 #include "meshtrain/nn/param.h"
 #include "meshtrain/tensor/tensor.h"
-#include "meshtrain/train/safetensors.h"
 
 namespace meshtrain::train {
 

@@ -1,13 +1,13 @@
 // Image data sets: opening the four IDX files, the epoch permutation, augmentation and batches.
 // The layouts and the order are specified in images.h; this file only implements them.
-#include "meshtrain/train/images.h"
+#include "meshtrain/data/images.h"
 
 #include <algorithm>
 #include <filesystem>
 #include <stdexcept>
 
+#include "meshtrain/data/idx.h"
 #include "meshtrain/tensor/rng.h"
-#include "meshtrain/train/idx.h"
 
 namespace meshtrain::train {
 

@@ -1,4 +1,4 @@
-#include "meshtrain/parallel/cnn_tp.h"
+#include "meshtrain/parallel/tensor/cnn_tp.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,8 +9,8 @@
 
 #include "meshtrain/kernels/elementwise.h"
 #include "meshtrain/nn/conv.h"
-#include "meshtrain/parallel/tensor_parallel.h"
-#include "meshtrain/parallel/tp_regions.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tp_regions.h"
 
 namespace meshtrain::parallel {
 

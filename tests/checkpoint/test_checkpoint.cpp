@@ -1,4 +1,4 @@
-// Tests for train/safetensors and train/checkpoint: round trips, a safetensors file built here
+// Tests for checkpoint/safetensors and checkpoint/checkpoint: round trips, a safetensors file built here
 // by hand (F32, F16, BF16), malformed files, checkpoint corruption (every file truncated or
 // with a flipped byte), `latest`, replacement, pruning and leftover .tmp folders.
 #include <gtest/gtest.h>
@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/checkpoint/checkpoint.h"
+#include "meshtrain/checkpoint/safetensors.h"
 #include "meshtrain/nn/param.h"
 #include "meshtrain/tensor/rng.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/safetensors.h"
 
 using namespace meshtrain;
 using namespace meshtrain::train;

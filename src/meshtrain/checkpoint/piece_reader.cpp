@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <map>
 
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 
 namespace meshtrain::train {
 

@@ -1,4 +1,4 @@
-#include "meshtrain/parallel/cnn_spatial.h"
+#include "meshtrain/parallel/spatial/cnn_spatial.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,8 +10,8 @@
 
 #include "meshtrain/nn/conv.h"
 #include "meshtrain/nn/saved_shape.h"
-#include "meshtrain/parallel/tensor_parallel.h"
-#include "meshtrain/parallel/tp_regions.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
+#include "meshtrain/parallel/tensor/tp_regions.h"
 
 namespace meshtrain::parallel {
 

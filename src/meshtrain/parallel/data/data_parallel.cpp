@@ -1,4 +1,4 @@
-#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/data/data_parallel.h"
 
 #include "meshtrain/parallel/bf16_wire.h"
 
@@ -216,7 +216,7 @@ void DataParallel::finish_exact(Bucket& b) {
   b.exact = {};
 }
 
-// ---- bf16 on the wire (bf16_wire.h) ----
+// ---- bf16 on the wire (parallel/bf16_wire.h) ----
 void DataParallel::launch_bf16(Bucket& b) {
   pack_bf16_slices(b.grads.data(), b.counts, b.wire_out);
   b.wire_in.assign(b.wire_out.size(), 0.f);

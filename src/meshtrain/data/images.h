@@ -3,7 +3,7 @@
 //
 // An ImageDataset holds a training and a test set of grey images as uint8 (one byte a pixel:
 // Fashion-MNIST's 70,000 images of 28x28 take 55 MB) with one label each, read from four IDX
-// files (train/idx.h) in one directory:
+// files (data/idx.h) in one directory:
 //     train-images-idx3-ubyte  train-labels-idx1-ubyte  t10k-images-idx3-ubyte  t10k-labels-idx1-ubyte
 // each plain or gzip-compressed (with or without ".gz" in the name; when both names exist the
 // plain file is read). The spec `fashion-mnist` names the directory where Debian's package
@@ -58,8 +58,8 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/data/data.h"
 #include "meshtrain/model/spec.h"
-#include "meshtrain/train/data.h"
 
 namespace meshtrain::train {
 

@@ -101,7 +101,7 @@ class DataParallel {
   // After the optimizer: stage 1/2 all-gather the updated values.
   void finish_optimizer_step();
 
-  // ---- checkpoints (each rank saves and loads what it holds, train/checkpoint.h) ----
+  // ---- checkpoints (each rank saves and loads what it holds, checkpoint/checkpoint.h) ----
   // The flat element offset of an optimizer_params() entry inside its parameter's (tp-local)
   // tensor: the segment covers [offset, offset + numel) of origin(q); 0 at stage 0.
   int64_t segment_offset(const nn::Param* opt_param) const;

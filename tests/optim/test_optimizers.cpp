@@ -1,4 +1,4 @@
-// The optimizers of train/optimizer.h against hand computations in double: three steps of AdamW,
+// The optimizers of optim/optimizer.h against hand computations in double: three steps of AdamW,
 // SGD (momentum, Nesterov, none) and LAMB over a weight that decays and a bias that does not,
 // with the gradient clipped on some steps and the learning rate following its schedule; LAMB's
 // trust ratio taken over the whole tensor when its parts are reduced through the hook; the
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "meshtrain/nn/param.h"
-#include "meshtrain/train/optimizer.h"
+#include "meshtrain/optim/optimizer.h"
 
 using namespace meshtrain;
 using train::OptimizerConfig;
