@@ -438,23 +438,32 @@ class MpiTransport final : public Transport {
 }  // namespace
 
 // ---- hosts ----
-// The host of every process: the processes that share memory with each other, as the MPI
-// library sees them (MPI_COMM_TYPE_SHARED: OpenMPI's node of each process, which is the host
-// mpirun placed it on, also for hosts made of network namespaces on one machine, where the host
-// names agree), named by the lowest world rank among them.
+// The host of every process: processes with the same host name (MPI_Get_processor_name) and the
+// same network namespace are one host, named by the lowest world rank among them. The namespace
+// tells apart the hosts made of network namespaces on one machine (tests/hosts), whose host
+// names agree. One MPI_Allgather over MPI_COMM_WORLD, once, when the world is made. (A first
+// version asked MPI_Comm_split_type(MPI_COMM_TYPE_SHARED); OpenMPI 4.1.4 crashed in its first
+// collective on that communicator with two ranks in each of two namespace hosts.)
 static std::vector<int> mpi_hosts() {
-  int rank = 0, size = 1;
-  MPI_Comm node = MPI_COMM_NULL;
+  constexpr int kKey = MPI_MAX_PROCESSOR_NAME + 64;
+  char key[kKey] = {};
+  int len = 0;
   std::lock_guard g(g_mpi);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Get_processor_name(key, &len);
+  char ns[64] = {};
+  const ssize_t n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+  if (n > 0) std::snprintf(key + len, kKey - len, " %s", ns);
+  int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-  int leader = rank;
-  MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node);
-  MPI_Comm_free(&node);
-  std::vector<int> leaders(static_cast<std::size_t>(size));
-  MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  return leaders;
+  std::vector<char> all(static_cast<std::size_t>(size) * kKey);
+  MPI_Allgather(key, kKey, MPI_CHAR, all.data(), kKey, MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<int> hosts(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    int first = 0;
+    while (std::memcmp(&all[static_cast<std::size_t>(first) * kKey], &all[static_cast<std::size_t>(r) * kKey], kKey) != 0) ++first;
+    hosts[static_cast<std::size_t>(r)] = first;
+  }
+  return hosts;
 }
 
 // The link between hosts `auto` assumes under mpirun (hier against the flat algorithms): TCP on
