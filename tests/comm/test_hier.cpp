@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.h"
 #include "meshtrain/comm/world.h"
 
 namespace mc = meshtrain::comm;
@@ -156,6 +157,15 @@ TEST(HierAllReduce, EqualsTheFlatRing) {
     compare_with_ring<std::int64_t>(h, 1031, mc::ReduceOp::sum, true);
     compare_with_ring<float>(h, 1031, mc::ReduceOp::max, false);
   }
+}
+
+TEST(HierAllReduce, PassesTheWholeCollectiveMatrixOnHosts) {
+  // Every operation, algorithm (hier included), count, type and reduction of checks.h.
+  for (const Hosts& h : {Hosts{2, 2}, Hosts{2, 3}, Hosts{3, 2}})
+    EXPECT_NO_THROW(mc::run_threads(h.p(), [&](Communicator& c) {
+      c.set_hosts(mc::hosts_in_blocks(c.size(), h.K));
+      mc::testing::check_everything(c);
+    }, {.timeout = std::chrono::seconds(60)})) << h.str();
 }
 
 TEST(HierAllReduce, SubGroupsInheritTheirRanksHosts) {
