@@ -46,3 +46,11 @@ if(MESHTRAIN_HAVE_MPI)
         PASS_REGULAR_EXPRESSION "SOAK OK" SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
   endforeach()
 endif()
+# hier_hosts.sh: two ranks on each of the two hosts, --allreduce hier under mpirun equals the
+# threads run on emulated hosts bit for bit, and auto picks hier there.
+if(MESHTRAIN_HAVE_MPI)
+  add_test(NAME hosts_hier_two_by_two
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/hier_hosts.sh $<TARGET_FILE:meshtrain> ${MESHTRAIN_MPIRUN})
+  set_tests_properties(hosts_hier_two_by_two PROPERTIES TIMEOUT 400 LABELS hosts
+      PASS_REGULAR_EXPRESSION "HIER HOSTS OK" SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+endif()

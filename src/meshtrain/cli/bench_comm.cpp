@@ -9,6 +9,10 @@
 //
 // Time per size: all ranks barrier, run --iters back to back; the slowest rank's mean is one
 // repetition, and the best of --reps repetitions is reported. Float32 only.
+//
+// Hosts (--ranks-per-host K, or mpirun's hosts under mpi): two more columns give the bytes one
+// operation sent to ranks on other hosts, counted by the communicator (CommStats::
+// bytes_sent_cross_host) in one untimed run: the most any rank sent, and the mean over ranks.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -33,6 +37,8 @@ using Clock = std::chrono::steady_clock;
 struct BenchArgs {
   std::string backend, op = "all_reduce", sizes = "4K:256M", algo = "auto";
   int world = 0, iters = 20, warmup = 3, reps = 3;
+  int ranks_per_host = 0;
+  bool ranks_per_host_given = false;
   std::size_t chunk = 0;
   double timeout_s = 60;
 };
@@ -208,6 +214,16 @@ struct OpRun {
     std::fill(out.begin(), out.end(), 0.0f);
     return bad[0] == 0;
   }
+  // Bytes one run sent to other hosts: the most any rank sent, and the mean over ranks.
+  std::pair<double, double> cross_host_bytes(mc::Communicator& c) {
+    c.reset_stats();
+    run(c);
+    std::vector<double> v{static_cast<double>(c.stats().bytes_sent_cross_host)};
+    std::vector<double> most = v;
+    c.all_reduce(most, {.op = mc::ReduceOp::max});
+    c.all_reduce(v, {.op = mc::ReduceOp::avg});
+    return {most[0], v[0]};
+  }
   // The slowest rank's mean seconds per operation over `iters`; the best of `reps` such means
   // (a shared machine's noise only ever adds time).
   double time(mc::Communicator& c, int warmup, int iters, int reps) {
@@ -238,6 +254,28 @@ double memcpy_seconds(std::size_t bytes, int iters) {
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / iters);
   }
   return best;
+}
+
+// ---- hosts ----
+// --ranks-per-host, and the two or more hosts --algo hier needs.
+void check_hosts(const BenchArgs& a, mc::Backend backend, int ranks, mc::Algorithm algo) {
+  try {
+    if (a.ranks_per_host_given) train::check_ranks_per_host(a.ranks_per_host, ranks);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (algo != mc::Algorithm::hier) return;
+  const bool mpi = backend == mc::Backend::mpi;
+  const int hosts = a.ranks_per_host > 0 ? ranks / a.ranks_per_host : mpi ? mc::mpi_world()->num_hosts() : 1;
+  if (hosts < 2)
+    throw UsageError("--algo hier reduces inside each host and then across hosts, and the " + std::to_string(ranks) +
+                     " ranks are one host; " +
+                     (mpi ? std::string("place the processes on two or more hosts, or give --ranks-per-host K to group them")
+                          : "give --ranks-per-host K to emulate hosts (ranks [0, K) are host 0, ...), K below " +
+                                std::to_string(ranks) + " and dividing it"));
+  if (mpi && a.ranks_per_host == 0 && mc::mpi_world()->ranks_per_host() == 0)
+    throw UsageError("--algo hier needs as many ranks on each host, and mpirun placed them unevenly; give "
+                     "--ranks-per-host K to group them");
 }
 
 // ---- the command ----
@@ -271,6 +309,7 @@ void run_bench(const BenchArgs& a) {
   // ---- sizes, and the memory they take, before any rank starts ----
   const std::vector<std::size_t> sizes = parse_sizes(a.sizes);
   const int ranks = backend == mc::Backend::threads ? world : mc::mpi_world()->size();
+  check_hosts(a, backend, ranks, *algo);
   const std::size_t largest = *std::max_element(sizes.begin(), sizes.end());
   bool rounded = false;
   if (splits(a.op))
@@ -300,6 +339,8 @@ void run_bench(const BenchArgs& a) {
     const bool lead = c.rank() == 0;
     const bool mpi = backend == mc::Backend::mpi;
     const bool peer_native = mpi && a.op != "sendrecv";
+    if (a.ranks_per_host > 0) c.set_hosts(mc::hosts_in_blocks(p, a.ranks_per_host), c.host_link());
+    const bool hosts = c.num_hosts() > 1;
     if (lead) {
       std::printf("# meshtrain bench comm: op=%s backend=%s world=%d algo=%s iters=%d reps=%d dtype=float32\n",
                   a.op.c_str(), mc::to_string(backend), p, a.algo.c_str(), a.iters, a.reps);
@@ -308,14 +349,20 @@ void run_bench(const BenchArgs& a) {
       if (rounded)
         std::printf("# %s: sizes are rounded down to a multiple of %d ranks x 4 bytes (the size column shows what ran)\n",
                     a.op.c_str(), ranks);
-      std::printf("%10s %11s %7s %11s %11s %11s %6s %12s %7s\n", "size", "count", "algo", "time(us)", "algbw(GB/s)",
+      if (hosts)
+        std::printf("# hosts: %d of %d ranks; xhost: bytes one operation sent to other hosts (most of any rank, "
+                    "mean over ranks)\n", c.num_hosts(), c.ranks_per_host());
+      std::printf("%10s %11s %7s %11s %11s %11s %6s %12s %7s", "size", "count", "algo", "time(us)", "algbw(GB/s)",
                   "busbw(GB/s)", "check", mpi ? "native(GB/s)" : "memcpy(GB/s)", "ratio");
+      if (hosts) std::printf(" %12s %12s", "xhost(max)", "xhost(mean)");
+      std::printf("\n");
     }
     for (std::size_t bytes : sizes) {
       OpRun run{a.op, *algo, a.chunk, 0, {}, {}, 1.0};
       run.setup(p, bytes);
       const std::size_t sz = run.count * sizeof(float);
       const bool ok = run.check(c);
+      const auto [xmax, xmean] = hosts ? run.cross_host_bytes(c) : std::pair<double, double>{0, 0};
       const double t = run.time(c, a.warmup, a.iters, a.reps);
       const double algbw = sz / t / 1e9, busbw = algbw * run.bus_factor;
       double peer = 0;
@@ -331,10 +378,15 @@ void run_bench(const BenchArgs& a) {
       std::string used = a.op == "sendrecv" ? "p2p" : mc::to_string(*algo);
       for (auto& [name, kind] : kinds)
         if (a.op == name && *algo == mc::Algorithm::automatic)
-          used = std::string("auto:") + mc::to_string(mc::choose_algorithm(kind, sz, p, c.backend()));
-      if (lead)
-        std::printf("%10s %11zu %7s %11.2f %11.3f %11.3f %6s %12.3f %7.2f\n", human(sz).c_str(), run.count,
+          used = std::string("auto:") +
+                 mc::to_string(kind == mc::OpKind::all_reduce && hosts ? mc::choose_all_reduce(sz, c.host_layout(), c.backend())
+                                                                       : mc::choose_algorithm(kind, sz, p, c.backend()));
+      if (lead) {
+        std::printf("%10s %11zu %7s %11.2f %11.3f %11.3f %6s %12.3f %7.2f", human(sz).c_str(), run.count,
                     used.c_str(), t * 1e6, algbw, busbw, ok ? "ok" : "WRONG", peer, peer > 0 ? busbw / peer : 0.0);
+        if (hosts) std::printf(" %12.0f %12.0f", xmax, xmean);
+        std::printf("\n");
+      }
       std::fflush(stdout);
     }
   }, topts);
@@ -353,14 +405,18 @@ void add_bench_comm_command(CLI::App& bench) {
       ->check(integer<int>(1));
   cmd->add_option("--sizes", args->sizes,
                   "bytes, whole multiples of 4 (K, M, G suffixes): a range LO:HI doubling (4K:256M), or a list (4K,64M)");
-  cmd->add_option("--algo", args->algo, "auto, ring, rhd, tree, direct or native (mpi)")
-      ->check(CLI::IsMember({"auto", "ring", "rhd", "tree", "direct", "native"}));
+  cmd->add_option("--algo", args->algo, "auto, ring, rhd, tree, direct, hier (all_reduce over two or more hosts) or native (mpi)")
+      ->check(CLI::IsMember({"auto", "ring", "rhd", "tree", "direct", "hier", "native"}));
+  CLI::Option* rph = cmd->add_option("--ranks-per-host", args->ranks_per_host,
+                  "ranks per host: ranks [0,K) are host 0, [K,2K) host 1, ... (threads: emulated hosts; mpi: "
+                  "overrides mpirun's hosts); adds the bytes sent across hosts to the table");
   cmd->add_option("--iters", args->iters, "timed iterations per size")->check(integer<int>(1));
   cmd->add_option("--warmup", args->warmup, "untimed iterations per size")->check(integer<int>(0));
   cmd->add_option("--reps", args->reps, "repetitions of the timed loop; the best is reported")->check(integer<int>(1));
   cmd->add_option("--chunk", args->chunk, "pipelining segment in bytes (0: the backend default)")->check(integer<std::size_t>());
   cmd->add_option("--timeout", args->timeout_s, "per-operation deadline in seconds");
-  cmd->callback([args] {
+  cmd->callback([args, rph] {
+    args->ranks_per_host_given = rph->count() > 0;
     // The flags alone (run_bench checks the rest): --world (at least 1 when given) is capped
     // like train's ranks (train/validate.h).
     try {

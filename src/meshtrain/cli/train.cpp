@@ -105,6 +105,15 @@ void add_train_command(CLI::App& app) {
   c->add_option("--staleness", *staleness, "Parameter server: steps a worker may run ahead of the slowest (0: synchronous; inf or -1: asynchronous)")->capture_default_str();
   c->add_option("--slow-worker", opt->slow_worker_factor, "Test flag: worker 0 sleeps so its step takes this many times longer")->capture_default_str();
   c->add_option("--backend", opt->backend, "Communication backend: threads or mpi")->capture_default_str();
+  c->add_option("--allreduce", opt->allreduce,
+                "Algorithm of the data-parallel gradient all-reduce: auto (the cost model's choice), ring, rhd, tree, "
+                "hier (reduce-scatter inside each host, all-reduce across hosts, all-gather inside; needs two or "
+                "more hosts) or native (mpi)")
+      ->capture_default_str();
+  auto ranks_per_host = std::make_shared<int>(0);
+  c->add_option("--ranks-per-host", *ranks_per_host,
+                "Ranks per host: ranks [0,K) are host 0, [K,2K) host 1, ... (threads: emulated hosts, whose "
+                "cross-host bytes are counted; mpi: overrides the hosts mpirun placed the processes on)");
   auto comm_timeout = std::make_shared<double>(0.0);
   CLI::Option* comm_timeout_opt = c->add_option(
       "--comm-timeout", *comm_timeout,
@@ -159,7 +168,7 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--overwrite", opt->overwrite, "Let --metrics and --trace replace existing files that meshtrain did not write");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([c, machine, spatial, branch, batch_norm, opt, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
+  c->callback([c, machine, spatial, branch, batch_norm, opt, ranks_per_host, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
                optimizer, lr_schedule, weight_decay] {
     train::TrainOptions o = *opt;
     auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
@@ -167,7 +176,7 @@ void add_train_command(CLI::App& app) {
       // A flag given an empty value would silently mean "not given": refuse it.
       for (const char* flag : {"--model", "--config", "--data", "--metrics", "--trace", "--checkpoint-dir",
                                "--pp-balance", "--pp-cuts", "--schedule", "--backend", "--data-order", "--optimizer",
-                               "--lr-schedule"})
+                               "--lr-schedule", "--allreduce"})
         if (given(flag) && c->get_option(flag)->as<std::string>().empty())
           throw std::invalid_argument(std::string(flag) + " is empty; give it a value or leave the flag out");
       if (given("--model") && given("--config"))
@@ -214,6 +223,10 @@ void add_train_command(CLI::App& app) {
       if (given("--log-every") && o.quiet)
         throw std::invalid_argument("--log-every sets how often progress lines print, and --quiet prints none; "
                                     "give one of them");
+      if (given("--ranks-per-host")) {
+        train::check_ranks_per_host(*ranks_per_host, o.dp * o.tp * o.pp);
+        o.ranks_per_host = *ranks_per_host;
+      }
       check_optimizer_flags(o, *optimizer, *lr_schedule, given);
       if (given("--weight-decay")) o.optim.weight_decay = *weight_decay;
       // --checkpoint-dir alone saves at the default cadence and at the end (README).

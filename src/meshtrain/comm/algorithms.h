@@ -18,6 +18,15 @@ void ring_reduce_scatter(OpContext& c, void* buf, const Layout& l, DType t, Redu
 void ring_all_gather(OpContext& c, void* buf, const Layout& l, std::size_t elem_size);
 void ring_all_reduce(OpContext& c, void* buf, std::size_t count, DType t, ReduceOp op);
 
+// ---- hier.cpp ----
+// BlueConnect's decomposition over two sub-groups of the caller's group: `in_host` (the K ranks
+// of this rank's host, this rank at index k) and `across` (the rank of index k on every host).
+// Reduce-scatter inside the host (block k of even_layout(count, K) ends on index k), all-reduce
+// of block k across hosts, all-gather inside the host. All three are the ring algorithms.
+// avg divides once, by `group_size`, at the end (as every algorithm rounds).
+void hier_all_reduce(OpContext& in_host, OpContext& across, void* buf, std::size_t count, DType t, ReduceOp op,
+                     int group_size);
+
 // ---- rhd.cpp ----
 void rhd_all_reduce(OpContext& c, void* buf, std::size_t count, DType t, ReduceOp op);
 

@@ -70,6 +70,7 @@ CommStats Communicator::stats() const {
   CommStats s;
   s.bytes_sent = stats_->bytes_sent.load();
   s.bytes_received = stats_->bytes_received.load();
+  s.bytes_sent_cross_host = stats_->bytes_sent_cross_host.load();
   s.ops = stats_->ops.load();
   s.wait_seconds = static_cast<double>(stats_->wait_ns.load()) * 1e-9;
   return s;
@@ -77,6 +78,7 @@ CommStats Communicator::stats() const {
 void Communicator::reset_stats() {
   stats_->bytes_sent = 0;
   stats_->bytes_received = 0;
+  stats_->bytes_sent_cross_host = 0;
   stats_->ops = 0;
   stats_->wait_ns = 0;
 }
@@ -220,10 +222,12 @@ void Communicator::run_call(const Call& c, std::uint64_t seq) {
     bytes *= size_;
   }
   Algorithm a = c.algorithm;
-  if (a == Algorithm::automatic) a = choose_algorithm(c.kind, bytes, size_, t_->backend());
+  if (a == Algorithm::automatic)
+    a = c.kind == OpKind::all_reduce && num_hosts() > 1 ? choose_all_reduce(bytes, host_layout(), t_->backend())
+                                                          : choose_algorithm(c.kind, bytes, size_, t_->backend());
   std::size_t chunk = c.chunk_bytes ? c.chunk_bytes : default_chunk_bytes(t_->backend());
   const auto deadline = deadline_for(c.timeout);
-  OpContext ctx(*t_, to_string(c.kind), name_, seq, deadline, chunk, *stats_);
+  OpContext ctx(*t_, to_string(c.kind), name_, seq, deadline, chunk, *stats_, hosts_.empty() ? nullptr : &hosts_);
   t_->note_entered(seq);
   if (debug_) check_same_collective(ctx, c, seq);
   if (a == Algorithm::native) {
@@ -260,6 +264,7 @@ void Communicator::execute(const Call& c, Algorithm a, OpContext& ctx) {
       if (c.in != c.out && c.count) std::memcpy(c.out, c.in, c.count * es);
       if (a == Algorithm::ring) ring_all_reduce(ctx, c.out, c.count, c.type, c.op);
       else if (a == Algorithm::rhd) rhd_all_reduce(ctx, c.out, c.count, c.type, c.op);
+      else if (a == Algorithm::hier) run_hier(c, ctx);
       else tree_all_reduce(ctx, c.out, c.count, c.type, c.op);
       if (size_ == 1) finish_avg(c.out, c.count, c.type, c.op, 1);
       break;
@@ -312,7 +317,7 @@ Work Communicator::all_reduce_v(ConstView in, MutView out, const AllReduceOption
   if (in.count != out.count) usage("all_reduce", size_msg("output", out.count, in.count));
   if (in.type != out.type) usage("all_reduce", "input and output element types differ");
   if (!supports(OpKind::all_reduce, o.algorithm))
-    usage("all_reduce", std::string("algorithm '") + to_string(o.algorithm) + "' does not implement all_reduce (use ring, rhd, tree, native)");
+    usage("all_reduce", std::string("algorithm '") + to_string(o.algorithm) + "' does not implement all_reduce (use ring, rhd, tree, hier, native)");
   Call c{OpKind::all_reduce, in.type, o.op, 0, in.data, out.data, in.count, {}, o.algorithm, o.chunk_bytes, o.timeout};
   return issue("all_reduce", o.timeout, [this, c](std::uint64_t s) { run_call(c, s); }, async);
 }
@@ -400,6 +405,11 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key, std::strin
     if (color < 0) return;
     Config cfg{timeout_, debug_ ? 1 : 0};
     child = std::make_shared<Communicator>(std::move(t), name.empty() ? name_ + "/" + std::to_string(color) : name, cfg);
+    if (!hosts_.empty()) {
+      std::vector<int> hosts;
+      for (int m : members) hosts.push_back(hosts_[m]);
+      child->set_hosts(std::move(hosts), across_);
+    }
   }, false);
   return child;
 }

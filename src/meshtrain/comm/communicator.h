@@ -34,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <ranges>
 #include <span>
 #include <string>
@@ -43,6 +44,7 @@
 
 #include "meshtrain/comm/error.h"
 #include "meshtrain/comm/op_context.h"
+#include "meshtrain/comm/select.h"
 #include "meshtrain/comm/transport.h"
 #include "meshtrain/comm/types.h"
 #include "meshtrain/comm/work.h"
@@ -183,6 +185,21 @@ class Communicator {
   // rank); kNoColor returns nullptr. `name` defaults to "<parent>/<color>".
   std::shared_ptr<Communicator> split(int color, int key, std::string name = "");
 
+  // ---- hosts ----
+  // Which host each rank of this group is on: host_of_rank[r] for rank r (any ids; the same
+  // vector on every rank; collective-free). Empty: one host (the default). `across` is the cost
+  // of a message between two hosts, which `auto` weighs against the backend's own link to choose
+  // Algorithm::hier; by default it is the backend's, so auto keeps the flat algorithms unless
+  // told the links between hosts are slower. split() passes both to the sub-groups. Set it
+  // before issuing operations. Throws std::invalid_argument for a vector of the wrong size.
+  void set_hosts(std::vector<int> host_of_rank, std::optional<CostParams> across = std::nullopt);
+  const std::vector<int>& hosts() const { return hosts_; }
+  int num_hosts() const;       // distinct hosts (1 when none were set)
+  int ranks_per_host() const;  // ranks on each host when every host holds as many; 0 otherwise
+  std::optional<CostParams> host_link() const { return across_; }
+  // The group as hier sees it: hosts, ranks per host, and the links (in_host: the backend's).
+  HostLayout host_layout() const;
+
   // ---- observation ----
   // Called after every collective this communicator runs (on the thread that ran it: the
   // caller's or the progress thread), with its start and end. For timelines (trace/); set it
@@ -247,6 +264,13 @@ class Communicator {
   OpObserver observer_;
   std::uint64_t observed_ = 0;  // spans reported through observe()
   std::shared_ptr<StatsCounters> stats_;
+
+  // ---- hosts (hier.cpp) ----
+  std::vector<int> hosts_;           // host of each rank (empty: one host)
+  std::optional<CostParams> across_;  // link between hosts (empty: the backend's)
+  struct HostGroups;                  // this rank's host and its shard peers, made on first use
+  std::shared_ptr<HostGroups> host_groups_;
+  void run_hier(const Call& c, OpContext& ctx);
 
   // ---- executor: one operation at a time, in issue order ----
   struct Job;

@@ -41,12 +41,13 @@ const char* to_string(Algorithm a) {
     case Algorithm::tree: return "tree";
     case Algorithm::direct: return "direct";
     case Algorithm::native: return "native";
+    case Algorithm::hier: return "hier";
   }
   return "?";
 }
 std::optional<Algorithm> parse_algorithm(std::string_view name) {
   for (Algorithm a : {Algorithm::automatic, Algorithm::ring, Algorithm::rhd, Algorithm::tree,
-                      Algorithm::direct, Algorithm::native})
+                      Algorithm::direct, Algorithm::native, Algorithm::hier})
     if (name == to_string(a)) return a;
   return std::nullopt;
 }

@@ -8,6 +8,8 @@ namespace meshtrain::comm {
 // ---- messages ----
 RequestPtr OpContext::isend(int peer, const void* buf, std::size_t bytes, int tag) {
   stats_.bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
+  if (hosts_ && (*hosts_)[peer] != (*hosts_)[t_.rank()])
+    stats_.bytes_sent_cross_host.fetch_add(bytes, std::memory_order_relaxed);
   return t_.isend(peer, tag, buf, bytes);
 }
 RequestPtr OpContext::irecv(int peer, void* buf, std::size_t bytes, int tag) {

@@ -20,6 +20,7 @@ namespace meshtrain::comm {
 // and the caller both update them).
 struct StatsCounters {
   std::atomic<std::uint64_t> bytes_sent{0}, bytes_received{0}, ops{0};
+  std::atomic<std::uint64_t> bytes_sent_cross_host{0};  // sent to a member on another host
   std::atomic<std::uint64_t> wait_ns{0};
 };
 
@@ -27,14 +28,17 @@ struct StatsCounters {
 class OpContext {
  public:
   OpContext(Transport& t, const char* op, const std::string& group, std::uint64_t seq,
-            Clock::time_point deadline, std::size_t chunk_bytes, StatsCounters& stats)
-      : t_(t), op_(op), group_(group), seq_(seq), deadline_(deadline), chunk_bytes_(chunk_bytes), stats_(stats) {}
+            Clock::time_point deadline, std::size_t chunk_bytes, StatsCounters& stats,
+            const std::vector<int>* hosts = nullptr)
+      : t_(t), op_(op), group_(group), seq_(seq), deadline_(deadline), chunk_bytes_(chunk_bytes), stats_(stats),
+        hosts_(hosts) {}
 
   int rank() const { return t_.rank(); }
   int size() const { return t_.size(); }
   std::size_t chunk_bytes() const { return chunk_bytes_; }  // pipelining segment, > 0
   Transport& transport() { return t_; }
   Clock::time_point deadline() const { return deadline_; }
+  std::uint64_t seq() const { return seq_; }
 
   RequestPtr isend(int peer, const void* buf, std::size_t bytes, int tag = kTagCollective);
   RequestPtr irecv(int peer, void* buf, std::size_t bytes, int tag = kTagCollective);
@@ -53,6 +57,7 @@ class OpContext {
   Clock::time_point deadline_;
   std::size_t chunk_bytes_;
   StatsCounters& stats_;
+  const std::vector<int>* hosts_;  // host of each member of t_ (nullptr: all on one host)
 };
 
 // ---- block layouts ----

@@ -95,6 +95,7 @@ Work Communicator::isend_v(ConstView in, int dst, const P2POptions& o, bool bloc
   }
   stats_->ops.fetch_add(1);
   stats_->bytes_sent.fetch_add(bytes);
+  if (!hosts_.empty() && hosts_[dst] != hosts_[rank_]) stats_->bytes_sent_cross_host.fetch_add(bytes);
   RequestPtr r = t_->isend(dst, o.tag, in.data, bytes);
   return Work(std::make_shared<P2PWork>(t_, std::move(r), "send", name_, seq, dst,
                                         o.timeout.count() > 0 ? o.timeout : timeout_, stats_));

@@ -77,7 +77,8 @@ double predicted_seconds(OpKind op, Algorithm a, std::size_t bytes, int p, const
 // ---- choice ----
 std::vector<Algorithm> algorithms_for(OpKind op) {
   switch (op) {
-    case OpKind::all_reduce: return {Algorithm::ring, Algorithm::rhd, Algorithm::tree, Algorithm::native};
+    // hier needs the group's hosts (choose_all_reduce); choose_algorithm never picks it.
+    case OpKind::all_reduce: return {Algorithm::ring, Algorithm::rhd, Algorithm::tree, Algorithm::hier, Algorithm::native};
     case OpKind::reduce_scatter: return {Algorithm::ring, Algorithm::native};
     case OpKind::all_gather: return {Algorithm::ring, Algorithm::native};
     case OpKind::broadcast: return {Algorithm::tree, Algorithm::native};
@@ -100,11 +101,33 @@ Algorithm choose_algorithm(OpKind op, std::size_t n, int p, std::string_view bac
   Algorithm best = algorithms_for(op).front();
   double best_t = std::numeric_limits<double>::infinity();
   for (Algorithm a : algorithms_for(op)) {
-    if (a == Algorithm::native) continue;
+    if (a == Algorithm::native || a == Algorithm::hier) continue;
     const double t = predicted_seconds(op, a, n, p, c);
     if (t < best_t) best_t = t, best = a;
   }
   return best;
+}
+
+// ---- hosts ----
+double predicted_hier_seconds(std::size_t n, const HostLayout& h) {
+  const int K = h.ranks_per_host, H = h.hosts;
+  const std::size_t shard = (n + static_cast<std::size_t>(K) - 1) / static_cast<std::size_t>(K);
+  return predicted_seconds(OpKind::reduce_scatter, Algorithm::ring, n, K, h.in_host) +
+         predicted_seconds(OpKind::all_reduce, Algorithm::ring, shard, H, h.across) +
+         predicted_seconds(OpKind::all_gather, Algorithm::ring, n, K, h.in_host);
+}
+
+double predicted_flat_seconds(Algorithm a, std::size_t n, const HostLayout& h) {
+  return predicted_seconds(OpKind::all_reduce, a, n, h.ranks(), h.hosts > 1 ? h.across : h.in_host);
+}
+
+Algorithm choose_all_reduce(std::size_t n, const HostLayout& h, std::string_view backend) {
+  const Algorithm flat = choose_algorithm(OpKind::all_reduce, n, h.ranks(), backend);
+  if (h.hosts < 2 || h.ranks_per_host < 1 || !h.across_slower()) return flat;
+  double best_flat = std::numeric_limits<double>::infinity();
+  for (Algorithm a : {Algorithm::ring, Algorithm::rhd, Algorithm::tree})
+    best_flat = std::min(best_flat, predicted_flat_seconds(a, n, h));
+  return predicted_hier_seconds(n, h) < best_flat ? Algorithm::hier : flat;
 }
 
 const char* to_string(OpKind k) {

@@ -30,6 +30,30 @@ CostParams cost_params(std::string_view backend);  // p = 1
 // reduce) or of the whole output (reduce_scatter input, all_gather output, all_to_all buffer).
 double predicted_seconds(OpKind op, Algorithm a, std::size_t n, int p, const CostParams& c);
 
+// ---- hosts ----
+// Where the ranks of a group sit: `hosts` hosts of `ranks_per_host` ranks each, with the cost of
+// a message inside a host and between two hosts. One host (or uneven hosts): hier does not apply.
+struct HostLayout {
+  int hosts = 1;
+  int ranks_per_host = 1;
+  CostParams in_host{}, across{};
+  int ranks() const { return hosts * ranks_per_host; }
+  // The links between hosts are slower than those inside one (latency or bandwidth).
+  bool across_slower() const { return across.alpha > in_host.alpha || across.beta > in_host.beta; }
+};
+// Hierarchical all-reduce of n bytes (hier.cpp): ring reduce-scatter inside a host (K ranks,
+// in-host link), ring all-reduce of one n/K shard across the H hosts (link between hosts), ring
+// all-gather inside a host.
+double predicted_hier_seconds(std::size_t n, const HostLayout& h);
+// A flat all-reduce of n bytes over all ranks with algorithm a: every step of ring, rhd and
+// tree has some message cross hosts when there are several, so a step costs what the link
+// between hosts costs.
+double predicted_flat_seconds(Algorithm a, std::size_t n, const HostLayout& h);
+// `auto` for all_reduce on a group that knows its hosts: hier when the links between hosts are
+// slower than inside one and hier's predicted time beats the best flat algorithm's on those
+// links; otherwise what choose_algorithm picks (the choice without hosts, unchanged).
+Algorithm choose_all_reduce(std::size_t n, const HostLayout& h, std::string_view backend);
+
 // ---- choice ----
 // The algorithms that implement `op` (native only where the backend has one).
 std::vector<Algorithm> algorithms_for(OpKind op);

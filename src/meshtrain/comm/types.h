@@ -34,8 +34,10 @@ enum class ReduceOp : std::uint8_t { sum, avg, max, min };
 const char* to_string(ReduceOp op);
 
 // `automatic` picks from the cost model (comm/select.cpp); the others force one algorithm.
-// `native` calls the MPI library's own collective (mpi backend only).
-enum class Algorithm : std::uint8_t { automatic, ring, rhd, tree, direct, native };
+// `native` calls the MPI library's own collective (mpi backend only). `hier` (all_reduce only)
+// knows hosts: reduce-scatter inside each host, all-reduce across hosts, all-gather inside each
+// host (hier.cpp; the group's hosts come from Communicator::set_hosts).
+enum class Algorithm : std::uint8_t { automatic, ring, rhd, tree, direct, native, hier };
 const char* to_string(Algorithm a);
 std::optional<Algorithm> parse_algorithm(std::string_view name);  // "auto", "ring", ...
 
@@ -96,6 +98,9 @@ inline constexpr int kMaxUserTag = (1 << 24) - 1;
 struct CommStats {
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_received = 0;
+  // Of bytes_sent, those sent to a rank on another host (Communicator::set_hosts; 0 while the
+  // group is on one host), counted message by message as they are sent.
+  std::uint64_t bytes_sent_cross_host = 0;
   std::uint64_t ops = 0;        // operations issued (collectives and point-to-point)
   double wait_seconds = 0.0;    // time the caller spent blocked
   void reset() { *this = CommStats{}; }

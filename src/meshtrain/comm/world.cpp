@@ -2,6 +2,7 @@
 // MPI the stubs here report that the build lacks it.
 #include "meshtrain/comm/world.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -11,6 +12,12 @@ const char* to_string(Backend b) { return b == Backend::mpi ? "mpi" : "threads";
 
 bool launched_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+std::vector<int> hosts_in_blocks(int ranks, int ranks_per_host) {
+  std::vector<int> h(static_cast<std::size_t>(std::max(0, ranks)));
+  for (int r = 0; r < ranks; ++r) h[static_cast<std::size_t>(r)] = r / std::max(1, ranks_per_host);
+  return h;
 }
 
 Backend default_backend() { return launched_by_mpirun() && have_mpi() ? Backend::mpi : Backend::threads; }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/comm/threads_backend.h"
@@ -35,6 +36,10 @@ std::shared_ptr<Communicator> mpi_world(const Communicator::Config& cfg = {});
 void mpi_report_failure(const std::string& reason);
 // Ends the whole MPI job now (after a rank reported an error it cannot recover from).
 [[noreturn]] void mpi_abort(int code);
+
+// Emulated hosts: `ranks_per_host` consecutive ranks to a host (ranks [0, K) host 0, [K, 2K)
+// host 1, ...), for Communicator::set_hosts. ranks_per_host must be at least 1.
+std::vector<int> hosts_in_blocks(int ranks, int ranks_per_host);
 
 // Runs fn on every rank of the world: `world` threads for threads; for mpi, fn runs once in
 // this process on mpi_world() (world must be 0 or the mpirun size).

@@ -123,6 +123,7 @@ StepRecord RankTrainer::measure(int64_t step, const StepResult& out, const StepM
   const comm::CommStats dp = mesh_.dp_group().stats();
   r.comm_bytes_sent = dp.bytes_sent - m.dp.bytes_sent;
   r.comm_bytes_received = dp.bytes_received - m.dp.bytes_received;
+  r.comm_bytes_cross_host = dp.bytes_sent_cross_host - m.dp.bytes_sent_cross_host;
   r.comm_wait_ms = (dp.wait_seconds - m.dp.wait_seconds) * 1e3;
   r.tp_bytes_sent = mesh_.tp_group().stats().bytes_sent - m.tp.bytes_sent;
   return r;
@@ -137,6 +138,7 @@ nlohmann::json RankTrainer::metrics_line(const StepRecord& r, const StepResult& 
     line["comm_bytes_sent"] = r.comm_bytes_sent;
     line["comm_bytes_received"] = r.comm_bytes_received;
     line["comm_wait_ms"] = r.comm_wait_ms;
+    if (mesh_.dp_group().num_hosts() > 1) line["comm_bytes_cross_host"] = r.comm_bytes_cross_host;
   }
   if (o_.tp > 1) line["tp_bytes_sent"] = r.tp_bytes_sent;
   if (o_.pp > 1) {  // one entry per pipeline rank (of rank 0's dp/tp position)

@@ -206,6 +206,7 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     if (o_.bucket_bytes > 0) dpo.bucket_bytes = o_.bucket_bytes;
     dpo.bf16_wire = o_.comm_dtype == kernels::Precision::bf16;
     dpo.exact_sums = o_.exact_sums > 0;
+    dpo.allreduce = comm::parse_algorithm(o_.allreduce).value_or(comm::Algorithm::automatic);
     // The tied token table of the first and last stage: a bucket of its own, so both stages
     // slice it alike over dp and can sum their slices of its gradient.
     for (auto& stage : stages_)
@@ -498,6 +499,9 @@ TrainResult train(TrainOptions o) {
   const int world = o.dp * o.tp * o.pp;
   comm::Backend backend = o.backend == "mpi" ? comm::Backend::mpi : comm::Backend::threads;
   comm::run_world(backend, backend == comm::Backend::mpi ? 0 : world, [&](comm::Communicator& w) {
+    // --ranks-per-host: emulated hosts on threads, an override of mpirun's under mpi (before the
+    // mesh splits the world: the groups inherit their ranks' hosts).
+    if (o.ranks_per_host > 0) w.set_hosts(comm::hosts_in_blocks(w.size(), o.ranks_per_host), w.host_link());
     RankTrainer rank(w, sh);
     rank.run();
   });

@@ -61,6 +61,11 @@ struct TrainOptions {
   bool pad_vocab = false;          // with --tp: pad a vocabulary tp does not divide
   int64_t bucket_bytes = 0;  // data-parallel gradient bucket size (0: the default)
   std::string backend = "threads";
+  // Hosts (comm/hier.cpp): ranks [0, K) are host 0, [K, 2K) host 1, ... (0: not given; threads:
+  // one host; mpi: the hosts mpirun placed the processes on).
+  int ranks_per_host = 0;
+  // The data-parallel gradient all-reduce: auto, ring, rhd, tree, hier or native (mpi).
+  std::string allreduce = "auto";
   // parameter-server mode (train/ps_trainer.h): world = dp workers + ps_servers servers
   int ps_servers = 0;
   int64_t staleness = 0;  // -1: unbounded (asynchronous)
@@ -137,6 +142,7 @@ struct StepRecord {
   uint64_t comm_bytes_sent = 0;  // the dp group's
   uint64_t tp_bytes_sent = 0;    // the tp group's
   uint64_t comm_bytes_received = 0;
+  uint64_t comm_bytes_cross_host = 0;  // of comm_bytes_sent, to ranks on other hosts (--ranks-per-host)
   double comm_wait_ms = 0;  // time blocked on communication not hidden behind compute
   std::optional<float> val_loss;
   // classifiers: the share of the step's batch (and of the validation batches) predicted right

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -217,6 +218,7 @@ void check_layout(const TrainOptions& o) {
     bad("--checkpoint-every-s needs --checkpoint-dir DIR");
   if (o.checkpoint_every_s > 0 && o.ps_servers > 0)
     bad("the parameter server does not write checkpoints yet; drop --checkpoint-every-s");
+  check_hosts(o);
 }
 
 // Ranks of the run that live in this process (threads backend: all of them).
@@ -394,6 +396,68 @@ int64_t bucket_bytes_from_mb(double mb) {
   if (!std::isfinite(mb) || !(bytes >= 4) || mb > kMaxMb)
     bad("--bucket-mb must be a size in MiB from 4 bytes (0.000004) to 1 TiB (1048576), got " + num(mb));
   return static_cast<int64_t>(bytes);
+}
+
+// ---- hosts ----
+void check_ranks_per_host(int k, int world) {
+  if (k < 1)
+    bad("--ranks-per-host must be at least 1 (the ranks on each host: ranks [0, K) are host 0, [K, 2K) host 1, "
+        "...), not " + std::to_string(k));
+  if (world % k != 0)
+    bad("--ranks-per-host " + std::to_string(k) + " does not divide the " + std::to_string(world) +
+        " ranks of this run, so the hosts would hold different numbers of ranks; give a divisor of " +
+        std::to_string(world));
+}
+
+void check_hosts(const TrainOptions& o) {
+  const int world = o.dp * o.tp * o.pp;
+  if (o.ranks_per_host != 0) check_ranks_per_host(o.ranks_per_host, world);
+  const auto algo = comm::parse_algorithm(o.allreduce);
+  if (!algo || *algo == comm::Algorithm::direct)
+    bad("--allreduce must be auto, ring, rhd, tree, hier or native, not '" + o.allreduce + "'");
+  if (*algo == comm::Algorithm::automatic) return;
+  if (o.dp < 2 || o.ps_servers > 0)
+    bad("--allreduce chooses how the data-parallel gradients are all-reduced; it needs --dp 2 or more and no "
+        "--ps-servers (drop --allreduce, or add --dp)");
+  if (o.zero >= 2)
+    bad("--allreduce chooses the gradients' all-reduce, and --zero " + std::to_string(o.zero) +
+        " reduce-scatters them instead; use --zero 0 or 1, or drop --allreduce");
+  if (o.comm_dtype == kernels::Precision::bf16)
+    bad("--allreduce chooses the float32 gradients' all-reduce, and --comm-dtype bf16 exchanges bf16 slices with "
+        "an all-to-all instead; drop one of them");
+  if (*algo == comm::Algorithm::native && o.backend != "mpi")
+    bad("--allreduce native calls the MPI library's own all-reduce; it needs --backend mpi (use ring, rhd, tree "
+        "or hier on threads)");
+  if (*algo != comm::Algorithm::hier) return;
+  // hier: every data-parallel group on two or more hosts, with as many of its ranks on each.
+  std::vector<int> hosts;
+  if (o.ranks_per_host > 0) hosts = comm::hosts_in_blocks(world, o.ranks_per_host);
+  else if (o.backend == "mpi" && comm::have_mpi() && comm::launched_by_mpirun()) hosts = comm::mpi_world()->hosts();
+  if (hosts.empty()) hosts.assign(static_cast<size_t>(world), 0);
+  const parallel::MeshShape shape{o.dp, o.tp, o.pp};
+  for (int r = 0; r < world; ++r) {
+    const parallel::MeshCoord c = parallel::mesh_coord(shape, r);
+    if (c.dp != 0) continue;  // one group per (pp, tp): its dp index 0 names it
+    std::map<int, int> on;
+    for (int d = 0; d < o.dp; ++d) ++on[hosts[static_cast<size_t>(parallel::mesh_rank(shape, {d, c.tp, c.pp}))]];
+    if (on.size() < 2) {
+      if (o.ranks_per_host > 0)
+        bad("--allreduce hier reduces inside each host and then across hosts, and with --ranks-per-host " +
+            std::to_string(o.ranks_per_host) + " the data-parallel ranks of rank " + std::to_string(r) +
+            " are all on one host; give a smaller --ranks-per-host (ranks [0, K) are host 0, [K, 2K) host 1, ...)");
+      bad(std::string("--allreduce hier reduces inside each host and then across hosts, and all ") +
+          std::to_string(world) + " ranks are on one host; " +
+          (o.backend == "mpi" ? "place the processes on two or more hosts, or give --ranks-per-host K to group them"
+                              : "on threads give --ranks-per-host K to emulate hosts (ranks [0, K) are host 0, ...), "
+                                "K below " + std::to_string(world) + " and dividing it"));
+    }
+    for (auto& [h, n] : on)
+      if (n != on.begin()->second)
+        bad("--allreduce hier needs as many data-parallel ranks on each host, and the group of rank " +
+            std::to_string(r) + " has " + std::to_string(on.begin()->second) + " on one host and " +
+            std::to_string(n) + " on another; choose --ranks-per-host so that every host holds whole "
+            "tensor-parallel groups in equal numbers");
+  }
 }
 
 // ---- output paths ----

@@ -80,6 +80,12 @@ void check_threads(const std::string& flag, int64_t threads, const Machine& m, b
 void check_ranks(const std::string& what, int64_t ranks, int64_t threads_per_rank, const Machine& m);
 // --bucket-mb in bytes: a finite size from 4 bytes to 1 TiB.
 int64_t bucket_bytes_from_mb(double mb);
+// --ranks-per-host K over `world` ranks (train and bench comm): K at least 1 and dividing the
+// world, so every host holds as many ranks. Throws std::invalid_argument with a sentence.
+void check_ranks_per_host(int k, int world);
+// --ranks-per-host and --allreduce of a training run: the hosts, and what hier needs (a
+// data-parallel group spread evenly over two or more hosts). Part of validate_options.
+void check_hosts(const TrainOptions& o);
 // An output file `path` of `flag`: not a directory, in an existing, writable directory in which
 // a file can in fact be created (tried with an unnamed file that leaves nothing behind, so a
 // read-only mount or /proc is refused for root too).

@@ -200,7 +200,7 @@ void DataParallel::launch_exact(Bucket& b) {
       throw std::logic_error("exact sums: " + b.params[i]->name + " has no float64 gradient total");
     std::copy(g.begin(), g.end(), b.exact.begin() + b.offsets[i]);
   }
-  b.grad_work = dp_->all_reduce_async(std::span<double>(b.exact), {.op = comm::ReduceOp::sum});
+  b.grad_work = dp_->all_reduce_async(std::span<double>(b.exact), {.op = comm::ReduceOp::sum, .algorithm = opt_.allreduce});
 }
 
 void DataParallel::finish_exact(Bucket& b) {
@@ -238,7 +238,7 @@ void DataParallel::launch(Bucket& b) {
   if (opt_.bf16_wire) return launch_bf16(b);
   if (opt_.exact_sums) return launch_exact(b);
   if (opt_.zero <= 1) {
-    b.grad_work = dp_->all_reduce_async(span_of(b.grads), {.op = comm::ReduceOp::avg});
+    b.grad_work = dp_->all_reduce_async(span_of(b.grads), {.op = comm::ReduceOp::avg, .algorithm = opt_.allreduce});
   } else {
     b.grad_work = dp_->reduce_scatter_async(span_of(b.grads), span_of(b.grad_shard), b.counts,
                                             {.op = comm::ReduceOp::avg});

@@ -65,6 +65,9 @@ struct DataParallelOptions {
   // float64 and rounds the average into its float32 gradients (stages 0-1) or this rank's slice
   // (stages 2-3). Twice the bytes of a float32 all-reduce.
   bool exact_sums = false;
+  // The algorithm of the gradient all-reduces (stages 0-1, float32 and exact sums); automatic:
+  // the dp communicator's choice (comm/select.h), hier: by hosts (comm/hier.cpp).
+  comm::Algorithm allreduce = comm::Algorithm::automatic;
 };
 
 // A unit of ZeRO-3: the module whose hooks gather it, and its parameters.

@@ -1,0 +1,239 @@
+// Hierarchical all-reduce (comm/hier.cpp) on emulated hosts (threads, ranks [0, K) host 0, ...):
+// the bytes the communicator counts as sent across hosts equal docs/comm.md's formulas for hier
+// and the flat ring; results equal the flat ring's (bitwise for integer data, and whenever one
+// host or one rank per host makes the summation order the ring's; within float round-off
+// otherwise); `auto` picks hier only when the links between hosts are slower.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "checks.h"
+#include "meshtrain/comm/world.h"
+
+namespace mc = meshtrain::comm;
+using mc::Algorithm;
+using mc::Communicator;
+
+namespace {
+
+struct Hosts {
+  int H, K;
+  int p() const { return H * K; }
+  std::string str() const {
+    std::string s;
+    s += std::to_string(H);
+    s += "x";
+    s += std::to_string(K);
+    return s;
+  }
+};
+const Hosts kLayouts[] = {{2, 2}, {2, 3}, {3, 2}, {4, 1}, {1, 4}};
+
+// ---- the formulas (docs/comm.md, "Hierarchical all-reduce") ----
+// A ring all-reduce of m elements over q ranks (blocks of even_layout(m, q)): rank i sends every
+// block but its own in the reduce-scatter and every block but block i+1 in the all-gather.
+std::uint64_t ring_sent(std::size_t m, int q, int i, std::size_t es) {
+  if (q == 1 || m == 0) return 0;
+  const mc::Layout l = mc::even_layout(m, q);
+  return es * (2 * m - l.count(i) - l.count((i + 1) % q));
+}
+// Flat ring: rank r sends only to r+1, which is on another host for the last rank of each host.
+std::uint64_t flat_cross(std::size_t n, const Hosts& h, int r, std::size_t es) {
+  const int next = (r + 1) % h.p();
+  return r / h.K != next / h.K ? ring_sent(n, h.p(), r, es) : 0;
+}
+// hier: only the ring across hosts of shard k (block k of even_layout(n, K)) crosses hosts.
+std::uint64_t hier_cross(std::size_t n, const Hosts& h, int r, std::size_t es) {
+  return ring_sent(mc::even_layout(n, h.K).count(r % h.K), h.H, r / h.K, es);
+}
+
+// Runs one all-reduce of n floats with `a` on every rank and returns each rank's cross-host bytes.
+std::vector<std::uint64_t> counted(const Hosts& h, std::size_t n, Algorithm a) {
+  std::vector<std::uint64_t> out(static_cast<std::size_t>(h.p()));
+  mc::run_threads(h.p(), [&](Communicator& c) {
+    c.set_hosts(mc::hosts_in_blocks(c.size(), h.K));
+    std::vector<float> v(n, 1.0f);
+    c.reset_stats();
+    c.all_reduce(v, {.algorithm = a, .chunk_bytes = 256});
+    out[static_cast<std::size_t>(c.rank())] = c.stats().bytes_sent_cross_host;
+  });
+  return out;
+}
+
+// Inputs of rank r: random floats, or small integers (exact sums in any order).
+template <class T>
+std::vector<T> input(int r, std::size_t n, bool integers) {
+  std::mt19937 g(static_cast<unsigned>(r * 7919 + n));
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<T> v(n);
+  for (auto& x : v) x = integers ? static_cast<T>(std::lround(u(g) * 50)) : static_cast<T>(u(g));
+  return v;
+}
+
+// hier's result and the flat ring's, on every rank, for one (layout, n, op).
+template <class T>
+void compare_with_ring(const Hosts& h, std::size_t n, mc::ReduceOp op, bool integers) {
+  std::mutex m;
+  std::vector<std::string> failures;
+  mc::run_threads(h.p(), [&](Communicator& c) {
+    c.set_hosts(mc::hosts_in_blocks(c.size(), h.K));
+    const std::vector<T> in = input<T>(c.rank(), n, integers);
+    std::vector<T> ring(n), hier(n);
+    c.all_reduce(in, ring, {.op = op, .algorithm = Algorithm::ring, .chunk_bytes = 4096});
+    c.all_reduce(in, hier, {.op = op, .algorithm = h.H > 1 ? Algorithm::hier : Algorithm::ring, .chunk_bytes = 4096});
+    // One host or one rank per host: hier's order of summation is the ring's.
+    const bool bitwise = integers || h.H == 1 || h.K == 1;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double tol = bitwise ? 0.0 : 4.0 * h.p() * std::numeric_limits<T>::epsilon() * (std::fabs(double(ring[i])) + 1);
+      if (std::fabs(double(hier[i]) - double(ring[i])) > tol) {
+        std::lock_guard lk(m);
+        std::string f = h.str();
+        f += " n=";
+        f += std::to_string(n);
+        f += " rank ";
+        f += std::to_string(c.rank());
+        f += " element ";
+        f += std::to_string(i);
+        failures.push_back(f);
+        return;
+      }
+    }
+  });
+  EXPECT_TRUE(failures.empty()) << failures.front();
+}
+
+}  // namespace
+
+// ---- bytes across hosts ----
+TEST(HierAllReduce, CountedCrossHostBytesEqualTheFormulas) {
+  for (const Hosts& h : kLayouts)
+    for (std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{1031}, std::size_t{12000}, std::size_t{65543}}) {
+      const std::string what = h.str() + " n=" + std::to_string(n);
+      const std::vector<std::uint64_t> ring = counted(h, n, Algorithm::ring);
+      std::uint64_t hier_total = 0;
+      for (int r = 0; r < h.p(); ++r) EXPECT_EQ(ring[r], flat_cross(n, h, r, 4)) << what << " ring rank " << r;
+      if (h.H == 1) continue;  // hier needs two hosts
+      const std::vector<std::uint64_t> hier = counted(h, n, Algorithm::hier);
+      for (int r = 0; r < h.p(); ++r) {
+        EXPECT_EQ(hier[r], hier_cross(n, h, r, 4)) << what << " hier rank " << r;
+        hier_total += hier[r];
+      }
+      // Over all ranks, exactly: each of the K rings across hosts moves 2 (H-1) x its shard.
+      EXPECT_EQ(hier_total, 2u * (h.H - 1) * n * 4) << what;
+    }
+}
+
+TEST(HierAllReduce, DivisibleSizesGiveTheClosedForms) {
+  const std::size_t n = 12000;  // divisible by every p, K and H x K here: no rounding
+  for (const Hosts& h : kLayouts) {
+    if (h.H == 1) continue;
+    const std::vector<std::uint64_t> hier = counted(h, n, Algorithm::hier);
+    const std::vector<std::uint64_t> ring = counted(h, n, Algorithm::ring);
+    for (int r = 0; r < h.p(); ++r) {
+      // hier: 2 (H-1)/H x n/K per rank; ring: 2 (p-1)/p x n on the last rank of each host, else 0.
+      EXPECT_EQ(hier[r], 2 * (h.H - 1) * (n * 4 / h.K) / h.H) << h.str() << " rank " << r;
+      const bool last = r % h.K == h.K - 1;
+      EXPECT_EQ(ring[r], last ? 2 * (h.p() - 1) * (n * 4) / h.p() : 0u) << h.str() << " rank " << r;
+    }
+  }
+}
+
+// ---- results ----
+TEST(HierAllReduce, EqualsTheFlatRing) {
+  const std::size_t sizes[] = {1, 2, 7, 1031, (std::size_t{1} << 18) + 3, std::size_t{1} << 20};  // up to 4 MiB
+  for (const Hosts& h : kLayouts)
+    for (std::size_t n : sizes) {
+      compare_with_ring<float>(h, n, mc::ReduceOp::sum, /*integers=*/true);
+      compare_with_ring<float>(h, n, mc::ReduceOp::sum, /*integers=*/false);
+    }
+  for (const Hosts& h : kLayouts) {
+    compare_with_ring<float>(h, 1031, mc::ReduceOp::avg, false);
+    compare_with_ring<double>(h, 1031, mc::ReduceOp::sum, false);
+    compare_with_ring<std::int64_t>(h, 1031, mc::ReduceOp::sum, true);
+    compare_with_ring<float>(h, 1031, mc::ReduceOp::max, false);
+  }
+}
+
+TEST(HierAllReduce, PassesTheWholeCollectiveMatrixOnHosts) {
+  // Every operation, algorithm (hier included), count, type and reduction of checks.h.
+  for (const Hosts& h : {Hosts{2, 2}, Hosts{2, 3}, Hosts{3, 2}})
+    EXPECT_NO_THROW(mc::run_threads(h.p(), [&](Communicator& c) {
+      c.set_hosts(mc::hosts_in_blocks(c.size(), h.K));
+      mc::testing::check_everything(c);
+    }, {.timeout = std::chrono::seconds(60)})) << h.str();
+}
+
+TEST(HierAllReduce, SubGroupsInheritTheirRanksHosts) {
+  // 8 ranks on 2 hosts; the even ranks form a group of 4 with 2 on each host.
+  mc::run_threads(8, [](Communicator& c) {
+    c.set_hosts(mc::hosts_in_blocks(8, 4));
+    auto g = c.split(c.rank() % 2, c.rank());
+    EXPECT_EQ(g->num_hosts(), 2);
+    EXPECT_EQ(g->ranks_per_host(), 2);
+    std::vector<float> v(100, 1.0f);
+    g->all_reduce(v, {.algorithm = Algorithm::hier});
+    EXPECT_EQ(v[99], 4.0f);
+  });
+}
+
+TEST(HierAllReduce, OneHostIsAUsageError) {
+  mc::run_threads(4, [](Communicator& c) {
+    std::vector<float> v(10, 1.0f);
+    try {
+      c.all_reduce(v, {.algorithm = Algorithm::hier});
+      ADD_FAILURE() << "hier ran on one host";
+    } catch (const mc::CommError& e) {
+      EXPECT_EQ(e.kind(), mc::ErrorKind::usage);
+      EXPECT_NE(std::string(e.what()).find("two or more hosts"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// ---- auto ----
+// Links as a cluster file gives them (docs/planner.md: alpha = latency_us, beta = 1 / bandwidth).
+mc::CostParams link(double gbps, double latency_us) { return {latency_us * 1e-6, 1.0 / (gbps * 1e9), 1.0 / 10e9}; }
+
+TEST(HierChooser, PicksHierOnlyWhenTheLinksBetweenHostsAreSlower) {
+  const mc::CostParams in_host = link(10, 5), slow = link(0.125, 1000);  // shared memory; 1 Gbit/s, 1 ms
+  for (const Hosts& h : {Hosts{2, 2}, Hosts{2, 8}, Hosts{4, 2}}) {
+    const mc::HostLayout slower{h.H, h.K, in_host, slow}, same{h.H, h.K, in_host, in_host};
+    EXPECT_EQ(mc::choose_all_reduce(std::size_t{64} << 20, slower, "threads"), Algorithm::hier) << h.str();
+    EXPECT_LT(mc::predicted_hier_seconds(std::size_t{64} << 20, slower),
+              mc::predicted_flat_seconds(Algorithm::ring, std::size_t{64} << 20, slower));
+    for (std::size_t n : {std::size_t{4}, std::size_t{4096}, std::size_t{64} << 20}) {
+      EXPECT_NE(mc::choose_all_reduce(n, same, "threads"), Algorithm::hier) << h.str() << " n=" << n;
+      EXPECT_EQ(mc::choose_all_reduce(n, same, "threads"), mc::choose_algorithm(mc::OpKind::all_reduce, n, h.p(), "threads"));
+    }
+  }
+  // A100 nodes as examples/clusters/a100-3072.json describes them: NVLink 300 GB/s 3 us inside,
+  // 25 GB/s 5 us across.
+  const mc::HostLayout a100{4, 8, link(300, 3), link(25, 5)};
+  EXPECT_EQ(mc::choose_all_reduce(std::size_t{64} << 20, a100, "threads"), Algorithm::hier);
+  // One host, or one rank per host: nothing to gain.
+  EXPECT_NE(mc::choose_all_reduce(std::size_t{64} << 20, {1, 4, in_host, slow}, "threads"), Algorithm::hier);
+  EXPECT_NE(mc::choose_all_reduce(std::size_t{64} << 20, {4, 1, in_host, slow}, "threads"), Algorithm::hier);
+}
+
+TEST(HierChooser, AutoRunsHierOnACommunicatorToldItsHostLinksAreSlower) {
+  const Hosts h{2, 2};
+  const std::size_t n = 1 << 20;
+  std::vector<std::uint64_t> got(4), plain(4);
+  mc::run_threads(4, [&](Communicator& c) {
+    std::vector<float> v(n, 1.0f);
+    c.set_hosts(mc::hosts_in_blocks(4, 2));  // emulated hosts, the backend's own link: flat
+    c.all_reduce(v);
+    plain[c.rank()] = c.stats().bytes_sent_cross_host;
+    c.set_hosts(mc::hosts_in_blocks(4, 2), link(0.125, 1000));
+    c.reset_stats();
+    c.all_reduce(v);
+    got[c.rank()] = c.stats().bytes_sent_cross_host;
+    EXPECT_EQ(v[0], 16.0f);
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(got[r], hier_cross(n, h, r, 4)) << "rank " << r;
+  EXPECT_NE(plain, got);
+}
