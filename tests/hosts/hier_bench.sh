@@ -10,15 +10,7 @@ source "$(dirname "$0")/netns.sh"
 hosts_up "$mpirun"
 # Two ranks on each host; TCP throughout, as the other host tests (inside a host over its own
 # address, which the shaping below does not touch).
-four=() prev=
-for a in "${launch[@]}"; do
-  case "$prev/$a" in
-    "-np/2") four+=(4) ;;
-    */"$ip_a:1,$ip_b:1") four+=("$ip_a:2,$ip_b:2") ;;
-    *) four+=("$a") ;;
-  esac
-  prev=$a
-done
+two_ranks_a_host
 # The link: host b's end and its peer on host a's bridge, each direction shaped to RATE. The
 # kernel here may lack netem (no added latency then; said below).
 shape() {

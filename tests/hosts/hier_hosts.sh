@@ -8,15 +8,7 @@ set -euo pipefail
 bin=$(readlink -f "$1") mpirun=$2
 source "$(dirname "$0")/netns.sh"
 hosts_up "$mpirun"
-four=() prev=
-for a in "${launch[@]}"; do  # two ranks on each host
-  case "$prev/$a" in
-    "-np/2") four+=(4) ;;
-    */"$ip_a:1,$ip_b:1") four+=("$ip_a:2,$ip_b:2") ;;
-    *) four+=("$a") ;;
-  esac
-  prev=$a
-done
+two_ranks_a_host
 write_corpus "$dir/corpus.txt"
 common=(train --data "$dir/corpus.txt" --batch 12 --seq 32 --steps 8 --warmup 2 --eval-every 0 --eval-batches 1
         --threads 1 --quiet --dp 4)

@@ -122,3 +122,18 @@ words = ("the of and to in is was that for it with as his on be at by had not ar
 open(sys.argv[1], "w").write(" ".join(r.choice(words) for _ in range(60000)))
 PY
 }
+
+# four: the launch command of hosts_up ("${launch[@]}", one rank on each host) with two ranks on
+# each host instead.
+two_ranks_a_host() {
+  four=()
+  local prev="" a
+  for a in "${launch[@]}"; do
+    case "$prev/$a" in
+      "-np/2") four+=(4) ;;
+      */"$ip_a:1,$ip_b:1") four+=("$ip_a:2,$ip_b:2") ;;
+      *) four+=("$a") ;;
+    esac
+    prev=$a
+  done
+}

@@ -116,6 +116,10 @@ std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model
     return pipeline::equal_layers(cfg.n_layer, stages);
   }
   if (measured) return pipeline::balance_layers(measured->blocks, stages, measured->embedding, measured->head);
+  if (cfg.n_layer < stages)
+    throw std::invalid_argument("the model has " + std::to_string(cfg.n_layer) + " blocks, fewer than the " +
+                                std::to_string(stages) + " pipeline stages; every stage needs at least one block, "
+                                "so use --pp (x chunks) of at most " + std::to_string(cfg.n_layer));
   return plan::balance_stages(*model::gpt_spec(cfg), by_flops(o, o.seq > 0 ? o.seq : cfg.seq));
 }
 
