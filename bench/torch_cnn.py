@@ -28,6 +28,11 @@ prints every primitive execution with its time; torch 1.13 runs its convolutions
 library, its MKL-DNN path): the convolution primitives' milliseconds per step over the step time
 of the same (verbose, hence a little slower) run.
 
+--models also takes image layer-graph files (docs/models.md): each is built here as a
+torch.nn.Module layer by layer under the graph's names (GraphModule), so a user's network is
+checked against PyTorch the same way (a graph with dropout of p > 0 only for --speed: PyTorch
+cannot replay its masks).
+
 Threads: meshtrain runs one rank with --threads T; PyTorch gets torch.set_num_threads(T) and
 OPENBLAS_NUM_THREADS=T (its linear layers go to OpenBLAS). The OpenBLAS core-type fallback of
 bench/torch_gpt.py applies (--blas-core). Needs Debian's python3-torch (torch 1.13) and numpy;
@@ -77,10 +82,20 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--json", action="store_true", help="print one JSON line at the end")
     a = p.parse_args(argv)
-    a.models = [m for m in a.models.split(",") if m]
-    bad = [m for m in a.models if m not in MODELS]
+    a.models = [os.path.abspath(m) if m.endswith(".json") else m for m in a.models.split(",") if m]
+    bad = [m for m in a.models if m not in MODELS and not m.endswith(".json")]
     if bad or not a.models:
-        p.error(f"--models takes {', '.join(MODELS)}; got {a.models}")
+        p.error(f"--models takes {', '.join(MODELS)} or image layer-graph files (.json); got {a.models}")
+    for m in a.models:
+        if m.endswith(".json"):
+            if not os.path.isfile(m):
+                p.error(f"--models {m}: no such file")
+            g = json.load(open(m))
+            drops = [l["name"] for l in g.get("layers", []) if l.get("op") == "dropout" and l.get("p", 0.5) > 0]
+            if a.check or not a.speed:
+                if drops:
+                    p.error(f"--models {m}: dropout layer {drops[0]} draws masks PyTorch cannot replay; "
+                            "set its p to 0 for the parity check, or give --speed")
     if min(a.parity_steps, a.parity_batch, a.batch, a.steps, a.threads) < 1 or a.warmup < 0:
         p.error("--parity-steps, --parity-batch, --batch, --steps and --threads must be >= 1, --warmup >= 0")
     if not os.path.isdir(a.data):
@@ -168,7 +183,89 @@ def model_class(torch, nn, name):
             x = self.layer3(self.layer2(self.layer1(F.relu(self.bn1(self.conv1(x))))))
             return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
+    if name.endswith(".json"):
+        return lambda: GraphModule(torch, nn, json.load(open(name)))
     return {"cnn-small": CnnSmall, "resnet-small": ResnetSmall}[name]
+
+
+def GraphModule(torch, nn, g):
+    """An image layer graph (docs/models.md) as a torch.nn.Module: each layer a module under its
+    own name (so "features.0" is submodule 0 of container "features", and the state-dict names
+    are the graph's), run in the file's order, each reading the previous layer or its "from"."""
+    F = nn.functional
+
+    class Graph(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.plan = []  # (name, op, inputs, fn)
+            shapes = {"input": tuple(g["input"]["image"])}
+            prev = "input"
+            for l in g["layers"]:
+                name, op = l["name"], l["op"]
+                src = l.get("from", prev)
+                src = [src] if isinstance(src, str) else list(src)
+                x = shapes[src[0]]
+                mod, fn = None, None
+                k, st, pad = l.get("kernel_size", 1), l.get("stride"), l.get("padding", 0)
+                if op == "conv2d":
+                    mod = nn.Conv2d(x[0], l["out_channels"], k, stride=st or 1, padding=pad, bias=l.get("bias", True))
+                    y = (l["out_channels"], (x[1] + 2 * pad - k) // (st or 1) + 1, (x[2] + 2 * pad - k) // (st or 1) + 1)
+                elif op == "batchnorm2d":
+                    mod, y = nn.BatchNorm2d(x[0], eps=l.get("eps", 1e-5), momentum=l.get("momentum", 0.1)), x
+                elif op == "linear":
+                    mod, y = nn.Linear(x[0], l["out_features"], bias=l.get("bias", True)), (l["out_features"],)
+                elif op == "layernorm":
+                    mod, y = nn.LayerNorm(x[0], eps=l.get("eps", 1e-5)), x
+                elif op in ("maxpool2d", "avgpool2d"):
+                    st = st or k
+                    y = (x[0], (x[1] + 2 * pad - k) // st + 1, (x[2] + 2 * pad - k) // st + 1)
+                    fn = ((lambda t, k=k, st=st, pad=pad: F.max_pool2d(t, k, st, pad)) if op == "maxpool2d" else
+                          (lambda t, k=k, st=st, pad=pad: F.avg_pool2d(t, k, st, pad, count_include_pad=True)))
+                elif op == "relu":
+                    fn, y = F.relu, x
+                elif op == "gelu":
+                    fn, y = (lambda t, a=l.get("approximate", "none"): F.gelu(t, approximate=a)), x
+                elif op == "dropout":
+                    fn, y = (lambda t: t), x  # p 0 only (parse_args refuses the rest for parity)
+                elif op == "global_avgpool2d":
+                    fn, y = (lambda t: F.adaptive_avg_pool2d(t, 1)), (x[0], 1, 1)
+                elif op == "flatten":
+                    fn, y = (lambda t: torch.flatten(t, 1)), (x[0] * x[1] * x[2],)
+                elif op == "add":
+                    y = x
+                elif op == "concat":
+                    y = (sum(shapes[s_][0] for s_ in src), x[1], x[2])
+                else:
+                    raise SystemExit(f"torch_cnn.py: layer {name}: op {op} has no PyTorch replay here")
+                if mod is not None:
+                    parent = self
+                    *path, leaf = name.split(".")
+                    for part in path:
+                        if not hasattr(parent, part):
+                            parent.add_module(part, nn.Module())
+                        parent = getattr(parent, part)
+                    parent.add_module(leaf, mod)
+                    fn = None  # looked up by name when run: bn_in_float64 may have swapped it
+                self.plan.append((name, op, src, fn))
+                shapes[name] = y
+                prev = name
+
+        def forward(self, x):
+            out = {"input": x}
+            for name, op, src, fn in self.plan:
+                ins = [out[s_] for s_ in src]
+                if op == "add":
+                    y = ins[0]
+                    for t in ins[1:]:
+                        y = y + t
+                elif op == "concat":
+                    y = torch.cat(ins, 1)
+                else:
+                    y = (fn or self.get_submodule(name))(ins[0])
+                out[name] = y
+            return out[self.plan[-1][0]]
+
+    return Graph()
 
 
 def read_safetensors(torch, path):
@@ -212,13 +309,14 @@ def sgd_flags(a):
 
 def parity(a, model, torch, nn, data, tmp):
     images, labels = data
-    ck, out = os.path.join(tmp, f"ck-{model}"), os.path.join(tmp, f"{model}-parity.jsonl")
+    tag = os.path.basename(model)
+    ck, out = os.path.join(tmp, f"ck-{tag}"), os.path.join(tmp, f"{tag}-parity.jsonl")
     meshtrain(a, ["train", "--model", model, "--data", a.data, "--data-order", "sequential",
                   "--batch", str(a.parity_batch), "--steps", str(a.parity_steps), "--threads", str(a.threads),
                   "--seed", str(a.seed), "--eval-every", "0", "--eval-batches", "1", "--quiet",
                   "--metrics", out, "--checkpoint-dir", ck, "--save-initial",
                   "--checkpoint-every", str(a.parity_steps)] + sgd_flags(a))
-    st = os.path.join(tmp, f"{model}-step0.safetensors")
+    st = os.path.join(tmp, f"{tag}-step0.safetensors")
     meshtrain(a, ["checkpoint", "convert", "--to-single", os.path.join(ck, "step_00000000"), st])
     state = read_safetensors(torch, st)
     theirs = [m["loss"] for m in metrics(out)]
@@ -319,8 +417,9 @@ def trace_conv_ms(path, warmup, steps):
 
 
 def meshtrain_speed(a, model, tmp, traced=False):
-    out = os.path.join(tmp, f"{model}-speed{'-traced' if traced else ''}.jsonl")
-    trace = os.path.join(tmp, f"{model}-speed.trace.json")
+    tag = os.path.basename(model)
+    out = os.path.join(tmp, f"{tag}-speed{'-traced' if traced else ''}.jsonl")
+    trace = os.path.join(tmp, f"{tag}-speed.trace.json")
     meshtrain(a, ["train", "--model", model, "--data", a.data, "--batch", str(a.batch),
                       "--steps", str(a.warmup + a.steps), "--threads", str(a.threads), "--seed", str(a.seed),
                       "--eval-every", "0", "--eval-batches", "1", "--quiet", "--overwrite", "--metrics", out]

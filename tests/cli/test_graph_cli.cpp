@@ -104,6 +104,20 @@ TEST_F(GraphCli, AnMlpMatchesOneRankAtEveryLayout) {
                        6, 1e-5);
 }
 
+// A LeNet with GELUs (the exact form and the tanh one), average pooling (one window padded, so
+// the row bands' halos are zero-filled at the image's edges) and a layernorm over features
+// (examples/models/lenet-gelu.json): every layout, and with --exact-sums over 30 steps.
+TEST_F(GraphCli, ALeNetWithGeluAveragePoolingAndALayerNormMatchesOneRankAtEveryLayout) {
+  expect_layouts_match("lenet-gelu.json", kConvLayouts, 6, 1e-5);
+  expect_layouts_match("lenet-gelu.json", {"--dp 2", "--pp 2"}, 30, 1e-6, "--exact-sums 2");
+  // model show names both forms and the pool's window; under --spatial 2 the padded pool has a halo.
+  const auto shown = run_cli("model show " + std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/lenet-gelu.json --spatial 2");
+  ASSERT_EQ(shown.code, 0) << shown.output;
+  EXPECT_NE(shown.output.find("gelu (erf)"), std::string::npos) << shown.output;
+  EXPECT_NE(shown.output.find("avgpool2d 3x3 s2 p1"), std::string::npos) << shown.output;
+  EXPECT_NE(shown.output.find("halo 1 row(s) each side"), std::string::npos) << shown.output;
+}
+
 // A transformer of a new shape, written layer by layer (examples/models/skip-transformer.json):
 // four blocks of width 96 with a long skip from block 0's output into block 3's input, which a
 // cut at pp 2 (blocks 0-1 | 2-3) crosses. Megatron's split by heads under --tp. It has no batch

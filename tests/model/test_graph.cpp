@@ -59,6 +59,10 @@ TEST(Graph, ParameterCountsAgainstAHandCount) {
   // mlp3: 784 -> 256 -> 128 -> 10, each with a bias.
   EXPECT_EQ(param_count(cnn_config(std::make_shared<const Graph>(parse_graph(examples_graph("mlp3.json"), "mlp")))),
             784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
+  // lenet-gelu: conv 5x5 1->6 (150 + 6), conv 5x5 6->16 (2400 + 16), batch norm 2 x 16, the
+  // linears 400->120, 120->84, 84->10 with biases, and the layernorm's weight and bias over 120.
+  EXPECT_EQ(param_count(cnn_config(std::make_shared<const Graph>(parse_graph(examples_graph("lenet-gelu.json"), "lenet")))),
+            156 + 2416 + 32 + 400 * 120 + 120 + 2 * 120 + 120 * 84 + 84 + 84 * 10 + 10);
   // cnn-small: conv1 (no bias) 9 x 32, bn1 64, conv2 9 x 32 x 64, bn2 128, fc1 3136 x 128 + 128,
   // fc2 1280 + 10.
   EXPECT_EQ(param_count(cnn_config("cnn-small")), 288 + 64 + 18432 + 128 + 401536 + 1290);
@@ -127,10 +131,24 @@ TEST(Graph, LinearLayersPairThroughReLUsOnly) {
   EXPECT_FALSE(s.in_split[5] || s.out_split[5]);     // fc3: whole
 }
 
+// GELU and average pooling act per channel (per feature), so pairs form through them; a
+// layernorm mixes the features and ends one.
+TEST(Graph, PairsFormThroughGeluAndAveragePoolingNotLayerNorm) {
+  const Graph g = parse_graph(examples_graph("lenet-gelu.json"), "lenet");
+  const ChannelSplits s = channel_splits(g);
+  EXPECT_TRUE(s.out_split[0]);                                  // features.0: filters
+  EXPECT_TRUE(s.in_split[1] && s.in_split[2]);                  // its gelu and avgpool on its channels
+  EXPECT_TRUE(s.in_split[3] && !s.out_split[3]);                // features.3: channels
+  EXPECT_FALSE(s.out_split[8]);                                 // classifier.0: a layernorm follows
+  EXPECT_TRUE(s.out_split[11] && s.in_split[12] && s.in_split[13]);  // classifier.3 -> gelu -> classifier.5
+  EXPECT_FALSE(s.out_split[13]);
+  EXPECT_FALSE(graph_takes_blocked(g));  // average pooling runs on NCHW
+}
+
 // The FLOPs a graph's layers are said to take (model show's column) against what the matrix
 // products and convolutions they call count (kernels/flops.h), for a forward of 3 samples.
 TEST(Graph, ForwardFlopsAreWhatTheKernelsCount) {
-  for (const char* file : {"vgg-mini.json", "branchy.json", "mlp3.json"}) {
+  for (const char* file : {"vgg-mini.json", "branchy.json", "mlp3.json", "lenet-gelu.json"}) {
     const auto g = std::make_shared<const Graph>(parse_graph(examples_graph(file), file));
     const std::vector<Shape> shapes = infer_shapes(*g, g->image);
     double said = 0;
@@ -182,6 +200,33 @@ TEST(Graph, TheBuilderMakesTheGraphTheFileDescribes) {
   }
   EXPECT_EQ(infer_shapes(*built, built->image), infer_shapes(file, file.image));
   EXPECT_EQ(cnn_param_shapes(cnn_config(built)), cnn_param_shapes(cnn_config(std::make_shared<const Graph>(file))));
+
+  // lenet-gelu: average pooling, both GELUs and a layernorm from the builder.
+  GraphBuilder lb("lenet-gelu", {1, 28, 28}, 10);
+  lb.conv2d("features.0", {.out_channels = 6, .kernel_size = 5, .padding = 2})
+      .gelu("features.1")
+      .avgpool2d("features.2", {.kernel_size = 2})
+      .conv2d("features.3", {.out_channels = 16, .kernel_size = 5})
+      .batchnorm2d("features.4")
+      .gelu("features.5")
+      .avgpool2d("features.6", {.kernel_size = 3, .stride = 2, .padding = 1})
+      .flatten("flat")
+      .linear("classifier.0", {.out_features = 120})
+      .layernorm("classifier.1")
+      .gelu("classifier.2")
+      .linear("classifier.3", {.out_features = 84})
+      .gelu("classifier.4", "tanh")
+      .linear("classifier.5", {.out_features = 10});
+  const Graph lenet = parse_graph(examples_graph("lenet-gelu.json"), "lenet");
+  const auto lbuilt = lb.build();
+  ASSERT_EQ(lbuilt->layers.size(), lenet.layers.size());
+  for (size_t i = 0; i < lenet.layers.size(); ++i) {
+    EXPECT_EQ(lbuilt->layers[i].op, lenet.layers[i].op) << i;
+    EXPECT_EQ(lbuilt->layers[i].tanh, lenet.layers[i].tanh) << i;
+    EXPECT_EQ(lbuilt->layers[i].stride, lenet.layers[i].stride) << i;
+    EXPECT_EQ(lbuilt->layers[i].padding, lenet.layers[i].padding) << i;
+  }
+  EXPECT_EQ(infer_shapes(*lbuilt, lbuilt->image), infer_shapes(lenet, lenet.image));
 
   GraphBuilder bad("bad", {1, 28, 28}, 10);
   bad.conv2d("c", {.out_channels = 8, .kernel_size = 3, .padding = 1}).linear("fc", {.out_features = 10});
@@ -249,6 +294,16 @@ TEST(Graph, MalformedGraphsAreRefusedNamingTheLayerAndTheField) {
       {"tokens without a vocabulary", graph_of({layer("f", "flatten")}, {{"tokens", 8}}), {"input.\"vocab\" is missing"}},
       {"images and tokens", graph_of({layer("f", "flatten")}, {{"tokens", 8}, {"vocab", 8}, {"classes", 2}}),
        {"input.\"classes\" is not a field of the input"}},
+      {"a layernorm on a feature map", graph_of({layer("a", "conv2d", conv), layer("n", "layernorm"), layer("f", "flatten"),
+                                                  layer("fc", "linear", fc)}),
+       {"layer 1 'n' (layernorm)", "normalises features (N, F)", "(N, 8, 28, 28)", "batchnorm2d"}},
+      {"a gelu of an unknown form", graph_of({layer("f", "flatten"), layer("g", "gelu", {{"approximate", "sigmoid"}}),
+                                              layer("fc", "linear", fc)}),
+       {"layer 1 'g'", "\"approximate\" is \"sigmoid\"", "\"tanh\""}},
+      {"an average pool that shrinks the map below 1",
+       graph_of({layer("p", "avgpool2d", {{"kernel_size", 5}}), layer("f", "flatten"), layer("fc", "linear", fc)},
+                {{"image", {1, 4, 4}}, {"classes", 10}}),
+       {"layer 0 'p' (avgpool2d)", "shrink below 1"}},
       {"a unit cut where two tensors are live",
        graph_of({layer("a", "conv2d", with(conv, {{"unit", "u1"}})), layer("b", "conv2d", with(conv, {{"unit", "u1"}})),
                  layer("c", "conv2d", with(conv, {{"unit", "u2"}})),

@@ -46,11 +46,13 @@ std::string bytes_text(double b) {
 
 std::string op_text(const model::GraphLayer& l) {
   std::string t = model::op_name(l.op);
-  if (l.op == model::Op::conv2d || l.op == model::Op::maxpool2d) {
+  const bool pool = l.op == model::Op::maxpool2d || l.op == model::Op::avgpool2d;
+  if (l.op == model::Op::conv2d || pool) {
     t += " " + std::to_string(l.kernel) + "x" + std::to_string(l.kernel);
-    if (l.stride != 1 && !(l.op == model::Op::maxpool2d && l.stride == l.kernel)) t += " s" + std::to_string(l.stride);
+    if (l.stride != 1 && !(pool && l.stride == l.kernel)) t += " s" + std::to_string(l.stride);
     if (l.padding) t += " p" + std::to_string(l.padding);
   }
+  if (l.op == model::Op::gelu && !l.tanh) t += " (erf)";
   if (l.op == model::Op::dropout) {
     char p[32];
     std::snprintf(p, sizeof p, " p=%g", l.p);
@@ -261,7 +263,8 @@ void show(const ShowOptions& o) {
       tp_bytes += bytes;
       col = what + (bytes > 0 ? " (" + bytes_text(bytes) + ")" : "");
     } else if (o.spatial > 1) {
-      const bool window = (l.op == model::Op::conv2d || l.op == model::Op::maxpool2d) && l.kernel > 1;
+      const bool window =
+          (l.op == model::Op::conv2d || l.op == model::Op::maxpool2d || l.op == model::Op::avgpool2d) && l.kernel > 1;
       col = shapes[i].size() == 3 ? "bands of ~" + std::to_string((shapes[i][1] + o.spatial - 1) / o.spatial) + " rows" +
                                         (window ? ", halo " + std::to_string(l.kernel / 2) + " row(s) each side" : "")
             : l.op == model::Op::flatten ? "gathers the whole map first"

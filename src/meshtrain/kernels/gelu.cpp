@@ -1,6 +1,8 @@
 // GELU (tanh approximation) forward and backward, vectorised through detail::tanh_approx.
 #include "meshtrain/kernels/gelu.h"
 
+#include <cmath>
+
 #include "meshtrain/kernels/vecmath.h"
 
 namespace meshtrain::kernels {
@@ -9,6 +11,8 @@ namespace {
 constexpr float kS = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kA = 0.044715f;
 constexpr int64_t kParallelMin = 1 << 15;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1 / sqrt(2 pi)
 }  // namespace
 
 // ---- forward ----
@@ -30,6 +34,24 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, 
     float t = detail::tanh_approx(kS * (x + kA * x * x * x));
     float g = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kS * (1.0f + 3.0f * kA * x * x);
     dinp[i] = g * dout[i];
+  }
+}
+
+// ---- the exact form ----
+void gelu_erf_forward(float* out, const float* inp, int64_t n, int threads) {
+#pragma omp parallel for num_threads(threads) if (parallel : threads > 1 && n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
+  }
+}
+
+void gelu_erf_backward(float* dinp, const float* inp, const float* dout, int64_t n, int threads) {
+#pragma omp parallel for num_threads(threads) if (parallel : threads > 1 && n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float cdf = 0.5f * (1.0f + std::erf(x * kInvSqrt2));
+    dinp[i] = (cdf + x * kInvSqrt2Pi * std::exp(-0.5f * x * x)) * dout[i];
   }
 }
 

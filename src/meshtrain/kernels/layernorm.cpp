@@ -13,13 +13,13 @@
 namespace meshtrain::kernels {
 
 namespace {
-constexpr float kEps = 1e-5f;
 constexpr int64_t kParallelMin = 1 << 14;  // elements
 }  // namespace
 
 // ---- forward ----
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* weight, const float* bias, int64_t N, int64_t C, int threads) {
+                       const float* weight, const float* bias, int64_t N, int64_t C, int threads,
+                       float eps) {
 #pragma omp parallel for num_threads(threads) if (parallel : threads > 1 && N * C > kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;  // (C)
@@ -30,7 +30,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
     float v = 0.0f;
 #pragma omp simd reduction(+ : v)
     for (int64_t j = 0; j < C; ++j) v += (x[j] - m) * (x[j] - m);
-    const float r = 1.0f / std::sqrt(v / float(C) + kEps);
+    const float r = 1.0f / std::sqrt(v / float(C) + eps);
     float* o = out + i * C;  // (C)
 #pragma omp simd
     for (int64_t j = 0; j < C; ++j) o[j] = (x[j] - m) * r * weight[j] + bias[j];

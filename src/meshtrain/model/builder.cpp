@@ -38,6 +38,24 @@ GraphBuilder& GraphBuilder::maxpool2d(const std::string& name, const Pool2dArgs&
                from);
 }
 
+GraphBuilder& GraphBuilder::avgpool2d(const std::string& name, const Pool2dArgs& a, const std::string& from) {
+  return layer({{"name", name}, {"op", "avgpool2d"}, {"kernel_size", a.kernel_size},
+                {"stride", a.stride > 0 ? a.stride : a.kernel_size}, {"padding", a.padding}},
+               from);
+}
+
+GraphBuilder& GraphBuilder::gelu(const std::string& name, const std::string& approximate, const std::string& from) {
+  return layer({{"name", name}, {"op", "gelu"}, {"approximate", approximate}}, from);
+}
+
+GraphBuilder& GraphBuilder::layernorm(const std::string& name, double eps, const std::string& from) {
+  return layer({{"name", name}, {"op", "layernorm"}, {"eps", eps}}, from);
+}
+
+GraphBuilder& GraphBuilder::dropout(const std::string& name, double p, const std::string& from) {
+  return layer({{"name", name}, {"op", "dropout"}, {"p", p}}, from);
+}
+
 GraphBuilder& GraphBuilder::global_avgpool2d(const std::string& name, const std::string& from) {
   return layer({{"name", name}, {"op", "global_avgpool2d"}}, from);
 }

@@ -50,6 +50,12 @@ class GraphBuilder {
   GraphBuilder& batchnorm2d(const std::string& name, const BatchNorm2dArgs& a = {}, const std::string& from = "");
   GraphBuilder& relu(const std::string& name, const std::string& from = "");
   GraphBuilder& maxpool2d(const std::string& name, const Pool2dArgs& a, const std::string& from = "");
+  GraphBuilder& avgpool2d(const std::string& name, const Pool2dArgs& a, const std::string& from = "");
+  // approximate: "none" (the exact erf form, PyTorch's default) or "tanh".
+  GraphBuilder& gelu(const std::string& name, const std::string& approximate = "none", const std::string& from = "");
+  // Over features (after a flatten).
+  GraphBuilder& layernorm(const std::string& name, double eps = 1e-5, const std::string& from = "");
+  GraphBuilder& dropout(const std::string& name, double p = 0.5, const std::string& from = "");
   GraphBuilder& global_avgpool2d(const std::string& name, const std::string& from = "");
   GraphBuilder& flatten(const std::string& name, const std::string& from = "");
   GraphBuilder& linear(const std::string& name, const LinearArgs& a, const std::string& from = "");

@@ -12,6 +12,8 @@
 #include "meshtrain/nn/activation.h"
 #include "meshtrain/nn/conv.h"
 #include "meshtrain/nn/dropout.h"
+#include "meshtrain/nn/gelu.h"
+#include "meshtrain/nn/layernorm.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/pool.h"
 #include "meshtrain/nn/shape.h"
@@ -120,6 +122,10 @@ std::unique_ptr<nn::Layer> build_layer(const GraphFacts& f, size_t i, bool fold_
     case Op::dropout: return std::make_unique<nn::Dropout>(l.name, l.p, seed);
     case Op::maxpool2d:
       return L.max_pool(l.kernel, in, nn::Pool2dOptions{.stride = l.stride, .padding = l.padding});
+    case Op::avgpool2d:
+      return L.avg_pool(l.kernel, in, nn::Pool2dOptions{.stride = l.stride, .padding = l.padding});
+    case Op::gelu: return std::make_unique<nn::Gelu>(/*exact=*/!l.tanh);
+    case Op::layernorm: return std::make_unique<nn::LayerNorm>(l.name, in[0], static_cast<float>(l.eps));
     case Op::global_avgpool2d: return L.global_pool(in, f.block(l.from[0]));
     case Op::flatten: {
       auto seq = std::make_unique<LayerSequence>();

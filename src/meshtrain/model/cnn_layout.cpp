@@ -54,6 +54,10 @@ std::unique_ptr<nn::Layer> CNNLayout::max_pool(int64_t kernel, const Shape&, con
   return std::make_unique<nn::MaxPool2d>(kernel, opt);
 }
 
+std::unique_ptr<nn::Layer> CNNLayout::avg_pool(int64_t kernel, const Shape&, const nn::Pool2dOptions& opt) const {
+  return std::make_unique<nn::AvgPool2d>(kernel, opt);
+}
+
 std::unique_ptr<nn::Layer> CNNLayout::global_pool(const Shape&, int block) const {
   return std::make_unique<nn::GlobalAvgPool>(block);
 }

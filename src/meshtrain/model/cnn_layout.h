@@ -119,6 +119,9 @@ class CNNLayout {
   // `in_chw`: the whole (C, H, W) of a sample's input, for layouts that cut it (row bands).
   virtual std::unique_ptr<nn::Layer> max_pool(int64_t kernel, const Shape& in_chw,
                                               const nn::Pool2dOptions& opt = {}) const;
+  // The same for an average pool (padding counted in the divisor, PyTorch's default).
+  virtual std::unique_ptr<nn::Layer> avg_pool(int64_t kernel, const Shape& in_chw,
+                                              const nn::Pool2dOptions& opt = {}) const;
   // (N, C, H, W) -> (N, C, 1, 1), the mean over the whole feature map; `block`: the input's
   // memory layout (activation_block).
   virtual std::unique_ptr<nn::Layer> global_pool(const Shape& in_chw, int block) const;

@@ -40,6 +40,7 @@ const std::vector<OpInfo>& ops() {
       {Op::batchnorm2d, "batchnorm2d", {"eps", "momentum"}, "batch normalisation over (N, H, W)"},
       {Op::relu, "relu", {}, "max(x, 0)"},
       {Op::maxpool2d, "maxpool2d", {"kernel_size", "stride", "padding"}, "max pooling"},
+      {Op::avgpool2d, "avgpool2d", {"kernel_size", "stride", "padding"}, "average pooling (padding counted)"},
       {Op::global_avgpool2d, "global_avgpool2d", {}, "the mean of each channel's map"},
       {Op::flatten, "flatten", {}, "(C, H, W) to features"},
       {Op::linear, "linear", {"out_features", "bias", "tied_to"}, "a fully connected layer", kBoth},
@@ -48,10 +49,10 @@ const std::vector<OpInfo>& ops() {
       {Op::embedding, "embedding", {"num_embeddings", "embedding_dim"}, "a token's row of a table", kTokens},
       {Op::position_embedding, "position_embedding", {"num_embeddings", "embedding_dim"},
        "a position's row of a table", kTokens},
-      {Op::layernorm, "layernorm", {"eps"}, "layer normalisation over features", kTokens},
+      {Op::layernorm, "layernorm", {"eps"}, "layer normalisation over features", kBoth},
       {Op::causal_self_attention, "causal_self_attention", {"heads", "bias"},
        "multi-head self-attention, each token over those before it", kTokens},
-      {Op::gelu, "gelu", {"approximate"}, "the Gaussian error linear unit", kTokens},
+      {Op::gelu, "gelu", {"approximate"}, "the Gaussian error linear unit", kBoth},
       {Op::dropout, "dropout", {"p"}, "elements zeroed with probability p in training"},
   };
   return v;
@@ -217,6 +218,7 @@ Graph parse_graph(const nlohmann::json& j, const std::string& source) {
         if (l.contains("padding")) L.padding = integer(l["padding"], "padding", 0, L.kernel / 2, field_fail);
         break;
       case Op::maxpool2d:
+      case Op::avgpool2d:
         L.kernel = integer(req("kernel_size"), "kernel_size", 1, kMaxWindow, field_fail);
         L.stride = l.contains("stride") ? integer(l["stride"], "stride", 1, kMaxWindow, field_fail) : L.kernel;
         if (l.contains("padding")) L.padding = integer(l["padding"], "padding", 0, L.kernel / 2, field_fail);
@@ -430,10 +432,18 @@ std::vector<Shape> infer_shapes(const Graph& g, const Shape& chw) {
         if (params > kMaxLayerParams) fail("would hold " + nlohmann::json(params).dump() + " weights, more than 2^31");
         break;
       }
-      case Op::maxpool2d: y = window("pooling window"), y[0] = x[0]; break;
+      case Op::maxpool2d:
+      case Op::avgpool2d: y = window("pooling window"), y[0] = x[0]; break;
       case Op::batchnorm2d: needs_map(), y = x; break;
       case Op::relu:
+      case Op::gelu:
       case Op::dropout: y = x; break;
+      case Op::layernorm:
+        if (x.size() != 1)
+          fail("normalises features (N, F); its input '" + name_of(L.from[0]) + "' is " + shape_text(x) +
+               ": put a flatten (or a global_avgpool2d and a flatten) before it, or use batchnorm2d on a feature map");
+        y = x;
+        break;
       case Op::global_avgpool2d: needs_map(), y = {x[0], 1, 1}; break;
       case Op::flatten:
         if (x.size() != 3) fail("flattens a feature map; its input '" + name_of(L.from[0]) + "' is " + shape_text(x) + " already");
@@ -548,7 +558,8 @@ ChannelSplits channel_splits(const Graph& g) {
     while (readers[cur].size() == 1) {
       const size_t r = static_cast<size_t>(readers[cur][0]);
       const Op op = g.layers[r].op;
-      if (op == Op::relu || (kind == Op::conv2d && (op == Op::batchnorm2d || op == Op::maxpool2d))) {
+      const bool per_channel = op == Op::batchnorm2d || op == Op::maxpool2d || op == Op::avgpool2d;
+      if (op == Op::relu || op == Op::gelu || (kind == Op::conv2d && per_channel)) {
         between.push_back(r);
         cur = r;
         continue;
@@ -569,7 +580,7 @@ bool graph_takes_blocked(const Graph& g) {
     const GraphLayer& L = g.layers[i];
     // Dropout draws by an element's place in NCHW order; a blocked map's order differs.
     if (L.op == Op::dropout && shapes[i].size() == 3) return false;
-    if (L.op == Op::maxpool2d || L.op == Op::concat) return false;
+    if (L.op == Op::maxpool2d || L.op == Op::avgpool2d || L.op == Op::concat) return false;
     if (L.op == Op::flatten && (L.from[0] < 0 || g.layers[static_cast<size_t>(L.from[0])].op != Op::global_avgpool2d))
       return false;
     for (int k : L.from)

@@ -40,10 +40,11 @@
 namespace meshtrain::model {
 
 enum class Op {
-  conv2d, batchnorm2d, relu, maxpool2d, global_avgpool2d, flatten, linear, add, concat,
-  // Token models (a transformer): compiled by model/transformer_graph.cpp.
-  embedding, position_embedding, layernorm, causal_self_attention, gelu,
-  dropout
+  conv2d, batchnorm2d, relu, maxpool2d, avgpool2d, global_avgpool2d, flatten, linear, add, concat,
+  // Token models (a transformer): matched to the GPT pattern by model/config.cpp.
+  embedding, position_embedding, causal_self_attention,
+  // Both: layernorm (image models: over features, after a flatten), gelu, dropout.
+  layernorm, gelu, dropout
 };
 
 const char* op_name(Op op);
@@ -53,14 +54,17 @@ struct GraphLayer {
   Op op = Op::relu;
   std::vector<int> from;  // indices of the layers it reads; -1: the model's input
   std::string unit;       // "" when not given
-  // conv2d: out_channels, kernel_size, stride, padding, bias; maxpool2d: kernel_size, stride,
-  // padding; linear: out_features (in out_channels), bias; batchnorm2d: eps, momentum.
+  // conv2d: out_channels, kernel_size, stride, padding, bias; maxpool2d, avgpool2d: kernel_size,
+  // stride, padding (avgpool2d: PyTorch's count_include_pad, the padding counted in the
+  // divisor); linear: out_features (in out_channels), bias; batchnorm2d: eps, momentum;
+  // layernorm: eps.
   int64_t out_channels = 0, kernel = 1, stride = 1, padding = 0;
   bool bias = true;
   double eps = 1e-5, momentum = 0.1;
   // Token models. embedding, position_embedding: num_embeddings (rows) and embedding_dim (in
   // out_channels); causal_self_attention: heads; linear: tied, the embedding whose weight it
-  // shares (-1: its own); gelu: tanh, PyTorch's approximate="tanh".
+  // shares (-1: its own); gelu: tanh, PyTorch's approximate="tanh" (else the exact erf form,
+  // PyTorch's default).
   int64_t num_embeddings = 0, heads = 0;
   int tied = -1;
   bool tanh = false;
@@ -108,8 +112,9 @@ std::vector<int> unit_starts(const Graph& g);
 
 // Channel pairing (model/cnn_layout.h): a convolution whose output reaches exactly one other
 // convolution through per-channel layers only (batch norm, ReLU, max pooling), each read once,
-// leaves its output split and that convolution takes it split (filters, then channels); a
-// linear layer whose output reaches exactly one other linear layer through ReLUs only pairs
+// leaves its output split and that convolution takes it split (filters, then channels; average
+// pooling and GELU are per-channel too); a linear layer whose output reaches exactly one other
+// linear layer through ReLUs or GELUs only pairs
 // the same way (column, then row). Per layer: whether its input arrives split, whether its
 // output leaves split.
 struct ChannelSplits {
@@ -118,10 +123,10 @@ struct ChannelSplits {
 ChannelSplits channel_splits(const Graph& g);
 
 // Whether every layer after the input can keep oneDNN's blocked activation layout
-// (convolution, batch norm, ReLU, add, global average pooling, and a flatten or linear after
+// (convolution, batch norm, ReLU, GELU, add, global average pooling, and a flatten or linear after
 // the global pool): the graph then keeps it where the layout gives one (no convolution
-// converts); otherwise (a max pool, a concat, a flatten of a feature map, dropout on a feature
-// map) every activation is NCHW.
+// converts); otherwise (a max or average pool, a concat, a flatten of a feature map, dropout on
+// a feature map) every activation is NCHW.
 bool graph_takes_blocked(const Graph& g);
 
 }  // namespace meshtrain::model

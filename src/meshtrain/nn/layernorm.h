@@ -1,4 +1,6 @@
-// LayerNorm over the last dimension (eps 1e-5), with weight and bias (GPT-2 `ln_*`).
+// LayerNorm over the last dimension (eps 1e-5 unless given), with weight and bias (GPT-2's
+// `ln_*`; an image model's after a flatten). Exact sums (Context::grad_slices): the parameter
+// gradients slice by slice into their float64 totals.
 #pragma once
 
 #include "meshtrain/nn/module.h"
@@ -7,7 +9,7 @@ namespace meshtrain::nn {
 
 class LayerNorm : public Layer {
  public:
-  LayerNorm(std::string name, int64_t C);
+  LayerNorm(std::string name, int64_t C, float eps = 1e-5f);
 
   Tensor forward(Context& ctx, const Tensor& x) override;    // (N.., C) -> (N.., C)
   Tensor backward(Context& ctx, const Tensor& dy) override;  // written
@@ -17,6 +19,7 @@ class LayerNorm : public Layer {
 
   Param weight;  // (C)
   Param bias;    // (C)
+  float eps;
 };
 
 }  // namespace meshtrain::nn

@@ -185,19 +185,24 @@ class BandConv : public nn::Conv2d {
   bool input_grad_;
 };
 
-// A max pool on the band extended by its halo, padded with -inf (padding never wins, as unsplit).
-class BandMaxPool : public nn::Layer {
+// A pool on the band extended by its halo. Max pooling pads with -inf (padding never wins, as
+// unsplit); average pooling with 0 and divides by the whole window (the padding counted, as
+// PyTorch's count_include_pad: every window of the padded map is whole, so the divisor is K x K
+// unsplit too).
+template <class Pool>
+class BandPool : public nn::Layer {
  public:
-  BandMaxPool(std::shared_ptr<comm::Communicator> g, int64_t H, int64_t k, const nn::Pool2dOptions& opt)
+  BandPool(std::shared_ptr<comm::Communicator> g, int64_t H, int64_t k, const nn::Pool2dOptions& opt, float fill,
+           const char* what)
       : pool_(k, nn::Pool2dOptions{.stride = opt.stride == 0 ? k : opt.stride, .padding = 0}),
-        halo_(std::move(g), Window{H, k, opt.stride == 0 ? k : opt.stride, opt.padding},
-              -std::numeric_limits<float>::infinity(), "max pool " + std::to_string(k) + "x" + std::to_string(k)) {}
+        halo_(std::move(g), Window{H, k, opt.stride == 0 ? k : opt.stride, opt.padding}, fill,
+              std::string(what) + " " + std::to_string(k) + "x" + std::to_string(k)) {}
   Tensor forward(nn::Context& ctx, const Tensor& x) override { return pool_.forward(ctx, halo_.extend(x)); }
   Tensor backward(nn::Context& ctx, const Tensor& dy) override { return halo_.fold(pool_.backward(ctx, dy)); }
   void collect_params(std::vector<nn::Param*>&) override {}
 
  private:
-  nn::MaxPool2d pool_;
+  Pool pool_;
   HaloExchange halo_;
 };
 
@@ -294,7 +299,11 @@ class SpatialLayout : public model::CNNLayout {
     return model::CNNLayout::batch_norm(name, channels, c);
   }
   std::unique_ptr<nn::Layer> max_pool(int64_t kernel, const Shape& in_chw, const nn::Pool2dOptions& opt) const override {
-    return std::make_unique<BandMaxPool>(g_, in_chw[1], kernel, opt);
+    return std::make_unique<BandPool<nn::MaxPool2d>>(g_, in_chw[1], kernel, opt,
+                                                     -std::numeric_limits<float>::infinity(), "max pool");
+  }
+  std::unique_ptr<nn::Layer> avg_pool(int64_t kernel, const Shape& in_chw, const nn::Pool2dOptions& opt) const override {
+    return std::make_unique<BandPool<nn::AvgPool2d>>(g_, in_chw[1], kernel, opt, 0.0f, "average pool");
   }
   std::unique_ptr<nn::Layer> global_pool(const Shape& in_chw, int) const override {
     return std::make_unique<BandGlobalPool>(g_, in_chw[1] * in_chw[2]);
@@ -369,6 +378,12 @@ class PlanLayout : public model::CNNLayout {
     windows.push_back({"a " + std::to_string(kernel) + "x" + std::to_string(kernel) + " max pool", chw[0], chw[2],
                        Window{chw[1], kernel, s, opt.padding}, true});
     return model::CNNLayout::max_pool(kernel, chw, opt);
+  }
+  std::unique_ptr<nn::Layer> avg_pool(int64_t kernel, const Shape& chw, const nn::Pool2dOptions& opt) const override {
+    const int64_t s = opt.stride == 0 ? kernel : opt.stride;
+    windows.push_back({"a " + std::to_string(kernel) + "x" + std::to_string(kernel) + " average pool", chw[0], chw[2],
+                       Window{chw[1], kernel, s, opt.padding}, true});
+    return model::CNNLayout::avg_pool(kernel, chw, opt);
   }
   std::unique_ptr<nn::Layer> global_pool(const Shape& chw, int block) const override {
     pool_chw = chw;
