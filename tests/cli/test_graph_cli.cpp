@@ -145,6 +145,34 @@ TEST_F(GraphCli, ModelShowOfATransformerCountsItsParametersAndPlacesTheSkipAcros
   EXPECT_NE(shown.output.find("\n3     1     skip "), std::string::npos) << shown.output;
 }
 
+// `model show --tp 2` of the transformer: the bytes its column adds up to (Megatron's all-reduces
+// of activations and input gradients, the vocabulary-parallel cross-entropy's per-token sums)
+// against the bytes the run then sends (tp_bytes_sent), which also holds the gradient norm's one
+// double a step.
+TEST_F(GraphCli, ModelShowOfATransformerPredictsTheBytesTpSends) {
+  const std::string file = std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/skip-transformer.json";
+  const auto shown = run_cli("model show " + file + " --tp 2 --batch 16");
+  ASSERT_EQ(shown.code, 0) << shown.output;
+  EXPECT_NE(shown.output.find("heads/2: c_attn columns, c_proj rows, all-reduce y and dx"), std::string::npos)
+      << shown.output;
+  const auto at = shown.output.find("one rank sends ");
+  ASSERT_NE(at, std::string::npos) << shown.output;
+  const double predicted = std::stod(shown.output.substr(at + 15));
+  EXPECT_GT(predicted, 0);
+  const std::string metrics = dir_->file("show_tp_tokens.jsonl");
+  const auto r = run_cli("train --model " + file + " --data " + dir_->file("text.txt") +
+                         " --steps 2 --batch 16 --tp 2 --threads 1 --eval-every 0 --eval-batches 1 --quiet --metrics " +
+                         metrics);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(metrics);
+  int lines = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    const double sent = nlohmann::json::parse(line).at("tp_bytes_sent").get<double>();
+    EXPECT_NEAR(sent, predicted, 0.001 * predicted) << "model show says " << predicted << " bytes a step, the run sent " << sent;
+  }
+  EXPECT_EQ(lines, 2);
+}
+
 // A pipeline cut between the two layers of a split pair (cnn-small's conv1 -> conv2 at pp 3,
 // mlp3's fc1 -> fc2 at pp 2): each tp rank sends its share of the channels to its peer.
 TEST_F(GraphCli, ASplitPairMayStraddleAPipelineCut) {

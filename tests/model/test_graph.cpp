@@ -8,6 +8,8 @@
 #include "meshtrain/kernels/flops.h"
 #include "meshtrain/model/builder.h"
 #include "meshtrain/model/cnn.h"
+#include "meshtrain/model/config.h"
+#include "meshtrain/model/gpt.h"
 #include "meshtrain/model/graph.h"
 #include "meshtrain/model/spec.h"
 
@@ -375,6 +377,30 @@ std::string gpt_refusal(const json& j) {
     return e.what();
   }
   return "";
+}
+
+// A transformer's FLOPs as model show counts them against what its matrix products count when
+// it runs: every GEMM (the projections, the MLP and the tied head), and not attention's two
+// products over the causal triangle, which its own kernel computes (graph.h says so).
+TEST(TokenGraph, ForwardFlopsAreWhatTheKernelsCount) {
+  const auto g = std::make_shared<const Graph>(parse_graph(examples_graph("skip-transformer.json"), "skip"));
+  const GPTConfig cfg = gpt_config(*g);
+  const int64_t B = 2, T = cfg.seq;
+  const std::vector<Shape> shapes = infer_shapes(*g, {T});
+  double said = 0, triangle = 0;
+  for (size_t i = 0; i < g->layers.size(); ++i) {
+    said += forward_flops(*g, shapes, {T}, i);
+    if (g->layers[i].op == Op::causal_self_attention)
+      triangle += 2 * 2.0 * static_cast<double>(cfg.n_embd) * static_cast<double>(T * (T + 1) / 2);
+  }
+  GPT gpt(cfg, 7);
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 200), targets[i] = static_cast<int32_t>((i + 1) % 200);
+  nn::Context ctx(1, /*training=*/false);
+  kernels::reset_flops_counted_thread();
+  gpt.forward(ctx, tokens.data(), targets.data(), B, T);
+  EXPECT_EQ(kernels::flops_counted_thread(), (said - triangle) * B);
+  EXPECT_GT(triangle, 0);
 }
 
 TEST(TokenGraph, TheNamedTransformersAreTheirDocumentedShapes) {

@@ -102,17 +102,27 @@ std::vector<double> params_by_layer(const model::Graph& g, const model::ModelSpe
   return out;
 }
 
-// What --tp N does to a transformer's layer (Megatron's layout, parallel/tensor/tensor_parallel.h).
-std::string tp_token_split(const model::GraphLayer& l, int p) {
+// What --tp N does to a transformer's layer (Megatron's layout, parallel/tensor/tensor_parallel.h),
+// and the bytes one rank sends for it a sample of T tokens of width C, forward and backward: each
+// all-reduce of n elements is a ring's, 2 (p - 1) / p n of them sent. The embedding's lookup sums
+// its vocabulary shards (y); attention all-reduces its c_proj's output (y) and its c_attn's input
+// gradient (dx); the MLP's c_fc its input gradient, its c_proj its output; the tied head's
+// cross-entropy all-reduces each token's maximum (float) and its sum of exponentials and target
+// logit (two doubles), and its input gradient (dx).
+std::pair<std::string, double> tp_token_split(const model::GraphLayer& l, int p, int64_t T, int64_t C) {
   const std::string n = std::to_string(p);
+  const double ring = 2.0 * (p - 1) / p, tc = static_cast<double>(T * C) * 4;
   switch (l.op) {
-    case model::Op::embedding: return "vocabulary rows/" + n + ", all-reduce y";
-    case model::Op::causal_self_attention: return "heads/" + n + ": c_attn columns, c_proj rows, all-reduce y";
+    case model::Op::embedding: return {"vocabulary rows/" + n + ", all-reduce y", ring * tc};
+    case model::Op::causal_self_attention:
+      return {"heads/" + n + ": c_attn columns, c_proj rows, all-reduce y and dx", 2 * ring * tc};
     case model::Op::linear:
-      if (l.tied >= 0) return "vocabulary/" + n + " (the embedding's rows), cross-entropy over the shards";
-      return l.name.ends_with(".c_fc") ? "columns/" + n + ", all-reduce dx" : "rows/" + n + ", all-reduce y";
-    case model::Op::gelu: return "features/" + n;
-    default: return "replicated";
+      if (l.tied >= 0)
+        return {"vocabulary/" + n + " (the embedding's rows), cross-entropy over the shards, all-reduce dx",
+                ring * (tc + static_cast<double>(T) * (4 + 2 * 8))};
+      return {l.name.ends_with(".c_fc") ? "columns/" + n + ", all-reduce dx" : "rows/" + n + ", all-reduce y", ring * tc};
+    case model::Op::gelu: return {"features/" + n, 0};
+    default: return {"replicated", 0};
   }
 }
 
@@ -162,22 +172,36 @@ void show_tokens(const ShowOptions& o, const model::Graph& g, const model::Model
   const std::string layout_head = o.tp > 1 ? "--tp " + std::to_string(o.tp) + ": split, inserted collectives" : "";
   std::printf("%-5s %-5s %-24s %-22s %-18s %11s %10s  %s\n", "block", o.pp > 1 ? "stage" : "", "layer", "op", "output",
               "parameters", "fwd MFLOP", layout_head.c_str());
-  double params = 0, flops = 0;
+  double params = 0, flops = 0, tp_bytes = 0;
   for (size_t i = 0; i < g.layers.size(); ++i) {
     const model::GraphLayer& l = g.layers[i];
     const bool first = i == 0 || block[i] != block[i - 1];
+    std::string col;
+    if (o.tp > 1) {
+      auto [what, bytes] = tp_token_split(l, o.tp, cfg.seq, cfg.n_embd);
+      tp_bytes += bytes;
+      col = what + (bytes > 0 ? " (" + bytes_text(bytes) + ")" : "");
+    }
     const double f = model::forward_flops(g, shapes, {cfg.seq}, i);
     flops += f, params += layer_params[i];
     const std::string unit = block[i] < 0 ? "emb" : block[i] == cfg.n_layer ? "head" : std::to_string(block[i]);
     std::printf("%-5s %-5s %-24s %-22s %-18s %11.0f %10.3f  %s\n", first ? unit.c_str() : "",
                 first && o.pp > 1 ? std::to_string(stage_of[static_cast<size_t>(block[i] + 1)]).c_str() : "",
                 l.name.c_str(), model::op_name(l.op), shape_text(shapes[i]).c_str(), layer_params[i], f / 1e6,
-                o.tp > 1 ? tp_token_split(l, o.tp).c_str() : "");
+                col.c_str());
   }
   std::printf("%-5s %-5s %-24s %-22s %-18s %11.0f %10.3f\n", "", "", "total", "", "", params, flops / 1e6);
   std::printf("forward + backward: %.3f MFLOP a sample (3 x forward); activations saved for backward: %.2f MiB a "
               "sample (the planner's count)\n",
               3 * flops / 1e6, cfg.activation_bytes(1, cfg.seq) / (1 << 20));
+  if (o.tp > 1) {
+    const int64_t rows = o.batch > 0 ? o.batch : cfg.batch;
+    std::printf("--tp %d: one rank sends %.0f bytes (%s) a micro-batch of %lld samples of %lld tokens, forward and "
+                "backward (%s a sample: the column's sum), and the gradient norm's all-reduce (one double) a step; "
+                "without --sequence-parallel\n",
+                o.tp, tp_bytes * static_cast<double>(rows), bytes_text(tp_bytes * static_cast<double>(rows)).c_str(),
+                static_cast<long long>(rows), static_cast<long long>(cfg.seq), bytes_text(tp_bytes).c_str());
+  }
   if (o.pp > 1) std::printf("--pp %d: blocks cut between stages by their FLOPs, as train cuts them\n", o.pp);
 }
 
