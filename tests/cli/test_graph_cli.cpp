@@ -43,7 +43,7 @@ class GraphCli : public ::testing::Test {
     const std::string model = file.starts_with("/") || !file.ends_with(".json")
                                   ? file
                                   : std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/" + file;
-    const std::string data = file == "skip-transformer.json" ? dir_->file("text.txt") : dir_->path().string();
+    const std::string data = file.ends_with("transformer.json") ? dir_->file("text.txt") : dir_->path().string();
     const auto r = run_cli("train --model " + model +
                                " --data " + data + " --steps " + std::to_string(steps) +
                                " --batch 16 --microbatches 2 --threads 1 --warmup 2 --lr 0.003 --eval-every 0 --eval-batches 1 --quiet"
@@ -129,6 +129,20 @@ TEST_F(GraphCli, ATransformerWithASkipAcrossTheCutMatchesOneRankAtEveryLayout) {
                                                  "--pp 2 --pp-cuts h.3"},
                        6, 1e-5);
   expect_layouts_match("skip-transformer.json", {"--dp 2", "--pp 2"}, 30, 1e-5);
+}
+
+// A transformer whose MLP is 2.5 x its width with the exact GELU (the graph's choices, not
+// GPT-2's): every layout against one rank, and its parameters against a hand count.
+TEST_F(GraphCli, ATransformerWithItsOwnMlpWidthAndGeluMatchesOneRankAtEveryLayout) {
+  expect_layouts_match("wide-gelu-transformer.json", {"--dp 2 --zero 1", "--dp 2 --zero 3", "--pp 2", "--tp 2",
+                                                      "--tp 2 --sequence-parallel", "--dp 2 --pp 2 --tp 2"},
+                       6, 1e-5);
+  const auto shown = run_cli("model show " + std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/wide-gelu-transformer.json");
+  ASSERT_EQ(shown.code, 0) << shown.output;
+  // wte 256 x 64, wpe 32 x 64; a block: two layernorms, c_attn, c_proj, c_fc 64 -> 160, c_proj 160 -> 64; ln_f.
+  const int block = 4 * 64 + (64 * 192 + 192) + (64 * 64 + 64) + (64 * 160 + 160) + (160 * 64 + 64);
+  EXPECT_NE(shown.output.find(" " + std::to_string(256 * 64 + 32 * 64 + 3 * block + 2 * 64) + " "), std::string::npos)
+      << shown.output;
 }
 
 // `model show` of the transformer: its parameters against a hand count, and at --pp 2 the skip's

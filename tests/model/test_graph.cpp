@@ -465,8 +465,9 @@ TEST(TokenGraph, AGraphThatIsNoPreNormTransformerIsRefusedNamingTheLayer) {
   json untied = ok;
   untied["layers"].back().erase("tied_to");
   std::vector<Bad> cases = {
-      {"an MLP of 3 x the width", edit(7, {{"out_features", 96}}), {"layer 7 'h.0.mlp.c_fc' (linear)", "4 x the width, 128"}},
-      {"the exact GELU", edit(8, {{"approximate", "none"}}), {"layer 8 'h.0.mlp.gelu' (gelu)", "\"tanh\""}},
+      {"MLPs of two widths", edit(15, {{"out_features", 96}}),
+       {"layer 15 'h.1.mlp.c_fc' (linear)", "block h.0's MLP 128", "one width"}},
+      {"two GELUs", edit(16, {{"approximate", "none"}}), {"layer 16 'h.1.mlp.gelu' (gelu)", "one GELU"}},
       {"heads that change", edit(12, {{"heads", 2}}), {"layer 12 'h.1.attn'", "every block has the same heads"}},
       {"a head of its own", untied, {"'lm_head' (linear) is the head", "\"tied_to\": \"wte\""}},
       {"a post-norm block", post_norm, {"layer 3 'h.0.attn' (causal_self_attention) is where block h.0's first layernorm"}},
@@ -479,6 +480,22 @@ TEST(TokenGraph, AGraphThatIsNoPreNormTransformerIsRefusedNamingTheLayer) {
     EXPECT_FALSE(m.empty()) << c.what << ": accepted";
     for (const std::string& piece : c.says) EXPECT_NE(m.find(piece), std::string::npos) << c.what << ": " << m;
   }
+  // The MLP's width and its GELU are the graph's: 3 x the width with the exact GELU in every block.
+  json wide = ok;
+  for (size_t i : {7, 15}) wide["layers"][i]["out_features"] = 96;
+  for (size_t i : {8, 16}) wide["layers"][i]["approximate"] = "none";
+  EXPECT_EQ(gpt_refusal(wide), "");
+  const GPTConfig c = gpt_config(parse_graph(wide, "wide"));
+  EXPECT_EQ(c.mlp_width(), 96);
+  EXPECT_TRUE(c.gelu_exact);
+  // The blocks built from it hold that MLP: c_fc 32 -> 96 and the exact GELU.
+  Block block("h.0", c, 7);
+  auto* mlp = dynamic_cast<MLPBlock*>(block.mlp.get());
+  ASSERT_NE(mlp, nullptr);
+  EXPECT_TRUE(mlp->gelu.exact);
+  EXPECT_EQ(mlp->c_fc->weight.value.shape(), (Shape{32, 96}));
+  EXPECT_EQ(gpt_config(parse_graph(ok, "ok")).mlp_width(), 128);
+  EXPECT_FALSE(gpt_config(parse_graph(ok, "ok")).gelu_exact);
 }
 
 TEST(TokenGraph, ShapesAndOpsOfTheWrongKindAreRefusedWhenRead) {

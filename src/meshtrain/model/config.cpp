@@ -10,9 +10,8 @@
 namespace meshtrain::model {
 
 int64_t GPTConfig::num_params() const {
-  const int64_t C = n_embd;
-  int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * 4 * C + 4 * C) +
-                      (4 * C * C + C);
+  const int64_t C = n_embd, H = mlp_width();
+  int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * H + H) + (H * C + C);
   return vocab_size * C + block_size * C + n_layer * per_layer + 2 * C;
 }
 
@@ -25,8 +24,9 @@ double GPTConfig::flops_per_token(int64_t T) const {
 }
 
 double GPTConfig::activation_bytes(int64_t B, int64_t T) const {
-  const double C = static_cast<double>(n_embd);
-  double per_token = static_cast<double>(n_layer) * (16 * C + static_cast<double>(n_head) + 4) +
+  // 8C + 2H a layer and token: with GPT-2's MLP (H = 4C), 16C.
+  const double C = static_cast<double>(n_embd), H = static_cast<double>(mlp_width());
+  double per_token = static_cast<double>(n_layer) * (8 * C + 2 * H + static_cast<double>(n_head) + 4) +
                      (C + 2) + C + static_cast<double>(vocab_size) + 1;
   return 4.0 * per_token * static_cast<double>(B * T);
 }
@@ -45,6 +45,7 @@ void GPTConfig::validate() const {
   in_range("n_head", n_head, 1);
   in_range("vocab_size", vocab_size, 2);
   in_range("block_size", block_size, 1);
+  if (n_inner != 0) in_range("n_inner", n_inner, 1);
   if (n_embd % n_head != 0)
     bad("n_embd " + std::to_string(n_embd) + " is not divisible by n_head " +
         std::to_string(n_head) + "; pick n_head dividing it");
@@ -61,6 +62,8 @@ nlohmann::json GPTConfig::to_json() const {
                       {"n_head", n_head},       {"vocab_size", vocab_size}, {"block_size", block_size},
                       {"batch", batch},         {"seq", seq}};
   if (has_skip()) j["skip_from"] = skip_from, j["skip_to"] = skip_to;  // absent: no skip
+  if (n_inner > 0) j["n_inner"] = n_inner;                              // absent: 4 x n_embd
+  if (gelu_exact) j["activation_function"] = "gelu";                    // absent: "gelu_new"
   return j;
 }
 
@@ -98,9 +101,11 @@ int64_t int_field(const nlohmann::json& j, const char* field, int64_t lo, const 
 
 GPTConfig GPTConfig::from_json(const nlohmann::json& j, const std::string& source) {
   static const char* required[] = {"n_layer", "n_embd", "n_head", "vocab_size", "block_size"};
-  static const char* optional[] = {"name", "batch", "seq", "skip_from", "skip_to", "family"};
+  static const char* optional[] = {"name",    "batch", "seq", "skip_from", "skip_to", "family",
+                                   "n_inner", "activation_function"};
   const std::string fields =
-      "n_layer, n_embd, n_head, vocab_size, block_size (required) and name, batch, seq, skip_from, skip_to";
+      "n_layer, n_embd, n_head, vocab_size, block_size (required) and name, batch, seq, n_inner, activation_function, "
+      "skip_from, skip_to";
   if (!j.is_object())
     throw std::invalid_argument(source + " must be a JSON object with the fields " + fields + ", not " +
                                 (j.is_array() ? "an array" : "a " + std::string(j.type_name())));
@@ -129,6 +134,14 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j, const std::string& sourc
   c.block_size = int_field(j, "block_size", 1, source);
   c.batch = j.contains("batch") ? int_field(j, "batch", 1, source) : c.batch;
   c.seq = j.contains("seq") ? int_field(j, "seq", 1, source) : std::min(c.block_size, c.seq);
+  if (j.contains("n_inner")) c.n_inner = int_field(j, "n_inner", 1, source);
+  if (j.contains("activation_function")) {
+    const nlohmann::json& a = j["activation_function"];
+    if (a != "gelu_new" && a != "gelu")
+      throw std::invalid_argument(source + ": field \"activation_function\" is " + a.dump() +
+                                  "; give \"gelu_new\" (the tanh GELU, GPT-2's) or \"gelu\" (the exact one)");
+    c.gelu_exact = a == "gelu";
+  }
   if (j.contains("skip_from") != j.contains("skip_to"))
     throw std::invalid_argument(source + ": give both skip_from and skip_to (a skip connection's two blocks), or neither");
   if (j.contains("skip_from")) {
@@ -241,11 +254,15 @@ GPTConfig gpt_config(const Graph& g) {
     const size_t ln2 = expect(Op::layernorm, h + ".ln_2", {r1}, "block " + h + "'s second layernorm");
     eps(ln2);
     const size_t fc = expect(Op::linear, h + ".mlp.c_fc", {static_cast<int>(ln2)}, "block " + h + "'s MLP input layer");
-    if (g.layers[fc].out_channels != 4 * c.n_embd)
-      fail(fc, "has out_features " + std::to_string(g.layers[fc].out_channels) + "; the MLP is 4 x the width, " +
-                   std::to_string(4 * c.n_embd));
+    if (b == 0) c.n_inner = g.layers[fc].out_channels == 4 * c.n_embd ? 0 : g.layers[fc].out_channels;
+    if (g.layers[fc].out_channels != c.mlp_width())
+      fail(fc, "has out_features " + std::to_string(g.layers[fc].out_channels) + ", block h.0's MLP " +
+                   std::to_string(c.mlp_width()) + "; every block's MLP has one width");
     const size_t act = expect(Op::gelu, "", {static_cast<int>(fc)}, "block " + h + "'s GELU");
-    if (!g.layers[act].tanh) fail(act, "is the exact GELU; meshtrain's MLP uses \"approximate\": \"tanh\"");
+    if (b == 0) c.gelu_exact = !g.layers[act].tanh;
+    if (g.layers[act].tanh == c.gelu_exact)
+      fail(act, std::string("is the ") + (c.gelu_exact ? "tanh" : "exact") + " GELU, block h.0's the " +
+                    (c.gelu_exact ? "exact" : "tanh") + " one; every block's MLP has one GELU");
     const size_t proj = expect(Op::linear, h + ".mlp.c_proj", {static_cast<int>(act)}, "block " + h + "'s MLP output layer");
     for (size_t k : {fc, proj})
       if (!g.layers[k].bias || g.layers[k].tied >= 0) fail(k, "must have its own weight and a bias");

@@ -21,6 +21,12 @@ struct GPTConfig {
   int64_t n_head = 4;
   int64_t vocab_size = 256;
   int64_t block_size = 64;  // longest sequence (rows of wpe)
+  // The MLP's hidden width (Hugging Face's GPT2Config.n_inner; 0: 4 x n_embd, GPT-2's) and its
+  // GELU: the tanh approximation (GPT-2's "gelu_new", the default) or the exact erf form
+  // ("gelu").
+  int64_t n_inner = 0;
+  bool gelu_exact = false;
+  int64_t mlp_width() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
   // A long skip connection (-1: none): block skip_from's output is added to block skip_to's
   // input (skip_from < skip_to - 1), a residual that bypasses the blocks between. Across
   // pipeline stages it travels straight from the one stage to the other (a portal).
@@ -46,7 +52,8 @@ struct GPTConfig {
 
   nlohmann::json to_json() const;
   // Strict: an object with the required fields n_layer, n_embd, n_head, vocab_size, block_size
-  // and the optional name, batch (default 12), seq (default min(64, block_size)) and skip_from,
+  // and the optional name, batch (default 12), seq (default min(64, block_size)), n_inner,
+  // activation_function ("gelu_new" or "gelu") and skip_from,
   // skip_to (both or neither, 0-based blocks, skip_from < skip_to - 1); unknown
   // keys, non-integers (2.7, "four") and values outside 1..kMaxField are refused with a
   // std::invalid_argument that starts with `source` and names the field as the JSON spells it.
@@ -59,9 +66,10 @@ GPTConfig gpt_config(const std::string& name);
 std::vector<std::string> gpt_config_names();
 // A token model's layer graph (model/graph.h) as the transformer it describes: token and
 // position embeddings and their sum, pre-norm blocks named h.<i> (ln_1, causal self-attention
-// attn, the residual sum, ln_2, mlp.c_fc of 4 x the width, a tanh GELU, mlp.c_proj, the residual
+// attn, the residual sum, ln_2, mlp.c_fc, a GELU, mlp.c_proj, the residual
 // sum), at most one long skip (a sum of an earlier block's output into a later block's input),
-// ln_f, and a head tied to the token embedding. Anything else is refused with a sentence naming
+// ln_f, and a head tied to the token embedding. The MLP's width (n_inner) and its GELU (tanh or
+// exact) are the graph's. Anything else is refused with a sentence naming
 // the layer and what was expected there.
 GPTConfig gpt_config(const Graph& g);
 // Reads a JSON file with the fields of GPTConfig (from_json's rules); every problem, including

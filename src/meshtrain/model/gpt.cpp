@@ -11,14 +11,15 @@ namespace meshtrain::model {
 
 // ---- MLPBlock ----
 
-MLPBlock::MLPBlock(std::string name, int64_t C, uint64_t seed, float proj_std)
-    : c_fc(std::make_unique<nn::Linear>(name + ".c_fc", C, 4 * C,
+MLPBlock::MLPBlock(std::string name, int64_t C, int64_t H, bool exact_gelu, uint64_t seed, float proj_std)
+    : c_fc(std::make_unique<nn::Linear>(name + ".c_fc", C, H,
                                         nn::LinearOptions{.seed = seed})),
-      c_proj(std::make_unique<nn::Linear>(name + ".c_proj", 4 * C, C,
+      gelu(exact_gelu),
+      c_proj(std::make_unique<nn::Linear>(name + ".c_proj", H, C,
                                           nn::LinearOptions{.init_std = proj_std, .seed = seed})) {}
 
-MLPBlock::MLPBlock(std::unique_ptr<nn::Linear> fc, std::unique_ptr<nn::Linear> proj)
-    : c_fc(std::move(fc)), c_proj(std::move(proj)) {}
+MLPBlock::MLPBlock(std::unique_ptr<nn::Linear> fc, std::unique_ptr<nn::Linear> proj, bool exact_gelu)
+    : c_fc(std::move(fc)), gelu(exact_gelu), c_proj(std::move(proj)) {}
 
 Tensor MLPBlock::forward(Context& ctx, const Tensor& x) {
   Tensor h = c_fc->forward(ctx, x);  // (B, T, 4C)
@@ -45,7 +46,7 @@ Block::Block(std::string name, const GPTConfig& cfg, uint64_t seed)
   attn = std::make_unique<nn::CausalSelfAttention>(
       name + ".attn", cfg.n_embd, cfg.n_head,
       nn::AttentionOptions{.seed = seed, .init_std = 0.02f, .proj_init_std = proj_std});
-  mlp = std::make_unique<MLPBlock>(name + ".mlp", cfg.n_embd, seed, proj_std);
+  mlp = std::make_unique<MLPBlock>(name + ".mlp", cfg.n_embd, cfg.mlp_width(), cfg.gelu_exact, seed, proj_std);
 }
 
 Block::Block(std::string name, int64_t C, std::unique_ptr<nn::Layer> a,
@@ -114,7 +115,7 @@ void check_tokens(const GPTConfig& cfg, const int32_t* tokens, int64_t B, int64_
 }
 
 std::vector<std::pair<std::string, Shape>> gpt_param_shapes(const GPTConfig& cfg) {
-  const int64_t C = cfg.n_embd;
+  const int64_t C = cfg.n_embd, H = cfg.mlp_width();
   std::vector<std::pair<std::string, Shape>> out = {{"wte.weight", {cfg.vocab_size, C}},
                                                     {"wpe.weight", {cfg.block_size, C}}};
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
@@ -124,8 +125,8 @@ std::vector<std::pair<std::string, Shape>> gpt_param_shapes(const GPTConfig& cfg
              {".attn.c_attn.weight", {C, 3 * C}}, {".attn.c_attn.bias", {3 * C}},
              {".attn.c_proj.weight", {C, C}},     {".attn.c_proj.bias", {C}},
              {".ln_2.weight", {C}},          {".ln_2.bias", {C}},
-             {".mlp.c_fc.weight", {C, 4 * C}},    {".mlp.c_fc.bias", {4 * C}},
-             {".mlp.c_proj.weight", {4 * C, C}},  {".mlp.c_proj.bias", {C}}})
+             {".mlp.c_fc.weight", {C, H}},    {".mlp.c_fc.bias", {H}},
+             {".mlp.c_proj.weight", {H, C}},  {".mlp.c_proj.bias", {C}}})
       out.emplace_back(b + name, shape);
   }
   out.emplace_back("ln_f.weight", Shape{C});

@@ -22,11 +22,11 @@ namespace meshtrain::model {
 using nn::Context;
 using nn::Param;
 
-// ---- MLP half of a block: c_fc (C, 4C) -> GELU -> c_proj (4C, C) ----
+// ---- MLP half of a block: c_fc (C, H) -> GELU (tanh, or exact) -> c_proj (H, C); GPT-2: H = 4C ----
 class MLPBlock : public nn::Layer {
  public:
-  MLPBlock(std::string name, int64_t C, uint64_t seed, float proj_std);
-  MLPBlock(std::unique_ptr<nn::Linear> fc, std::unique_ptr<nn::Linear> proj);
+  MLPBlock(std::string name, int64_t C, int64_t H, bool exact_gelu, uint64_t seed, float proj_std);
+  MLPBlock(std::unique_ptr<nn::Linear> fc, std::unique_ptr<nn::Linear> proj, bool exact_gelu);
   Tensor forward(Context& ctx, const Tensor& x) override;   // (B, T, C) -> (B, T, C)
   Tensor backward(Context& ctx, const Tensor& dy) override;
   void collect_params(std::vector<Param*>& out) override;

@@ -66,6 +66,8 @@ std::vector<OpCost> GPTSpec::op_costs(const StageSpec& spec, const CostQuery& q)
     return o;
   };
   const int64_t c = cfg_.n_embd, ct = static_cast<int64_t>(C / tp);
+  const double Hm = static_cast<double>(cfg_.mlp_width());  // the MLP's hidden width (4C: GPT-2's)
+  const int64_t ht = static_cast<int64_t>(Hm / tp);
   std::vector<OpCost> ops;
   if (spec.embedding) {
     OpCost e = memory("embedding", 3 * f * N * C, 3 * f * N * C, 0);
@@ -90,13 +92,13 @@ std::vector<OpCost> GPTSpec::op_costs(const StageSpec& spec, const CostQuery& q)
     ops.push_back(proj);
     ops.push_back(memory(b + ".residual_1", 3 * f * Ns * C, 2 * f * Ns * C, 0));
     ops.push_back(memory(b + ".ln_2", 2 * f * Ns * C, 4 * f * Ns * C, f * Ns * (C + 2), "layernorm"));
-    OpCost fc = gemm(b + ".mlp.c_fc", n_tok, 4 * ct, c, f * Ns * C);
+    OpCost fc = gemm(b + ".mlp.c_fc", n_tok, ht, c, f * Ns * C);
     fc.tp_bwd_bytes = tp > 1 ? f * N * C : 0;
     ops.push_back(fc);
-    OpCost g = memory(b + ".mlp.gelu", 2 * f * N * 4 * C / tp, 3 * f * N * 4 * C / tp, f * N * 4 * C / tp, "gelu");
-    g.temp_bytes = f * (N * 8 * C / tp + 2 * Ns * C);  // dg, dh and the residual gradients
+    OpCost g = memory(b + ".mlp.gelu", 2 * f * N * Hm / tp, 3 * f * N * Hm / tp, f * N * Hm / tp, "gelu");
+    g.temp_bytes = f * (N * 2 * Hm / tp + 2 * Ns * C);  // dg, dh and the residual gradients
     ops.push_back(g);
-    OpCost mp = gemm(b + ".mlp.c_proj", n_tok, c, 4 * ct, f * N * 4 * C / tp);
+    OpCost mp = gemm(b + ".mlp.c_proj", n_tok, c, ht, f * N * Hm / tp);
     mp.tp_fwd_bytes = tp > 1 ? f * N * C : 0;
     ops.push_back(mp);
     OpCost r = memory(b + ".residual_2", 2 * f * Ns * C, 2 * f * Ns * C, 0);
@@ -123,8 +125,9 @@ double GPTSpec::stage_param_elements(const StageSpec& spec, int tp_) const {
   const double P = static_cast<double>(cfg_.block_size);
   const int64_t end = spec.end_layer < 0 ? cfg_.n_layer : spec.end_layer;
   // A block: c_attn, c_fc (column: weight and bias split), c_proj x2 (row: weight split, bias
-  // whole), two layernorms whole.
-  const double block = (12 * C * C + 7 * C) / tp + 2 * C + 4 * C;
+  // whole), two layernorms whole; with the MLP's width H (GPT-2: 4C, 12 C^2 + 7C split).
+  const double H = static_cast<double>(cfg_.mlp_width());
+  const double block = (4 * C * C + 2 * C * H + 3 * C + H) / tp + 2 * C + 4 * C;
   double n = block * static_cast<double>(end - spec.first_layer);
   if (spec.embedding) n += V * C / tp + P * C;
   if (spec.head) n += 2 * C + (spec.embedding ? 0 : V * C / tp);

@@ -276,10 +276,8 @@ Machine Machine::probe() {
 // The parameter server's workers and servers, which the planner's layouts do not cover: the
 // analytic sum of what they hold (a GPT).
 MemoryEstimate estimate_ps_memory(const TrainOptions& o, const model::GPTConfig& cfg) {
-  const double C = static_cast<double>(cfg.n_embd), L = static_cast<double>(cfg.n_layer);
-  const double V = static_cast<double>(cfg.vocab_size), P = static_cast<double>(cfg.block_size);
-  const double n = V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C;  // GPTConfig::num_params
-  const double per_token = 4.0 * (L * (16 * C + static_cast<double>(cfg.n_head) + 4) + 2 * C + 2 + V + 1);
+  const double n = static_cast<double>(cfg.num_params());
+  const double per_token = cfg.activation_bytes(1, 1);  // GPTConfig's count of what backward keeps
   const double dp = std::max(1, o.dp);
   const double B = static_cast<double>(std::max<int64_t>(o.batch, 1)), T = static_cast<double>(std::max<int64_t>(o.seq, 1));
   const double state = 4.0 * static_cast<double>(state_prefixes(o.optim).size());  // bytes a parameter

@@ -35,6 +35,9 @@ void validate_tp(const model::GPTConfig& cfg, int tp, const TPOptions& opt, int6
     throw std::invalid_argument("hidden size " + std::to_string(cfg.n_embd) +
                                 " does not divide over --tp " + p +
                                 "; use a tp that divides n_embd.");
+  if (cfg.mlp_width() % tp != 0)
+    throw std::invalid_argument("the MLP's hidden width " + std::to_string(cfg.mlp_width()) +
+                                " does not divide over --tp " + p + "; use a tp that divides it.");
   if (cfg.vocab_size % tp != 0 && !opt.pad_vocab)
     throw std::invalid_argument(
         "vocabulary of " + std::to_string(cfg.vocab_size) + " does not divide over --tp " + p +
@@ -219,16 +222,16 @@ std::unique_ptr<nn::Layer> tp_attention(const std::string& name, const model::GP
 std::unique_ptr<nn::Layer> tp_mlp(const std::string& name, const model::GPTConfig& cfg,
                                   uint64_t seed, std::shared_ptr<comm::Communicator> tp,
                                   const TPOptions& opt) {
-  const int64_t C = cfg.n_embd;
+  const int64_t C = cfg.n_embd, H = cfg.mlp_width();
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
   auto fc = std::make_unique<ColumnParallelLinear>(
-      name + ".c_fc", C, 4 * C, tp,
+      name + ".c_fc", C, H, tp,
       ParallelLinearOptions{.seed = seed, .sequence_parallel = opt.sequence_parallel});
   auto proj = std::make_unique<RowParallelLinear>(
-      name + ".c_proj", 4 * C, C, tp,
+      name + ".c_proj", H, C, tp,
       ParallelLinearOptions{
           .init_std = proj_std, .seed = seed, .sequence_parallel = opt.sequence_parallel});
-  return std::make_unique<model::MLPBlock>(std::move(fc), std::move(proj));
+  return std::make_unique<model::MLPBlock>(std::move(fc), std::move(proj), cfg.gelu_exact);
 }
 }  // namespace
 
