@@ -185,7 +185,10 @@ void check_layout(const TrainOptions& o) {
         "bf16; it needs --dp 2 or --tp 2 or more, and no --ps-servers (drop it, or add data- or "
         "tensor-parallel ranks)");
   if (o.ps_servers > 0 && (o.tp > 1 || o.pp > 1))
-    bad("the parameter server runs whole-model workers; use --tp 1 --pp 1 with --ps-servers");
+    bad(o.tp > 1 && o.intra != IntraSplit::tensor
+            ? std::string("the parameter server runs whole-model workers; drop --") + intra_flag(o.intra) +
+                  " (and use --pp 1) with --ps-servers"
+            : std::string("the parameter server runs whole-model workers; use --tp 1 --pp 1 with --ps-servers"));
   if (o.ps_servers > 0 && (!o.checkpoint_dir.empty() || o.checkpoint_every > 0 || o.resume || o.save_initial))
     bad("the parameter server does not write or read checkpoints yet; drop --checkpoint-dir, --checkpoint-every, "
         "--resume and --save-initial, or run without --ps-servers");
