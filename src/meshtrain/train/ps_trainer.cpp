@@ -366,7 +366,8 @@ void WorkerLoop::run() {
       std::printf("model %s: %lld parameters | batch %s | parameter server: %d workers (ranks 0-%d) + "
                   "%d server(s) (ranks %d-%d) | staleness %s | %d thread(s) per rank%s\n",
                   images() ? sh_.spec->name().c_str() : sh_.cfg->name.c_str(),
-                  static_cast<long long>(model_.values.numel()), shape.c_str(), o_.dp, o_.dp - 1, o_.ps_servers, o_.dp, o_.dp + o_.ps_servers - 1,
+                  static_cast<long long>(model_.values.numel()), shape.c_str(), o_.dp, o_.dp - 1, o_.ps_servers,
+                  o_.dp, o_.dp + o_.ps_servers - 1,
                   o_.staleness < 0 ? "unbounded" : std::to_string(o_.staleness).c_str(), o_.threads,
                   o_.slow_worker_factor > 1 ? slowed : "");
       std::fflush(stdout);
@@ -412,7 +413,10 @@ void WorkerLoop::run() {
   } else {
     res.final_val_loss = evaluate();
   }
-  if (!res.steps.empty()) res.steps.back().val_loss = res.final_val_loss, res.steps.back().val_accuracy = res.final_val_accuracy;
+  if (!res.steps.empty()) {
+    res.steps.back().val_loss = res.final_val_loss;
+    res.steps.back().val_accuracy = res.final_val_accuracy;
+  }
   if (!o_.quiet) {
     const double samples = static_cast<double>(pushes_ * (B / o_.dp));
     std::string acc;  // as the all-reduce trainer's summary says it
