@@ -37,25 +37,36 @@ class GraphCli : public ::testing::Test {
     dir_ = nullptr;
   }
 
-  // The per-step losses of `steps` steps of examples/models/<file> (or a named model) at `flags`.
-  static std::vector<double> curve(const std::string& file, const std::string& flags, int steps) {
-    const std::string metrics = dir_->file(file + std::to_string(++runs_) + ".jsonl");
+  // The metrics lines of `steps` steps of examples/models/<file> (or a named model) at `flags`
+  // (`output`: what the run printed; `quiet`: with --quiet).
+  static std::vector<nlohmann::json> run_lines(const std::string& file, const std::string& flags, int steps,
+                                               std::string* output = nullptr, bool quiet = true) {
+    const std::string metrics = dir_->file(file.substr(file.find_last_of('/') + 1) + std::to_string(++runs_) + ".jsonl");
     const std::string model = file.starts_with("/") || !file.ends_with(".json")
                                   ? file
                                   : std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/" + file;
     const std::string data = file.ends_with("transformer.json") ? dir_->file("text.txt") : dir_->path().string();
-    const auto r = run_cli("train --model " + model +
-                               " --data " + data + " --steps " + std::to_string(steps) +
-                               " --batch 16 --microbatches 2 --threads 1 --warmup 2 --lr 0.003 --eval-every 0 --eval-batches 1 --quiet"
-                               " --metrics " + metrics + " " + flags,
-                           600);
+    std::string args = "train --model " + model + " --data " + data + " --steps " + std::to_string(steps);
+    args += " --batch 16 --microbatches 2 --threads 1 --warmup 2 --lr 0.003 --eval-every 0 --eval-batches 1";
+    args += quiet ? " --quiet" : " --log-every 1";
+    args += " --metrics ";
+    args += metrics;
+    args += " ";
+    args += flags;
+    const auto r = run_cli(args, 600);
     EXPECT_EQ(r.code, 0) << flags << "\n" << r.output;
-    std::vector<double> losses;
+    if (output) *output = r.output;
+    std::vector<nlohmann::json> lines;
     std::ifstream in(metrics);
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line);
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+  }
+
+  // The per-step losses of `steps` steps of examples/models/<file> (or a named model) at `flags`.
+  static std::vector<double> curve(const std::string& file, const std::string& flags, int steps) {
+    std::vector<double> losses;
+    for (const nlohmann::json& j : run_lines(file, flags, steps))
       if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
-    }
     EXPECT_EQ(losses.size(), static_cast<size_t>(steps)) << flags;
     return losses;
   }
@@ -244,6 +255,91 @@ TEST_F(GraphCli, DropoutDrawsTheSameMasksAtEveryLayout) {
   std::ofstream(none) << g.dump();
   const double with = curve("mlp-dropout.json", "", 1).at(0), without = curve(none, "", 1).at(0);
   EXPECT_GT(std::abs(with - without), 1e-4 * without) << with << " " << without;
+}
+
+// The parameter server on image graphs (train/ps_trainer.h): at staleness 0 a round is the
+// two workers' pushes of one step, the servers run the same AdamW, each worker takes its rows of
+// every micro-batch of the global batch as a dp rank does (the fixture's --microbatches 2
+// applies: micro-batch k is rows [8k, 8k + 8), 4 on each worker), and the workers sum batch
+// norm's statistics over their own group. So one and two servers keep one rank's curve: an MLP,
+// a VGG with batch norm (the test that fails if the statistics were each worker's own), and
+// dropout (its masks keyed by the sample's place in the global batch, which the workers keep).
+const std::vector<std::string> kPsLayouts = {"--dp 2 --ps-servers 1", "--dp 2 --ps-servers 2"};
+
+TEST_F(GraphCli, TheParameterServerKeepsOneRanksCurveOnAnMlp) {
+  expect_layouts_match("mlp3.json", kPsLayouts, 6, 1e-5);
+}
+
+TEST_F(GraphCli, TheParameterServerKeepsOneRanksCurveWithBatchNorm) {
+  expect_layouts_match("vgg-mini.json", kPsLayouts, 6, 1e-5);
+  // A named CNN (batch norm after both convolutions), through the same path.
+  expect_layouts_match("cnn-small", {"--dp 2 --ps-servers 2"}, 6, 1e-5);
+}
+
+TEST_F(GraphCli, TheParameterServerKeepsOneRanksCurveWithDropout) {
+  expect_layouts_match("mlp-dropout.json", kPsLayouts, 6, 1e-5);
+}
+
+// What a parameter-server run of an image model reports: every metrics line the batch's
+// accuracy (the workers' rows summed) and images per second, and at the end the validation loss
+// and test accuracy of the final parameters with worker 0's running statistics, which at
+// staleness 0 are one rank's: the summary numbers of all-reduce dp over as many ranks (whose
+// validation takes the same slices of B / W rows; one rank's, over whole batches, may differ in
+// the 4th decimal by the convolutions' round-off at another batch size).
+TEST_F(GraphCli, TheParameterServerReportsAccuracyAndValidatesAsAllReduce) {
+  std::string one_out, ps_out;
+  const auto one = run_lines("vgg-mini.json", "--dp 2", 4, &one_out, /*quiet=*/false);
+  const auto ps = run_lines("vgg-mini.json", "--dp 2 --ps-servers 2", 4, &ps_out, /*quiet=*/false);
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(ps.size(), 4u);
+  for (size_t s = 0; s < ps.size(); ++s) {
+    ASSERT_TRUE(ps[s].contains("accuracy")) << ps[s].dump();
+    EXPECT_NEAR(ps[s]["accuracy"].get<double>(), one[s].at("accuracy").get<double>(), 1e-6) << "step " << s + 1;
+    EXPECT_GT(ps[s].at("images_per_s").get<double>(), 0.0) << ps[s].dump();
+    EXPECT_EQ(ps[s].at("pushes").get<int>(), 2) << ps[s].dump();
+  }
+  auto summary = [](const std::string& out, const std::string& what) {
+    const auto at = out.find(what);
+    EXPECT_NE(at, std::string::npos) << out;
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + what.size()));
+  };
+  EXPECT_NEAR(summary(ps_out, "final validation loss "), summary(one_out, "final validation loss "), 1.5e-4)
+      << ps_out << "\n" << one_out;
+  EXPECT_NEAR(summary(ps_out, "test accuracy "), summary(one_out, "test accuracy "), 0.01) << ps_out << "\n" << one_out;
+  EXPECT_NE(ps_out.find("parameter server: 2 workers"), std::string::npos) << ps_out;
+}
+
+// Staleness above 0 on image graphs: the run spends its sample budget (steps x workers pushes)
+// however the slowed worker and the other split it, finishes, evaluates and learns. A batch-norm
+// graph runs there with --batch-norm local (each worker's own statistics); without it the run is
+// refused before any work, saying what to change, since workers steps apart cannot share them.
+TEST_F(GraphCli, TheParameterServerTrainsImageGraphsWithStaleness) {
+  struct Case {
+    std::string file, flags;
+  };
+  for (const Case& c : {Case{"vgg-mini.json", "--dp 2 --ps-servers 1 --staleness 2 --slow-worker 2 --batch-norm local"},
+                        Case{"mlp3.json", "--dp 2 --ps-servers 2 --staleness inf --slow-worker 2"}}) {
+    std::string out;
+    const auto lines = run_lines(c.file, c.flags, 30, &out, /*quiet=*/false);
+    ASSERT_GE(lines.size(), 10u) << c.flags << "\n" << out;
+    int64_t pushes = 0;
+    for (const auto& j : lines) pushes += j.at("pushes").get<int64_t>();
+    EXPECT_EQ(pushes, 60) << c.flags;
+    auto mean = [&](size_t from, size_t to) {
+      double sum = 0;
+      for (size_t i = from; i < to; ++i) sum += lines[i].at("loss").get<double>();
+      return sum / static_cast<double>(to - from);
+    };
+    EXPECT_LT(mean(lines.size() - 5, lines.size()), 0.8 * mean(0, 5)) << c.file << " " << c.flags;
+    EXPECT_NE(out.find("final validation loss "), std::string::npos) << out;
+  }
+  const std::string metrics = dir_->file("ps_stale_bn.jsonl");
+  const auto r = run_cli("train --model " + std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/vgg-mini.json --data " +
+                         dir_->path().string() + " --steps 2 --batch 16 --dp 2 --ps-servers 1 --staleness 2 --metrics " +
+                         metrics);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--staleness 2 runs steps apart; add --batch-norm local"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::ifstream(metrics).good());
 }
 
 // --pp-cuts places the stages by layer name: at a layer that begins a unit, as --pp-balance

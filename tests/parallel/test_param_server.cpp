@@ -19,9 +19,11 @@
 
 #include "layout_fixture.h"
 #include "meshtrain/comm/threads_backend.h"
+#include "meshtrain/model/spec.h"
 #include "meshtrain/parallel/data/param_server.h"
 #include "meshtrain/train/ps_trainer.h"
 #include "meshtrain/train/trainer.h"
+#include "meshtrain/train/validate.h"
 #include "temp_dir.h"
 
 using namespace meshtrain;
@@ -265,6 +267,35 @@ TEST(ParamServer, SilentOrVanishedWorkerFailsTheServer) {
     EXPECT_EQ(e.ranks(), std::vector<int>{0}) << e.what();
   }
   EXPECT_THROW(comm::run_threads(2, [&](comm::Communicator& w) { serve(w, false); }, opts), comm::CommError);
+}
+
+// ---- the memory estimate of an image model (train/validate.h) ----
+
+// The start-up check's sum for a parameter server training a CNN: every worker holds the whole
+// model's values and gradients and the activations of its rows (as a dp rank of the all-reduce
+// trainer does), the servers together one more copy of the values and gradients and AdamW's two
+// states; nothing else holds optimizer state.
+TEST(ParamServer, MemoryEstimateOfAnImageModelCountsWorkersAndServers) {
+  const auto spec = model::model_spec("cnn-small");
+  double n = 0;
+  for (const auto& [name, shape] : spec->param_shapes()) {
+    double k = 1;
+    for (int64_t d : shape) k *= static_cast<double>(d);
+    n += k;
+  }
+  train::TrainOptions o;
+  o.dp = 2, o.ps_servers = 2, o.batch = 16, o.seq = 1, o.data = "fashion-mnist";
+  const train::MemoryEstimate e = train::estimate_memory(o, *spec);
+  EXPECT_DOUBLE_EQ(e.params, 3 * 4 * n);
+  EXPECT_DOUBLE_EQ(e.grads, 3 * 4 * n);
+  EXPECT_DOUBLE_EQ(e.optimizer, 2 * 4 * n);
+  EXPECT_EQ(e.ranks, 4);
+  train::TrainOptions all_reduce = o;
+  all_reduce.ps_servers = 0;
+  const train::MemoryEstimate a = train::estimate_memory(all_reduce, *spec);
+  EXPECT_GT(e.activations, 0.0);
+  EXPECT_DOUBLE_EQ(e.activations, a.activations);  // two workers' rows = two dp ranks' rows
+  EXPECT_DOUBLE_EQ(a.optimizer, 2 * 2 * 4 * n);    // each dp rank its own AdamW state
 }
 
 // ---- bad input ----

@@ -1,5 +1,6 @@
 // Parameter-server training: the worker loop (pull, forward/backward on this worker's rows,
-// push) and the server loop (the optimizer over the shard as the rounds close). See ps_trainer.h and
+// push) and the server loop (the optimizer over the shard as the rounds close), for a token
+// model (GPT) or an image model (the whole model as one stage). See ps_trainer.h and
 // parallel/data/param_server.h.
 #include "meshtrain/train/ps_trainer.h"
 
@@ -12,12 +13,16 @@
 #include <stdexcept>
 #include <span>
 #include <thread>
+#include <map>
 
 #include "meshtrain/comm/world.h"
 #include "meshtrain/kernels/adamw.h"
 #include "meshtrain/model/gpt.h"
 #include "meshtrain/parallel/data/param_server.h"
+#include "meshtrain/pipeline/executor.h"
+#include "meshtrain/train/layout.h"
 #include "meshtrain/train/metrics.h"
+#include "meshtrain/train/stage_runner.h"
 
 namespace meshtrain::train {
 
@@ -40,16 +45,35 @@ void check_ps(const TrainOptions& o) {
   if (!(o.slow_worker_factor >= 1)) throw bad("--slow-worker must be at least 1 (the factor worker 0's step is slowed by)");
 }
 
+struct Shared {
+  const TrainOptions& o;
+  const model::GPTConfig* cfg;   // token models
+  const model::ModelSpec* spec;  // image models
+  const TokenDataset* tokens;    // token models
+  const ImageDataset* images;    // image models
+  TrainResult& res;
+  PSRunLog& log;
+};
+
 // ---- a model whose parameters are views of two flat buffers (params() order) ----
 
 struct FlatModel {
-  std::unique_ptr<model::GPT> gpt;
+  std::unique_ptr<model::GPT> gpt;      // token models
+  std::unique_ptr<model::Stage> stage;  // image models: the whole model as one stage
   std::vector<nn::Param*> params;
   std::vector<int64_t> offsets;
   Tensor values, grads;  // (numel)
 
-  FlatModel(const model::GPTConfig& cfg, uint64_t seed) : gpt(std::make_unique<model::GPT>(cfg, seed)) {
-    params = gpt->params();
+  FlatModel(const Shared& sh, uint64_t seed) {
+    if (sh.images) {
+      // Single-rank layers (no factories), layout-invariant initialisation by name: the
+      // parameters the all-reduce trainer's one rank starts from.
+      stage = sh.spec->make_stage(model::StageSpec{0, -1, true, true}, seed, model::StageFactories{});
+      stage->collect_params(params);
+    } else {
+      gpt = std::make_unique<model::GPT>(*sh.cfg, seed);
+      params = gpt->params();
+    }
     int64_t n = 0;
     for (nn::Param* p : params) offsets.push_back(n), n += p->numel();
     values = Tensor::empty({n});
@@ -64,14 +88,6 @@ struct FlatModel {
   std::span<float> gspan() { return {grads.data(), static_cast<size_t>(grads.numel())}; }
 };
 
-struct Shared {
-  const TrainOptions& o;
-  const model::GPTConfig& cfg;
-  const TokenDataset& data;
-  TrainResult& res;
-  PSRunLog& log;
-};
-
 parallel::PSLayout layout_for(const TrainOptions& o, const FlatModel& m) {
   return parallel::PSLayout::make(o.dp, o.ps_servers, m.values.numel());
 }
@@ -81,7 +97,7 @@ parallel::PSLayout layout_for(const TrainOptions& o, const FlatModel& m) {
 void run_server(comm::Communicator& world, std::shared_ptr<comm::Communicator> servers, Shared& sh, int j) {
   const TrainOptions& o = sh.o;
   // Layout-invariant initialisation: the full model's values hold the shard's true values.
-  auto init = std::make_unique<FlatModel>(sh.cfg, o.seed);
+  auto init = std::make_unique<FlatModel>(sh, o.seed);
   const parallel::PSLayout L = layout_for(o, *init);
   const int64_t lo = L.off[j], hi = L.off[j] + L.n[j];
   Tensor values = Tensor::empty({L.n[j]}), grad({L.n[j]});
@@ -157,13 +173,18 @@ void run_server(comm::Communicator& world, std::shared_ptr<comm::Communicator> s
 
 class WorkerLoop {
  public:
-  WorkerLoop(comm::Communicator& world, Shared& sh, int w)
-      : sh_(sh), o_(sh.o), w_(w), lead_(w == 0), model_(sh.cfg, o_.seed), client_(world, layout_for(o_, model_), w) {}
+  // `workers`: the workers-only group (staleness 0 with an image model; else null): batch
+  // norm's statistics (unless --batch-norm local) and the batch's accuracy are summed over it.
+  WorkerLoop(comm::Communicator& world, std::shared_ptr<comm::Communicator> workers, Shared& sh, int w);
   void run();
 
  private:
   float evaluate();
+  std::pair<float, float> evaluate_images();  // validation loss and accuracy
+  double token_step(int64_t clock);
+  double image_step(int64_t clock);
   void report(const std::vector<parallel::PSRound>& rounds);
+  bool images() const { return sh_.images != nullptr; }
 
   Shared& sh_;
   const TrainOptions& o_;
@@ -171,10 +192,61 @@ class WorkerLoop {
   bool lead_;
   FlatModel model_;
   parallel::PSWorker client_;
+  std::shared_ptr<comm::Communicator> workers_;
+  // Image models: the stage as the executor drives it (the all-reduce trainer's pp 1 path).
+  std::unique_ptr<StageDriver> driver_;
+  std::unique_ptr<pipeline::Executor> exec_;
+  std::vector<float> img_;
+  std::vector<int32_t> tok_, lab_;  // a step's token ids (token models) and targets or labels
+  std::vector<int64_t> first_rows_;
+  std::map<int64_t, float> accuracy_;  // worker 0, staleness 0: the batch's accuracy by step
   std::unique_ptr<MetricsWriter> metrics_;
   double last_t_ = 0, peak_gflops_ = 0;
   int64_t pushes_ = 0;  // applied by server 0 so far
 };
+
+WorkerLoop::WorkerLoop(comm::Communicator& world, std::shared_ptr<comm::Communicator> workers, Shared& sh, int w)
+    : sh_(sh),
+      o_(sh.o),
+      w_(w),
+      lead_(w == 0),
+      model_(sh, o_.seed),
+      client_(world, layout_for(o_, model_), w),
+      workers_(std::move(workers)) {
+  if (!images()) return;
+  // Synchronised batch norm over the workers (staleness 0: they compute step c together), so
+  // W workers compute the statistics one rank does, as dp ranks do over their group.
+  if (workers_ && o_.dp > 1 && !o_.batch_norm_local)
+    model_.stage->set_batch_stats_reduce([g = workers_](std::span<double> v) { g->all_reduce(v); });
+  driver_ = std::make_unique<StageDriver>(*model_.stage, nullptr, nullptr, /*recompute=*/false);
+  exec_ = std::make_unique<pipeline::Executor>(make_pipeline_schedule(o_), 0, nullptr,
+                                               std::vector<pipeline::StageRunner*>{driver_.get()}, o_.threads,
+                                               o_.precision);
+}
+
+// Image models: worker 0 alone, every validation batch in slices of a worker's rows (as the dp
+// ranks take them), the loss and accuracy over every counted image.
+std::pair<float, float> WorkerLoop::evaluate_images() {
+  const ImageDataset& d = *sh_.images;
+  const int64_t B = o_.batch, rows = B / o_.dp;
+  const int64_t n = std::min(o_.eval_batches, d.num_eval_batches(Split::val, B));
+  const int64_t per = d.channels() * d.height() * d.width();
+  std::vector<float> img(rows * per);
+  std::vector<int32_t> lab(rows);
+  std::array<double, 3> a{0, 0, 0};  // loss sum, correct, counted
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t r0 = 0; r0 < B; r0 += rows) {
+      d.eval_batch(Split::val, j, B, r0, r0 + rows, img.data(), lab.data());
+      driver_->set_batches({.images = img.data(), .sample_floats = per, .targets = lab.data(), .rows = rows, .T = 1},
+                           1.f);
+      exec_->forward_only(1);
+      for (const model::StageResult& r : driver_->results())
+        a[0] += static_cast<double>(r.loss) * static_cast<double>(r.counted), a[1] += static_cast<double>(r.correct),
+            a[2] += static_cast<double>(r.counted);
+    }
+  }
+  return {static_cast<float>(a[0] / std::max(1.0, a[2])), static_cast<float>(a[1] / std::max(1.0, a[2]))};
+}
 
 float WorkerLoop::evaluate() {
   // Worker 0 alone, over the whole validation batch in slices of a worker's rows.
@@ -183,7 +255,7 @@ float WorkerLoop::evaluate() {
   double sum = 0;
   for (int64_t j = 0; j < o_.eval_batches; ++j) {
     for (int64_t r0 = 0; r0 < B; r0 += rows) {
-      sh_.data.batch(Split::val, DataOrder::random, o_.seed, j, B, T, r0, r0 + rows, tok.data(), tgt.data());
+      sh_.tokens->batch(Split::val, DataOrder::random, o_.seed, j, B, T, r0, r0 + rows, tok.data(), tgt.data());
       nn::Context ctx(o_.threads, /*training=*/false, o_.precision);
       sum += model_.gpt->forward(ctx, tok.data(), tgt.data(), rows, T) / static_cast<double>(o_.dp);
     }
@@ -204,15 +276,24 @@ void WorkerLoop::report(const std::vector<parallel::PSRound>& rounds) {
     r.step_ms = (pr.t_s - last_t_) * 1e3;
     last_t_ = pr.t_s;
     r.tokens_per_s = static_cast<double>(pr.pushes * rows * T) / std::max(1e-9, r.step_ms / 1e3);
-    r.mfu = sh_.cfg.flops_per_token(T) * r.tokens_per_s / (peak_gflops_ * 1e9);
+    const double flops_per_token = images() ? sh_.spec->flops_per_sample(1) : sh_.cfg->flops_per_token(T);
+    r.mfu = flops_per_token * r.tokens_per_s / (peak_gflops_ * 1e9);
     r.peak_rss_mb = peak_rss_mb();
+    // Staleness 0: round r is step r's W pushes, whose accuracy the workers summed.
+    if (auto it = accuracy_.find(pr.round); it != accuracy_.end() && o_.staleness == 0) {
+      r.accuracy = it->second;
+      accuracy_.erase(it);
+    }
     nlohmann::json line = step_json(r);
+    if (images()) line["images_per_s"] = r.tokens_per_s;  // T is 1: samples per second
+    if (r.accuracy) line["accuracy"] = *r.accuracy;
     line["staleness"] = pr.staleness;
     line["pushes"] = pr.pushes;
     metrics_->write(line);
     if (!o_.quiet && o_.log_every > 0 && (r.step + 1) % o_.log_every == 0) {
-      std::printf("round %5lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | staleness %lld\n",
+      std::printf("round %5lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f %s | staleness %lld\n",
                   static_cast<long long>(r.step + 1), r.loss, r.lr, r.grad_norm, r.step_ms, r.tokens_per_s,
+                  images() ? "img/s" : "tok/s",
                   static_cast<long long>(pr.staleness));
       std::fflush(stdout);
     }
@@ -220,39 +301,85 @@ void WorkerLoop::report(const std::vector<parallel::PSRound>& rounds) {
   }
 }
 
-void WorkerLoop::run() {
+// Token models: this worker's B / W rows, cut into its micro-batches.
+double WorkerLoop::token_step(int64_t clock) {
   const int64_t B = o_.batch, T = o_.seq, M = o_.microbatches;
   const int64_t rows = B / o_.dp / M, row0 = w_ * (B / o_.dp);
+  tok_.resize(rows * T), lab_.resize(rows * T);
+  double loss = 0;
+  for (int64_t mb = 0; mb < M; ++mb) {
+    const int64_t r0 = row0 + mb * rows;
+    sh_.tokens->batch(Split::train, o_.data_order, o_.seed, clock, B, T, r0, r0 + rows, tok_.data(), lab_.data());
+    nn::Context ctx(o_.threads, /*training=*/true, o_.precision);
+    loss += model_.gpt->forward(ctx, tok_.data(), lab_.data(), rows, T) / static_cast<double>(M);
+    model_.gpt->backward(ctx, 1.0f / static_cast<float>(M));
+  }
+  return loss;
+}
+
+// Image models: micro-batch k is rows [k B / M, (k+1) B / M) of the global batch, split over
+// the workers as over dp ranks (train/rank_data.cpp), so with the statistics summed over the
+// workers each micro-batch's batch norm is one rank's micro-batch k; dropout's masks are keyed
+// by (step, the sample's place in the global batch).
+double WorkerLoop::image_step(int64_t clock) {
+  const ImageDataset& ds = *sh_.images;
+  const int64_t B = o_.batch, M = o_.microbatches, rows = B / o_.dp / M;
+  const int64_t per = ds.channels() * ds.height() * ds.width();
+  img_.resize(M * rows * per), lab_.resize(M * rows), first_rows_.resize(M);
+  for (int64_t mb = 0; mb < M; ++mb) {
+    const int64_t r0 = first_rows_[mb] = mb * (B / M) + w_ * rows;
+    ds.batch(Split::train, o_.data_order, o_.seed, clock, B, r0, r0 + rows, img_.data() + mb * rows * per,
+             lab_.data() + mb * rows, o_.augment);
+  }
+  driver_->set_batches({.images = img_.data(), .sample_floats = per, .targets = lab_.data(), .rows = rows, .T = 1,
+                        .step = clock, .first_sample = first_rows_.data()},
+                       1.0f / static_cast<float>(M));
+  exec_->set_weights_epoch(clock);
+  exec_->run_step();
+  double loss = 0;  // the mean over the micro-batches, as the all-reduce trainer adds it
+  std::array<double, 2> acc{0, 0};  // correct, counted
+  for (const model::StageResult& r : driver_->results())
+    loss += r.loss / static_cast<double>(M), acc[0] += static_cast<double>(r.correct),
+        acc[1] += static_cast<double>(r.counted);
+  if (workers_) {
+    if (o_.dp > 1) workers_->all_reduce(acc);
+    if (lead_) accuracy_[clock] = static_cast<float>(acc[0] / std::max(1.0, acc[1]));
+  }
+  return loss;
+}
+
+void WorkerLoop::run() {
+  const int64_t B = o_.batch, T = o_.seq;
   if (lead_) {
     metrics_ = std::make_unique<MetricsWriter>(o_.metrics);
     peak_gflops_ = measured_gemm_gflops(o_.threads, o_.precision) * o_.dp;
     if (!o_.quiet) {
       char slowed[64];
       std::snprintf(slowed, sizeof slowed, " | worker 0 slowed %.2gx", o_.slow_worker_factor);
-      std::printf("model %s: %lld parameters | batch %lld x %lld | parameter server: %d workers (ranks 0-%d) + "
+      std::string shape = std::to_string(B);
+      if (images()) {
+        shape += " images";
+      } else {
+        shape += " x ";
+        shape += std::to_string(T);
+      }
+      std::printf("model %s: %lld parameters | batch %s | parameter server: %d workers (ranks 0-%d) + "
                   "%d server(s) (ranks %d-%d) | staleness %s | %d thread(s) per rank%s\n",
-                  sh_.cfg.name.c_str(), static_cast<long long>(sh_.cfg.num_params()), static_cast<long long>(B),
-                  static_cast<long long>(T), o_.dp, o_.dp - 1, o_.ps_servers, o_.dp, o_.dp + o_.ps_servers - 1,
+                  images() ? sh_.spec->name().c_str() : sh_.cfg->name.c_str(),
+                  static_cast<long long>(model_.values.numel()), shape.c_str(), o_.dp, o_.dp - 1, o_.ps_servers,
+                  o_.dp, o_.dp + o_.ps_servers - 1,
                   o_.staleness < 0 ? "unbounded" : std::to_string(o_.staleness).c_str(), o_.threads,
                   o_.slow_worker_factor > 1 ? slowed : "");
       std::fflush(stdout);
     }
   }
-  std::vector<int32_t> tok(rows * T), tgt(rows * T);
   const auto t_start = Clock::now();
   int64_t clock = 0;
   for (;; ++clock) {
     if (!client_.pull(clock, model_.vspan())) break;
     const auto t0 = Clock::now();
     model_.grads.zero();
-    double loss = 0;
-    for (int64_t mb = 0; mb < M; ++mb) {
-      const int64_t r0 = row0 + mb * rows;
-      sh_.data.batch(Split::train, o_.data_order, o_.seed, clock, B, T, r0, r0 + rows, tok.data(), tgt.data());
-      nn::Context ctx(o_.threads, /*training=*/true, o_.precision);
-      loss += model_.gpt->forward(ctx, tok.data(), tgt.data(), rows, T) / static_cast<double>(M);
-      model_.gpt->backward(ctx, 1.0f / static_cast<float>(M));
-    }
+    const double loss = images() ? image_step(clock) : token_step(clock);
     const double sq = kernels::sum_squares(model_.grads.data(), model_.grads.numel(), o_.threads);
     // A non-finite loss or gradient is never pushed: this worker stops the run, and the
     // failure it raises ends every other rank's wait (the world aborts with this reason), so
@@ -280,25 +407,42 @@ void WorkerLoop::run() {
   TrainResult& res = sh_.res;
   res.wall_s = wall;
   sh_.log.wall_s = wall;
-  res.final_val_loss = evaluate();
-  if (!res.steps.empty()) res.steps.back().val_loss = res.final_val_loss;
+  if (images()) {
+    const auto [val, acc] = evaluate_images();
+    res.final_val_loss = val, res.final_val_accuracy = acc;
+  } else {
+    res.final_val_loss = evaluate();
+  }
+  if (!res.steps.empty()) {
+    res.steps.back().val_loss = res.final_val_loss;
+    res.steps.back().val_accuracy = res.final_val_accuracy;
+  }
   if (!o_.quiet) {
     const double samples = static_cast<double>(pushes_ * (B / o_.dp));
+    std::string acc;  // as the all-reduce trainer's summary says it
+    if (res.final_val_accuracy) {
+      acc = " | test accuracy ";
+      acc += std::to_string(100.0 * *res.final_val_accuracy).substr(0, 5);
+      acc += "%";
+    }
     std::printf("done: %lld rounds, %.0f samples (worker 0 pushed %lld times) in %.2f s = %.1f samples/s | "
-                "final validation loss %.4f\n",
+                "final validation loss %.4f%s\n",
                 static_cast<long long>(res.steps.size()), samples, static_cast<long long>(clock), wall,
-                samples / wall, *res.final_val_loss);
+                samples / wall, *res.final_val_loss, acc.c_str());
     std::fflush(stdout);
   }
 }
 
 }  // namespace
 
-TrainResult train_parameter_server(const TrainOptions& o, const model::GPTConfig& cfg, const TokenDataset& data,
-                                   PSRunLog* log) {
+namespace {
+
+TrainResult run_ps(const TrainOptions& o, const model::GPTConfig* cfg, const model::ModelSpec* spec,
+                   const TokenDataset* tokens, const ImageDataset* images, PSRunLog* log) {
   check_ps(o);
   TrainResult res;
-  res.config = cfg;
+  if (cfg) res.config = *cfg;
+  res.model = spec ? spec->name() : cfg->name;
   PSRunLog local_log;
   PSRunLog& lg = log ? *log : local_log;
   const int world = o.dp + o.ps_servers;
@@ -306,7 +450,7 @@ TrainResult train_parameter_server(const TrainOptions& o, const model::GPTConfig
     throw bad("mpirun started " + std::to_string(comm::mpi_world()->size()) + " processes but " +
               std::to_string(o.dp) + " workers and " + std::to_string(o.ps_servers) + " servers need " +
               std::to_string(world) + "; make --dp plus --ps-servers equal -np");
-  Shared sh{o, cfg, data, res, lg};
+  Shared sh{o, cfg, spec, tokens, images, res, lg};
   comm::Backend backend = o.backend == "mpi" ? comm::Backend::mpi : comm::Backend::threads;
   comm::run_world(backend, backend == comm::Backend::mpi ? 0 : world, [&](comm::Communicator& w) {
     const bool server = w.rank() >= o.dp;
@@ -314,14 +458,32 @@ TrainResult train_parameter_server(const TrainOptions& o, const model::GPTConfig
     // for the global clipping norm over a servers-only group.
     std::shared_ptr<comm::Communicator> servers;
     if (o.staleness == 0 && o.ps_servers > 1) servers = w.split(server ? 0 : comm::kNoColor, w.rank(), "ps_servers");
+    // Image models at staleness 0: the workers compute each step together, so they can sum
+    // batch norm's statistics and the batch's accuracy over a workers-only group.
+    std::shared_ptr<comm::Communicator> workers;
+    if (images && o.staleness == 0) workers = w.split(server ? comm::kNoColor : 0, w.rank(), "ps_workers");
     if (server) {
       run_server(w, servers, sh, w.rank() - o.dp);
     } else {
-      WorkerLoop loop(w, sh, w.rank());
+      WorkerLoop loop(w, workers, sh, w.rank());
       loop.run();
     }
   });
   return res;
+}
+
+}  // namespace
+
+TrainResult train_parameter_server(const TrainOptions& o, const model::GPTConfig& cfg, const TokenDataset& data,
+                                   PSRunLog* log) {
+  return run_ps(o, &cfg, nullptr, &data, nullptr, log);
+}
+
+TrainResult train_parameter_server(const TrainOptions& o, const model::ModelSpec& spec, const ImageDataset& data,
+                                   PSRunLog* log) {
+  if (spec.input() != model::InputKind::images)
+    throw bad(spec.name() + " reads tokens; train_parameter_server takes an image model with an ImageDataset");
+  return run_ps(o, nullptr, &spec, nullptr, &data, log);
 }
 
 }  // namespace meshtrain::train

@@ -433,7 +433,7 @@ void resolve_image_options(TrainOptions& o, const model::ModelSpec& spec) {
   const Machine machine = Machine::probe();
   validate_image_options(o, spec, machine);
   if (o.threads == 0) {
-    const int64_t local_ranks = o.backend == "mpi" ? 1 : int64_t{o.dp} * o.tp * o.pp;
+    const int64_t local_ranks = o.backend == "mpi" ? 1 : int64_t{o.dp} * o.tp * o.pp + o.ps_servers;
     o.threads = static_cast<int>(std::max<int64_t>(1, machine.cores / local_ranks));
   }
   if (o.optim.decay_steps == 0) o.optim.decay_steps = o.steps;
@@ -482,6 +482,10 @@ TrainResult train(TrainOptions o) {
   } else {
     resolve_image_options(o, *spec);
     images.emplace(open_images(o, *spec));
+    if (o.ps_servers > 0) {
+      if (o.on_checked) o.on_checked(o);
+      return train_parameter_server(o, *spec, *images);  // train/ps_trainer.h
+    }
   }
   if (o.backend == "mpi" && comm::mpi_world()->size() != o.dp * o.tp * o.pp)
     throw bad("mpirun started " + std::to_string(comm::mpi_world()->size()) +

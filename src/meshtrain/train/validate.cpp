@@ -185,7 +185,10 @@ void check_layout(const TrainOptions& o) {
         "bf16; it needs --dp 2 or --tp 2 or more, and no --ps-servers (drop it, or add data- or "
         "tensor-parallel ranks)");
   if (o.ps_servers > 0 && (o.tp > 1 || o.pp > 1))
-    bad("the parameter server runs whole-model workers; use --tp 1 --pp 1 with --ps-servers");
+    bad(o.tp > 1 && o.intra != IntraSplit::tensor
+            ? std::string("the parameter server runs whole-model workers; drop --") + intra_flag(o.intra) +
+                  " (and use --pp 1) with --ps-servers"
+            : std::string("the parameter server runs whole-model workers; use --tp 1 --pp 1 with --ps-servers"));
   if (o.ps_servers > 0 && (!o.checkpoint_dir.empty() || o.checkpoint_every > 0 || o.resume || o.save_initial))
     bad("the parameter server does not write or read checkpoints yet; drop --checkpoint-dir, --checkpoint-every, "
         "--resume and --save-initial, or run without --ps-servers");
@@ -297,10 +300,48 @@ MemoryEstimate estimate_ps_memory(const TrainOptions& o, const model::GPTConfig&
 // More units than any real model has (GPT-3: 96 blocks; a 1T-parameter GPT: 128).
 constexpr int64_t kMaxWalkedUnits = 100000;
 
+// The parameter server's workers and servers for an image model (any layer graph): a worker is
+// one data-parallel rank of the planner's memory model without its optimizer state (the whole
+// model's values and gradients, the activations of its micro-batches of B / (W M) rows); the
+// servers together hold the model's values, gradients and optimizer state once. Under mpi the
+// process is one worker or one server: the larger of the two (server 0's shard, the largest).
+MemoryEstimate estimate_ps_image_memory(const TrainOptions& o, const model::ModelSpec& spec) {
+  plan::Layout l = plan_layout(o, {});
+  l.tp = 1, l.pp = 1, l.zero = 0, l.chunks = 1, l.recompute = false;
+  const plan::RankMemory w = plan::predict_memory(spec, l).front();
+  const double n = spec.stage_param_elements({0, spec.num_units(), true, true}, 1);
+  const double state = 4.0 * static_cast<double>(state_prefixes(o.optim).size());  // bytes a parameter
+  MemoryEstimate e;
+  e.ranks = static_cast<int>(std::min<int64_t>(local_ranks(o), std::numeric_limits<int>::max()));
+  const double rows = static_cast<double>(std::max<int64_t>(o.batch, 1)) / std::max(1, o.dp);
+  double per_row = 4.0;  // validation: worker 0 holds one slice of its rows at a time
+  for (int64_t d : spec.sample_shape()) per_row *= static_cast<double>(d);
+  if (o.backend == "mpi") {
+    const double shard = std::ceil(n / std::max(1, o.ps_servers));
+    const double worker = w.params + w.grads + w.activations + w.temp + w.buffers;
+    if (worker >= (8 + state) * shard) {
+      e.params = w.params, e.grads = w.grads, e.activations = w.activations + w.temp + w.buffers;
+      e.eval = rows * per_row;
+    } else {
+      e.params = 4 * shard, e.grads = 4 * shard, e.optimizer = state * shard;
+    }
+    return e;
+  }
+  const double workers = std::max(1, o.dp);
+  e.params = workers * w.params + 4 * n;
+  e.grads = workers * w.grads + 4 * n;
+  e.optimizer = state * n;
+  e.activations = workers * (w.activations + w.temp + w.buffers);
+  e.eval = rows * per_row;
+  return e;
+}
+
 MemoryEstimate estimate_memory(const TrainOptions& o, const model::ModelSpec& spec) {
   MemoryEstimate e;
   if (o.ps_servers > 0 && spec.gpt()) {
     e = estimate_ps_memory(o, *spec.gpt());
+  } else if (o.ps_servers > 0) {
+    e = estimate_ps_image_memory(o, spec);
   } else {
     e.ranks = static_cast<int>(std::min<int64_t>(local_ranks(o), std::numeric_limits<int>::max()));
     // The planner's memory model (plan/cost.h), per pipeline rank; the process holds every
@@ -552,7 +593,18 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
            "--spatial sums each unit's partial weight gradients as its backward ends, which --schedule " + o.schedule +
                " defers; use --schedule 1f1b, gpipe or interleaved");
   }
-  refuse(o.ps_servers > 0, "the parameter server trains GPT models only for now; use --dp (drop --ps-servers)");
+  if (o.ps_servers > 0) {
+    // Batch norm under the parameter server: at staleness 0 the workers compute each step
+    // together and sum its statistics over a workers-only group (train/ps_trainer.h); with a
+    // bound above 0 they run steps apart, so no worker can wait for another's statistics.
+    const std::vector<std::pair<std::string, Shape>> buffers = spec.buffer_shapes();
+    std::string why = "its batch norms share their statistics across the workers, which --staleness ";
+    why += o.staleness < 0 ? std::string("inf") : std::to_string(o.staleness);
+    why += " runs steps apart; add --batch-norm local (each worker's own statistics) or use --staleness 0";
+    refuse(o.staleness != 0 && !buffers.empty() && !o.batch_norm_local, why);
+    refuse(o.exact_sums > 0, "--exact-sums makes data parallelism's sums exact, and the parameter server sums its "
+                             "pushes in float32; drop --exact-sums or --ps-servers");
+  }
   refuse(o.recompute, "--recompute would run its batch norms twice per micro-batch; drop --recompute");
   refuse(o.precision == kernels::Precision::bf16, "its convolutions run in float32 only; drop --precision bf16");
   refuse(o.comm_dtype == kernels::Precision::bf16, "drop --comm-dtype bf16 (float32 gradients only for now)");
@@ -578,7 +630,7 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
   }
   plan::check_layout(spec, plan_layout(o, {}));  // the split's own rules: the check plan and launch share
   check_threads("--threads", o.threads, m, /*zero_means_auto=*/true);
-  check_ranks("--dp, --tp and --pp", local_ranks(o), o.threads, m);
+  check_ranks(o.ps_servers > 0 ? "--dp and --ps-servers" : "--dp, --tp and --pp", local_ranks(o), o.threads, m);
   check_memory(o, spec, m);
   check_paths(o);
 }

@@ -44,7 +44,9 @@ struct Machine {
 // Bytes one process of the run holds (all its ranks together), by part: the planner's memory
 // model (plan/cost.h predict_memory: tensors per rank, activations including the backward's
 // transients and the pipeline's buffers) for every rank in the process, plus the data and the
-// validation batches; the parameter server's ranks by their own analytic sum.
+// validation batches; the parameter server's ranks by their own sum (a GPT: an analytic one;
+// an image model: each worker as a dp rank of the memory model without optimizer state, the
+// servers as one more copy of the values and gradients with the optimizer's state).
 struct MemoryEstimate {
   double params = 0, grads = 0, optimizer = 0, activations = 0, data = 0;
   double eval = 0;  // the token and target rows of --eval-batches validation batches
@@ -63,7 +65,8 @@ void check_paths(const TrainOptions& o);
 
 // Image models (a ModelSpec whose input is images): the checks of validate_options that apply
 // to them (ranges, layout rules, threads, memory, paths), and a sentence for what they cannot
-// take yet (--tp, --ps-servers, --recompute, bf16, --seq, --augment with the sequential order).
+// take yet (--recompute, bf16, --seq, --augment with the sequential order; with --ps-servers:
+// --exact-sums, and a batch-norm graph at staleness above 0 without --batch-norm local).
 void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec, const Machine& m);
 
 // Checks that need the loaded token file: token ids inside the model's vocabulary, and both
