@@ -24,7 +24,9 @@
 // parameters together); without it a layer is a unit of its own where a cut can fall after it,
 // else it joins the next. A cut can fall after layer i where, besides layer i's output (the
 // main tensor), at most one earlier tensor (a skip: the input of a residual block) is read
-// after it; where two or more are, it cannot. Explicit units must end at such places.
+// after it, and not inside a block of parallel branches; where two or more are, it cannot.
+// Units the file gives are kept as given; where one ends and the next given one begins, only
+// the first's last output may be read later.
 //
 // Refusals throw std::invalid_argument with one sentence naming the file, the layer and the
 // field (the CLI exits 2).
@@ -106,7 +108,7 @@ double forward_flops(const Graph& g, const std::vector<Shape>& shapes, const Sha
 
 // Where a pipeline may cut: unit u is layers [starts[u], starts[u + 1]) (starts.back() is the
 // layer count). After a unit, the output of its last layer is read, and at most one other
-// tensor made before it (unit_skips).
+// tensor made before it (unit_skips; none between two units the file gives).
 std::vector<int> unit_starts(const Graph& g);
 
 // The skip crossing each unit boundary: skips[u] (u = 0 .. units) is the layer whose output is
