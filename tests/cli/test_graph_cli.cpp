@@ -1,4 +1,4 @@
-// User-written layer graphs (examples/models/*.json: none of the named models; three image
+// User-written layer graphs (examples/models/*.json: none of the named models; image
 // models, and a transformer on tokens) trained at every
 // layout through the one graph compiler: each layout's loss curve against one rank's, within
 // 1e-5 relative over the first 6 steps on the default path, and within 1e-6 over 30 steps
@@ -343,17 +343,70 @@ TEST_F(GraphCli, TheParameterServerTrainsImageGraphsWithStaleness) {
 }
 
 // --pp-cuts places the stages by layer name: at a layer that begins a unit, as --pp-balance
-// counts would; a layer inside a unit is refused naming it and where a stage can begin.
+// counts would (vgg-mini's sum too: features.3 crosses that cut in a portal); a layer inside a
+// unit (branchy's block of branches) is refused naming it and where a stage can begin.
 TEST_F(GraphCli, PpCutsPlaceTheStagesByLayerName) {
-  expect_layouts_match("vgg-mini.json", {"--pp 2 --pp-cuts skip", "--pp 3 --pp-cuts features.2,flat"}, 6, 1e-5);
+  expect_layouts_match("vgg-mini.json",
+                       {"--pp 2 --pp-cuts skip", "--pp 3 --pp-cuts features.2,flat", "--pp 2 --pp-cuts sum"}, 6, 1e-5);
   const std::string metrics = dir_->file("cuts.jsonl");
-  const auto r = run_cli("train --model " + std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/vgg-mini.json --data " +
-                         dir_->path().string() + " --steps 1 --pp 2 --pp-cuts sum --metrics " + metrics);
+  const auto r = run_cli("train --model " + std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/branchy.json --data " +
+                         dir_->path().string() + " --steps 1 --pp 2 --pp-cuts mix.b.1 --metrics " + metrics);
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("--pp-cuts: no stage of vgg-mini can begin at 'sum'; a stage begins at a layer that begins a "
-                          "pipeline unit: features.1, features.2, features.3, skip, flat"),
+  EXPECT_NE(r.output.find("--pp-cuts: no stage of branchy can begin at 'mix.b.1'; a stage begins at a layer that begins "
+                          "a pipeline unit: stem.bn, stem.relu, stem.pool, mix.a.conv, pool, head.conv"),
             std::string::npos)
       << r.output;
+  EXPECT_FALSE(std::ifstream(metrics).good());
+}
+
+// A residual network without units (examples/models/resnet-cut.json: a stem, a block with an
+// identity shortcut, a block with a 1x1 projection) cut inside its blocks: the skip crosses
+// the cut in a portal, straight from the stage that has it to the one that reads it, and its
+// gradient back. model show names it; every layout keeps one rank's curve: the default cut
+// (inside block 2, b1.relu's output crossing it to the projection), a cut inside block 1 (the
+// stem's output crossing it to the sum), dp x pp x tp, row bands, a skip passing a stage by,
+// and a stage that takes one skip and sends another; the same curve as the graph with each
+// block one unit (its skip inside the unit); a stage that would take one skip and send one of
+// another shape is refused, naming them.
+TEST_F(GraphCli, AResidualBlockCutBetweenStagesCarriesItsSkipInAPortal) {
+  const std::string file = std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/resnet-cut.json";
+  const auto shown = run_cli("model show " + file + " --pp 2");
+  ASSERT_EQ(shown.code, 0) << shown.output;
+  EXPECT_NE(shown.output.find("--pp 2: skip 'b1.relu' (N, 16, 14, 14) crosses the cut before 'b2.conv2' as a portal, "
+                              "stage 0 to stage 1"),
+            std::string::npos)
+      << shown.output;
+  // The skip's source on stage 0, the layer that reads it on stage 1.
+  EXPECT_NE(shown.output.find("\n9    0     b1.relu "), std::string::npos) << shown.output;
+  EXPECT_NE(shown.output.find("\n15   1     b2.down "), std::string::npos) << shown.output;
+  expect_layouts_match("resnet-cut.json",
+                       {"--pp 2", "--pp 2 --pp-cuts b1.conv2", "--dp 2 --pp 2 --tp 2", "--pp 2 --spatial 2",
+                        "--pp 2 --tp 2 --pp-cuts b1.conv2", "--pp 3 --pp-cuts b2.bn1,b2.conv2",
+                        "--pp 3 --pp-cuts b1.conv2,b2.down"},
+                       6, 1e-5);
+  expect_layouts_match("resnet-cut.json", {"--pp 2", "--pp 2 --pp-cuts b1.conv2"}, 30, 1e-6, "--exact-sums 2");
+  // The skips the stage holds between units against the same graph with each residual block
+  // one unit (the skip inside the unit, no unit boundary crossed): one curve.
+  std::ifstream in(file);
+  nlohmann::json g = nlohmann::json::parse(in);
+  for (auto& l : g["layers"]) {
+    const std::string name = l["name"];
+    l["unit"] = name.find('.') == std::string::npos ? "head" : name.substr(0, name.find('.'));
+  }
+  const std::string blocks = dir_->file("resnet-cut-blocks.json");
+  std::ofstream(blocks) << g.dump();
+  const std::vector<double> cut = curve("resnet-cut.json", "--pp 2", 6), whole = curve(blocks, "", 6);
+  ASSERT_EQ(cut.size(), whole.size());
+  for (size_t s = 0; s < cut.size(); ++s)
+    EXPECT_LE(std::abs(cut[s] - whole[s]), 1e-5 * std::abs(whole[s])) << "step " << s + 1;
+  const std::string metrics = dir_->file("two-portals.jsonl");
+  const auto r = run_cli("train --model " + file + " --data " + dir_->path().string() +
+                         " --steps 1 --pp 3 --pp-cuts b1.conv2,b2.downbn --metrics " + metrics);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("would take the skip from 'stem.relu' and send the skip from 'b2.bn2', of another shape"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("cut elsewhere with --pp-cuts"), std::string::npos) << r.output;
   EXPECT_FALSE(std::ifstream(metrics).good());
 }
 

@@ -10,8 +10,10 @@
 #include <cstring>
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -114,6 +116,54 @@ TEST(Cnn, StagesComputeWhatTheWholeModelComputes) {
       for (const auto& [n, g] : want) EXPECT_EQ(got[n], g) << n;
     }
   }
+}
+
+// A residual network without units (examples/models/resnet-cut.json) cut after every unit, so
+// in either residual block too: the stages pass the skip crossing the cut by hand as the
+// executor would (portal.out of the first into portal.in of the second, the gradient back),
+// and give the whole model's loss and every gradient, bit for bit; the skip's shape is the
+// stages' portal_shape.
+TEST(Cnn, AResidualBlockCutAnywhereComputesWhatTheWholeModelComputes) {
+  const model::CNNConfig cfg = model::cnn_config(std::make_shared<const model::Graph>(
+      model::read_graph_file(std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/resnet-cut.json")));
+  const Batch b = random_batch(cfg, 4, 3);
+  model::CNNStage whole(cfg, 5, 0, -1, true, true);
+  nn::Context ctx(2);
+  model::StageResult r;
+  whole.forward(ctx, Tensor(), micro(b, 0, 4, cfg), &r, nullptr);
+  whole.backward(ctx, Tensor(), 1.f, nullptr);
+  const auto want = grads_of(whole);
+  const std::vector<int> skips = model::unit_skips(*cfg.graph);
+  int crossed = 0;
+  for (int64_t cut = 1; cut < model::cnn_num_units(cfg); ++cut) {
+    SCOPED_TRACE("cut after unit " + std::to_string(cut));
+    model::CNNStage a(cfg, 5, 0, cut, true, false), z(cfg, 5, cut, -1, false, true);
+    const bool skip = skips[static_cast<size_t>(cut)] != model::kNoSkip;
+    EXPECT_EQ(a.sends_portal(), skip);
+    EXPECT_EQ(z.takes_portal(), skip);
+    crossed += skip;
+    nn::Context ca(2), cz(2);
+    nn::Portal pa, pz;
+    Tensor x = a.forward(ca, Tensor(), micro(b, 0, 4, cfg), nullptr, &pa);
+    EXPECT_EQ(pa.out.numel() > 0, skip);
+    if (skip) {
+      EXPECT_EQ(pa.out.shape(), a.portal_shape(4, 1));
+      EXPECT_EQ(pa.out.shape(), z.portal_shape(4, 1));
+    }
+    pz.in = pa.out;
+    model::StageResult rz;
+    z.forward(cz, x, micro(b, 0, 4, cfg), &rz, &pz);
+    EXPECT_EQ(rz.loss, r.loss);
+    Tensor dx = z.backward(cz, Tensor(), 1.f, &pz);
+    EXPECT_EQ(pz.out.numel() > 0, skip);
+    pa.in = pz.out;
+    a.backward(ca, dx, 1.f, &pa);
+    auto got = grads_of(a);
+    for (auto& [n, g] : grads_of(z)) got[n] = g;
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [n, g] : want) EXPECT_EQ(got[n], g) << n;
+  }
+  EXPECT_EQ(crossed, 12);  // stem.relu crosses 5 cuts, b1.relu 5, b2.bn2 2
 }
 
 // Activations kept in oneDNN's blocked layout between resnet-small's layers (the single-rank

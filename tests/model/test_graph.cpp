@@ -2,6 +2,7 @@
 // graph refused with a sentence naming the layer and the field.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 
@@ -89,15 +90,96 @@ TEST(Graph, ShapesAreInferredLayerByLayer) {
 }
 
 TEST(Graph, UnitsAreWhereOneTensorIsLive) {
-  // vgg-mini gives no units: a cut may fall after every layer but the skip (features.3, which
-  // the sum reads too, is live across it), so the skip and the sum make one unit.
+  // vgg-mini gives no units: a cut may fall after every layer, the skip's too (features.3,
+  // which the sum reads, crosses that cut beside it: one skip).
   const Graph g = parse_graph(examples_graph("vgg-mini.json"), "vgg");
-  EXPECT_EQ(unit_starts(g), (std::vector<int>{0, 1, 2, 3, 4, 6, 7, 8}));
+  EXPECT_EQ(unit_starts(g), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8}));
+  std::vector<int> skips(9, kNoSkip);
+  skips[5] = 3;  // features.3 crosses the cut before the sum
+  EXPECT_EQ(unit_skips(g), skips);
   // The named models keep their units: cnn-small's two blocks and classifier, resnet-small's stem,
   // three residual blocks and classifier, inception-small's stem, two blocks and classifier.
   EXPECT_EQ(unit_starts(*named_graph("cnn-small")).size() - 1, 3u);
   EXPECT_EQ(unit_starts(*named_graph("resnet-small")).size() - 1, 5u);
   EXPECT_EQ(unit_starts(*named_graph("inception-small")).size() - 1, 4u);
+}
+
+// A residual network without units (examples/models/resnet-cut.json): a cut may fall inside
+// either residual block, one skip crossing it (the stem's output into block 1's sum, block 1's
+// output into block 2's 1x1 shortcut, block 2's main path into its sum); branchy's Inception
+// block stays one unit (a block of parallel branches is never cut), and where two tensors
+// cross a place, nothing cuts there.
+TEST(Graph, ACutMayFallWhereOneSkipCrossesIt) {
+  const Graph g = parse_graph(examples_graph("resnet-cut.json"), "resnet-cut");
+  std::vector<int> every(g.layers.size() + 1);
+  for (size_t i = 0; i < every.size(); ++i) every[i] = static_cast<int>(i);
+  EXPECT_EQ(unit_starts(g), every);
+  std::vector<int> skips(every.size(), kNoSkip);
+  for (int u = 4; u <= 8; ++u) skips[static_cast<size_t>(u)] = 2;     // stem.relu, into b1.add
+  for (int u = 11; u <= 15; ++u) skips[static_cast<size_t>(u)] = 9;   // b1.relu, into b2.down
+  skips[16] = skips[17] = 14;                                          // b2.bn2, into b2.add
+  EXPECT_EQ(unit_skips(g), skips);
+
+  const Graph b = parse_graph(examples_graph("branchy.json"), "branchy");
+  const std::vector<int> bs = unit_starts(b);
+  for (int i = 5; i <= 11; ++i) EXPECT_EQ(std::count(bs.begin(), bs.end(), i), 0) << "a cut inside the block at " << i;
+
+  // Before the sum, a's output and b's both cross beside c's: no cut there.
+  const Graph two = parse_graph(
+      graph_of({layer("a", "conv2d", {{"out_channels", 4}, {"kernel_size", 3}, {"padding", 1}}),
+                layer("b", "conv2d", {{"out_channels", 4}, {"kernel_size", 3}, {"padding", 1}}),
+                layer("c", "conv2d", {{"out_channels", 4}, {"kernel_size", 3}, {"padding", 1}}),
+                layer("s", "add", {{"from", {"a", "b", "c"}}}), layer("f", "flatten"),
+                layer("fc", "linear", {{"out_features", 10}})}),
+      "g");
+  EXPECT_EQ(unit_starts(two), (std::vector<int>{0, 1, 2, 4, 5, 6}));
+  EXPECT_EQ(unit_skips(two), (std::vector<int>{kNoSkip, kNoSkip, 0, kNoSkip, kNoSkip, kNoSkip}));
+}
+
+// The portals a pipeline needs: one skip out of a stage to one stage, one into it; a stage in
+// between passes it by; a skip read on two later stages, or a stage taking one skip and sending
+// another of a different shape, is refused naming the layers.
+TEST(Graph, SkipPortalsCarryOneSkipAStageAndRefuseMore) {
+  const Graph g = parse_graph(examples_graph("resnet-cut.json"), "resnet-cut");
+  const std::vector<Shape> shapes = infer_shapes(g, g.image);
+  // Cut inside block 1 (before b1.conv2): stem.relu goes from stage 0 to stage 1.
+  SkipPortals p = skip_portals(g, shapes, {0, 6});
+  EXPECT_EQ(p.to, (std::vector<int>{1, -1}));
+  EXPECT_EQ(p.from, (std::vector<int>{-1, 0}));
+  EXPECT_EQ(p.sent[0], 2);
+  // Before b2.bn1 and b2.conv2: b1.relu from stage 0 straight to stage 2, past stage 1.
+  p = skip_portals(g, shapes, {0, 11, 13});
+  EXPECT_EQ(p.to, (std::vector<int>{2, -1, -1}));
+  EXPECT_EQ(p.from, (std::vector<int>{-1, -1, 0}));
+  // Stage 1 takes stem.relu and sends b1.relu: one shape, (16, 14, 14).
+  p = skip_portals(g, shapes, {0, 6, 15});
+  EXPECT_EQ(p.to, (std::vector<int>{1, 2, -1}));
+  EXPECT_EQ(p.from, (std::vector<int>{-1, 0, 1}));
+  auto refusal_of = [&](const Graph& h, const std::vector<int64_t>& first) {
+    try {
+      skip_portals(h, infer_shapes(h, h.image), first);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // Stage 1 would take stem.relu (16 channels) and send b2.bn2 (32).
+  const std::string shape = refusal_of(g, {0, 6, 16});
+  EXPECT_NE(shape.find("would take the skip from 'stem.relu' and send the skip from 'b2.bn2', of another shape"),
+            std::string::npos) << shape;
+  EXPECT_NE(shape.find("--pp-cuts"), std::string::npos) << shape;
+  // a's output read by the sums on stage 1 and on stage 2.
+  const json conv = {{"out_channels", 4}, {"kernel_size", 3}, {"padding", 1}};
+  const Graph twice = parse_graph(graph_of({layer("a", "conv2d", conv), layer("b", "conv2d", conv),
+                                            layer("c", "add", {{"from", {"b", "a"}}}), layer("d", "conv2d", conv),
+                                            layer("e", "add", {{"from", {"d", "a"}}}), layer("f", "flatten"),
+                                            layer("fc", "linear", {{"out_features", 10}})}),
+                                  "g");
+  EXPECT_EQ(unit_starts(twice), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  const std::string two = refusal_of(twice, {0, 2, 4});
+  EXPECT_NE(two.find("the skip from 'a' crosses the pipeline cut before 'c' and is read by 'c', 'e' on 2 later stages"),
+            std::string::npos) << two;
+  EXPECT_EQ(refusal_of(twice, {0, 2}), "");
 }
 
 TEST(Graph, ConvolutionsPairThroughPerChannelLayersOnly) {

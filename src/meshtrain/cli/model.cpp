@@ -253,6 +253,8 @@ void show(const ShowOptions& o) {
   }
   // Pipeline stages: the one balancer, which train and plan run (by the units' FLOPs).
   std::vector<int> stage_of(starts.size(), 0);
+  std::vector<int64_t> first_unit;  // of each stage
+  model::SkipPortals portals;
   if (o.pp > 1) {
     const int64_t units = static_cast<int64_t>(starts.size()) - 1;
     if (units < o.pp)
@@ -261,8 +263,15 @@ void show(const ShowOptions& o) {
     plan::Layout l;
     l.pp = o.pp;
     const auto spans = plan::balance_stages(*spec, l);
-    for (size_t st = 0; st < spans.size(); ++st)
+    for (size_t st = 0; st < spans.size(); ++st) {
+      first_unit.push_back(spans[st].first);
       for (int64_t u = spans[st].first; u < spans[st].end; ++u) stage_of[static_cast<size_t>(u)] = static_cast<int>(st);
+    }
+    try {
+      portals = model::skip_portals(g, shapes, first_unit);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
   }
 
   double params = 0, flops = 0, tp_bytes = 0;
@@ -324,8 +333,19 @@ void show(const ShowOptions& o) {
                 bytes_text(static_cast<double>(parallel::cnn_branch_bytes_per_microbatch(*cfg, o.branch, "flops", rows))).c_str(),
                 static_cast<long long>(rows));
   }
-  if (o.pp > 1)
+  if (o.pp > 1) {
     std::printf("--pp %d: stages cut between units by their FLOPs, as train cuts them\n", o.pp);
+    // A residual block cut between stages: its skip goes straight to the stage that reads it.
+    for (size_t st = 0; st < portals.to.size(); ++st) {
+      if (portals.to[st] < 0) continue;
+      const int k = portals.sent[st];
+      const std::string from = k < 0 ? "input" : g.layers[static_cast<size_t>(k)].name;
+      const int cut = starts[static_cast<size_t>(first_unit[st + 1])];
+      std::printf("--pp %d: skip '%s' %s crosses the cut before '%s' as a portal, stage %zu to stage %d\n", o.pp,
+                  from.c_str(), shape_text(k < 0 ? image : shapes[static_cast<size_t>(k)]).c_str(),
+                  g.layers[static_cast<size_t>(cut)].name.c_str(), st, portals.to[st]);
+    }
+  }
 }
 
 }  // namespace

@@ -166,10 +166,19 @@ struct Node {
 
 // A unit compiled from graph layers [first, end): its nodes in the graph's order, run forward
 // in that order and backward in reverse, each tensor's gradient summed over its readers.
+// `skip_before`, `skip_after`: the skips crossing its first and its end boundary (graph.h
+// unit_skips): it reads the one before if a layer of it does, and makes the one after if a layer
+// of it (not its last) does; the stage holds them in between.
 class GraphUnit : public CNNUnit {
  public:
-  GraphUnit(const GraphFacts& f, int first, int end, uint64_t seed) : first_(first), end_(end) {
+  GraphUnit(const GraphFacts& f, int first, int end, uint64_t seed, int skip_before = kNoSkip,
+            int skip_after = kNoSkip)
+      : first_(first), end_(end) {
     const Graph& g = f.g;
+    for (int i = first; i < end && skip_before != kNoSkip; ++i)
+      for (int k : g.layers[static_cast<size_t>(i)].from)
+        if (k == skip_before) side_in_ = skip_before;
+    if (skip_after >= first && skip_after < end - 1) side_out_ = skip_after;
     // Blocks of parallel branches first: their layers are built inside the block.
     std::vector<bool> done(g.layers.size(), false);
     std::map<int, Branches> blocks;
@@ -210,11 +219,28 @@ class GraphUnit : public CNNUnit {
     // How many nodes of this unit read each tensor: a tensor is dropped after its last reader.
     for (const Node& n : nodes_)
       for (int k : n.in) ++reads_[slot(k)];
+    if (side_out_ != kNoSkip) ++reads_[side_out_];  // read after the unit: kept to the end
     out_shape_ = f.shape(end - 1);
   }
 
-  Tensor forward(nn::Context& ctx, const Tensor& x) override {
+  bool reads_side() const override { return side_in_ != kNoSkip; }
+  bool makes_side() const override { return side_out_ != kNoSkip; }
+  Tensor forward_side(nn::Context& ctx, const Tensor& x, const Tensor& side_in, Tensor* side_out) override {
+    return run_forward(ctx, x, side_in, side_out);
+  }
+  Tensor backward_side(nn::Context& ctx, const Tensor& dy, const Tensor& dside_out, Tensor* dside_in) override {
+    return run_backward(ctx, dy, dside_out, dside_in);
+  }
+
+  Tensor forward(nn::Context& ctx, const Tensor& x) override { return run_forward(ctx, x, Tensor(), nullptr); }
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override { return run_backward(ctx, dy, Tensor(), nullptr); }
+
+  Tensor run_forward(nn::Context& ctx, const Tensor& x, const Tensor& side_in, Tensor* side_out) {
     std::map<int, Tensor> v{{first_ - 1, x}};
+    if (side_in_ != kNoSkip) {
+      if (side_in.numel() == 0) throw std::logic_error("GraphUnit: the skip from layer " + std::to_string(side_in_) + " is missing");
+      v[side_in_] = side_in;
+    }
     std::map<int, int> left = reads_;
     auto take = [&](int k) {
       const int s = slot(k);
@@ -247,15 +273,18 @@ class GraphUnit : public CNNUnit {
       }
       v[slot(n.out)] = std::move(y);
     }
+    if (side_out_ != kNoSkip && side_out) *side_out = v.at(side_out_);
     return v.at(slot(end_ - 1));
   }
 
-  Tensor backward(nn::Context& ctx, const Tensor& dy) override {
+  Tensor run_backward(nn::Context& ctx, const Tensor& dy, const Tensor& dside_out, Tensor* dside_in) {
     std::map<int, Tensor> grad{{slot(end_ - 1), dy}};
     auto add = [&](int k, Tensor d) {
       auto [it, fresh] = grad.try_emplace(slot(k), d);
       if (!fresh) it->second = sum_of(it->second, d, ctx.threads);
     };
+    // The skip made here: its gradient from the units after (added first, as its later readers').
+    if (side_out_ != kNoSkip && dside_out.numel() > 0) add(side_out_, dside_out);
     for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
       Node& n = *it;
       auto g = grad.find(slot(n.out));
@@ -273,6 +302,8 @@ class GraphUnit : public CNNUnit {
         add(n.in[0], branches_backward(ctx, n, d));
       }
     }
+    if (side_in_ != kNoSkip && dside_in)
+      if (auto s = grad.find(side_in_); s != grad.end()) *dside_in = s->second;
     auto in = grad.find(slot(first_ - 1));
     return in == grad.end() ? Tensor() : in->second;
   }
@@ -312,8 +343,9 @@ class GraphUnit : public CNNUnit {
   }
 
  private:
-  // The unit's input is the output of layer first_ - 1 (-1: the images): both read as slot first_ - 1.
-  int slot(int k) const { return k < first_ ? first_ - 1 : k; }
+  // The unit's input is the output of layer first_ - 1 (-1: the images): both read as slot
+  // first_ - 1; the skip it reads keeps its own.
+  int slot(int k) const { return k == side_in_ ? k : k < first_ ? first_ - 1 : k; }
 
   // A concat whose inputs are chains of single-input layers, each read only by the next, from
   // one source (a chain may be empty: the source itself): a block of parallel branches (an
@@ -406,6 +438,7 @@ class GraphUnit : public CNNUnit {
   }
 
   int first_, end_;
+  int side_in_ = kNoSkip, side_out_ = kNoSkip;  // the skips it reads and makes (graph layers)
   std::vector<Node> nodes_;
   std::map<int, int> reads_;
   std::vector<nn::BatchNorm2d*> bns_;
@@ -419,12 +452,15 @@ class GraphUnit : public CNNUnit {
 std::vector<std::unique_ptr<CNNUnit>> build_cnn_units(const CNNConfig& cfg, uint64_t seed, const CNNLayout& L) {
   if (!cfg.graph) throw std::logic_error("build_cnn_units: " + cfg.name + " has no layer graph");
   const GraphFacts facts(*cfg.graph, {cfg.channels, cfg.height, cfg.width}, L);
-  const std::vector<int> starts = unit_starts(*cfg.graph);
+  const std::vector<int> starts = unit_starts(*cfg.graph), skips = unit_skips(*cfg.graph);
   std::vector<std::unique_ptr<CNNUnit>> units;
   for (size_t u = 0; u + 1 < starts.size(); ++u)
-    units.push_back(std::make_unique<GraphUnit>(facts, starts[u], starts[u + 1], seed));
+    units.push_back(std::make_unique<GraphUnit>(facts, starts[u], starts[u + 1], seed, skips[u], skips[u + 1]));
   return units;
 }
+
+Tensor CNNUnit::forward_side(nn::Context& ctx, const Tensor& x, const Tensor&, Tensor*) { return forward(ctx, x); }
+Tensor CNNUnit::backward_side(nn::Context& ctx, const Tensor& dy, const Tensor&, Tensor*) { return backward(ctx, dy); }
 
 int64_t cnn_num_units(const CNNConfig& cfg) { return static_cast<int64_t>(cnn_unit_shapes(cfg).size()) - 1; }
 
@@ -538,7 +574,35 @@ CNNStage::CNNStage(const CNNConfig& cfg, uint64_t seed, int64_t first_unit, int6
   const ChannelSplits splits = channel_splits(*cfg.graph);
   split_at_.assign(starts.size(), false);
   for (size_t u = 1; u + 1 < starts.size(); ++u) split_at_[u] = splits.out_split[static_cast<size_t>(starts[u] - 1)];
+  // Skips across unit boundaries: this stage takes the one crossing its first boundary from a
+  // portal if a layer of it reads it (else it passes this stage by), and sends the one crossing
+  // its end boundary if it has it (it makes it, or it is the stage's input); one crossing both
+  // comes from further back, past this stage (graph.h skip_portals refuses one read here too).
+  starts_ = starts;
+  skips_ = unit_skips(*cfg.graph);
+  layer_chw_ = infer_shapes(*cfg.graph, shapes_[0]);
+  layer_split_ = splits.out_split;
+  const int before = skips_[static_cast<size_t>(first_unit_)], after = skips_[static_cast<size_t>(end_unit_)];
+  const int lo = starts_[static_cast<size_t>(first_unit_)], hi = starts_[static_cast<size_t>(end_unit_)];
+  for (int i = lo; i < hi && before != kNoSkip; ++i)
+    for (int k : cfg.graph->layers[static_cast<size_t>(i)].from)
+      if (k == before) takes_ = before;
+  if (after != kNoSkip && after != before) sends_ = after;
   set_batch_stats_reduce(nullptr);
+}
+
+Shape CNNStage::layer_shape(int k, int64_t rows) const {
+  const Shape& whole = k < 0 ? shapes_[0] : layer_chw_[static_cast<size_t>(k)];
+  Shape here = whole.size() == 3 ? layout_->local_chw(whole) : whole;
+  if (k >= 0 && layer_split_[static_cast<size_t>(k)]) here = layout_->split_share(here);
+  here.insert(here.begin(), rows);
+  return here;
+}
+
+Shape CNNStage::portal_shape(int64_t rows, int64_t T) const {
+  if (takes_ != kNoSkip) return layer_shape(takes_, rows);
+  if (sends_ != kNoSkip) return layer_shape(sends_, rows);
+  return output_shape(rows, T);
 }
 
 Shape CNNStage::boundary_shape(int64_t unit, int64_t rows) const {
@@ -554,7 +618,7 @@ Shape CNNStage::input_shape(int64_t rows, int64_t) const { return boundary_shape
 Shape CNNStage::output_shape(int64_t rows, int64_t) const { return boundary_shape(end_unit_, rows); }
 
 Tensor CNNStage::forward(nn::Context& ctx, const Tensor& x_in, const MicroBatch& mb, StageResult* result,
-                         nn::Portal*) {
+                         nn::Portal* portal) {
   Tensor x = x_in;
   if (first_) {
     if (!mb.images) throw std::invalid_argument("CNNStage: the first stage was given no images");
@@ -564,11 +628,33 @@ Tensor CNNStage::forward(nn::Context& ctx, const Tensor& x_in, const MicroBatch&
     std::copy(mb.images, mb.images + images.numel(), images.data());
     x = layout_->input(images);
   }
-  for (auto& u : units_) {
-    ctx.pre_forward(u.get());
-    x = u->forward(ctx, x);
-    ctx.post_forward(u.get());
+  // The skip the stage holds between its units (graph.h unit_skips): taken from the portal, made
+  // by a unit, or a unit's input that a later unit reads.
+  // Without a portal (the planner's probes of a stage alone) the skip it takes is zeros.
+  Tensor side;
+  if (takes_ != kNoSkip) {
+    if (portal && portal->in.numel() == 0)
+      throw std::logic_error("CNNStage: the skip from layer " + std::to_string(takes_) + " did not arrive");
+    side = portal ? portal->in : Tensor::zeros(layer_shape(takes_, mb.rows));
   }
+  for (int64_t u = first_unit_; u < end_unit_; ++u) {
+    CNNUnit& unit = *units_[static_cast<size_t>(u - first_unit_)];
+    const int after = skips_[static_cast<size_t>(u + 1)];
+    const bool input_after = after != kNoSkip && after == starts_[static_cast<size_t>(u)] - 1;
+    const Tensor input = x;
+    ctx.pre_forward(&unit);
+    if (unit.reads_side() || unit.makes_side()) {
+      Tensor made;
+      x = unit.forward_side(ctx, x, side, &made);
+      if (unit.makes_side()) side = made;
+    } else {
+      x = unit.forward(ctx, x);
+    }
+    ctx.post_forward(&unit);
+    if (input_after) side = input;
+    if (after == kNoSkip) side = Tensor();
+  }
+  if (sends_ != kNoSkip && portal) portal->out = side;
   if (!last_) return x;
   // The head: cross-entropy over the classes (a target of -1 is not counted: padding rows).
   const int64_t N = x.dim(0), V = x.numel() / N;
@@ -597,7 +683,7 @@ Tensor CNNStage::forward(nn::Context& ctx, const Tensor& x_in, const MicroBatch&
   return Tensor();
 }
 
-Tensor CNNStage::backward(nn::Context& ctx, const Tensor& dy_in, float grad_scale, nn::Portal*) {
+Tensor CNNStage::backward(nn::Context& ctx, const Tensor& dy_in, float grad_scale, nn::Portal* portal) {
   Tensor dy = dy_in;
   if (last_) {
     auto& s = ctx.saved(&head_);
@@ -613,11 +699,31 @@ Tensor CNNStage::backward(nn::Context& ctx, const Tensor& dy_in, float grad_scal
                                            ctx.threads);
     dy = logits;  // now the gradient of the logits
   }
-  for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
-    ctx.pre_backward(it->get());
-    layout_->unit_backward(ctx, (*it)->params(), [&] { dy = (*it)->backward(ctx, dy); });
-    ctx.post_backward(it->get());
+  // The gradient of the skip the stage holds: from the portal (a later stage read it), then summed
+  // over the units that read it, handed to the unit that made it or added to its unit's input's.
+  Tensor dside;
+  if (sends_ != kNoSkip) {
+    if (portal && portal->in.numel() == 0)
+      throw std::logic_error("CNNStage: the gradient of the skip from layer " + std::to_string(sends_) +
+                             " did not arrive");
+    dside = portal ? portal->in : Tensor::zeros(layer_shape(sends_, dy.dim(0)));  // zeros: a probe
   }
+  for (int64_t u = end_unit_ - 1; u >= first_unit_; --u) {
+    CNNUnit& unit = *units_[static_cast<size_t>(u - first_unit_)];
+    const int after = skips_[static_cast<size_t>(u + 1)];
+    const bool input_after = after != kNoSkip && after == starts_[static_cast<size_t>(u)] - 1;
+    Tensor dmade, dinput, dread;
+    if (unit.makes_side()) dmade = std::move(dside), dside = Tensor();
+    if (input_after) dinput = std::move(dside), dside = Tensor();
+    ctx.pre_backward(&unit);
+    layout_->unit_backward(ctx, unit.params(), [&] {
+      dy = unit.reads_side() || unit.makes_side() ? unit.backward_side(ctx, dy, dmade, &dread) : unit.backward(ctx, dy);
+    });
+    ctx.post_backward(&unit);
+    if (dinput.numel() > 0) dy = dy.numel() == 0 ? dinput : sum_of(dy, dinput, ctx.threads);
+    if (dread.numel() > 0) dside = dside.numel() == 0 ? dread : sum_of(dside, dread, ctx.threads);
+  }
+  if (takes_ != kNoSkip && portal) portal->out = dside;
   return first_ ? Tensor() : dy;
 }
 

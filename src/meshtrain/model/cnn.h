@@ -3,7 +3,10 @@
 // the layout's layer factory (cnn_layout.h) and cut into pipeline stages between units.
 //
 // A unit is a piece of the graph with one tensor in and one out (a conv-BN-ReLU-pool block, a
-// residual block, an Inception block, the classifier); a stage holds units [first, end), the
+// residual block, an Inception block, the classifier), and at most one more (a skip, graph.h
+// unit_skips) that crosses its boundaries when a residual block is cut: the stage keeps that
+// tensor while its units run, hands it to the unit that reads it, and sends it to a later stage
+// in a portal (nn::Portal) when the block is cut between stages. A stage holds units [first, end), the
 // first stage reads the images (N, C, H, W) and the last gives the cross-entropy over the
 // classes and the number of correct predictions. The compiler folds a ReLU into the batch norm
 // or the sum before it (one pass fewer, the same numbers), builds a concat of branches from one
@@ -80,6 +83,16 @@ class CNNUnit : public nn::Layer {
   virtual std::vector<nn::Layer*> branch_layers() { return {}; }
   // That block's input, (C, H, W) of a sample (the source its branches read).
   virtual Shape branch_input() const { return {}; }
+  // A skip across the unit's boundaries (graph.h: unit_skips): the unit reads one made before
+  // its input (reads_side), or makes one besides its output that a later unit reads
+  // (makes_side). A unit with neither runs forward(ctx, x) and backward(ctx, dy) alone.
+  virtual bool reads_side() const { return false; }
+  virtual bool makes_side() const { return false; }
+  // Forward given the skip it reads (empty: none); the skip it makes goes to *side_out.
+  virtual Tensor forward_side(nn::Context& ctx, const Tensor& x, const Tensor& side_in, Tensor* side_out);
+  // Backward given the gradient of the skip it makes (empty: none); the gradient of the skip it
+  // reads goes to *dside_in.
+  virtual Tensor backward_side(nn::Context& ctx, const Tensor& dy, const Tensor& dside_out, Tensor* dside_in);
 };
 
 // The units of a named CNN, built for `seed` (layout-invariant initialisation by name) with the
@@ -118,6 +131,10 @@ class CNNStage : public Stage {
   Tensor backward(nn::Context& ctx, const Tensor& dy, float grad_scale, nn::Portal* portal) override;
   Shape input_shape(int64_t rows, int64_t T) const override;
   Shape output_shape(int64_t rows, int64_t T) const override;
+  // A skip crossing the stage's first or last boundary (graph.h skip_portals): this rank's part.
+  Shape portal_shape(int64_t rows, int64_t T) const override;
+  bool sends_portal() const override { return sends_ != kNoSkip; }
+  bool takes_portal() const override { return takes_ != kNoSkip; }
   std::vector<StageUnit> units() override;
   void collect_params(std::vector<nn::Param*>& out) override;
   void collect_buffers(std::vector<nn::Param*>& out) override;
@@ -135,9 +152,18 @@ class CNNStage : public Stage {
   std::vector<std::unique_ptr<CNNUnit>> units_;
   // What crosses boundary `unit` (the input of that unit) on this rank, for `rows` samples.
   Shape boundary_shape(int64_t unit, int64_t rows) const;
+  // The output of graph layer k (-1: the images) on this rank, for `rows` samples.
+  Shape layer_shape(int k, int64_t rows) const;
 
   std::vector<Shape> shapes_;  // (C, H, W) after each unit of the whole model, [0]: the input
   std::vector<bool> split_at_;  // per unit boundary: a pair's split tensor crosses it
+  std::vector<int> starts_;     // graph.h unit_starts
+  std::vector<int> skips_;      // per unit boundary: the skip crossing it (graph.h unit_skips)
+  std::vector<Shape> layer_chw_;  // (C, H, W) or (F) of every graph layer's output
+  std::vector<bool> layer_split_;  // per graph layer: its output leaves channel-split
+  // The skip this stage takes from an earlier stage's portal, and the one it sends to a later
+  // stage's (graph layers; kNoSkip: none).
+  int takes_ = kNoSkip, sends_ = kNoSkip;
   std::vector<int32_t> predicted_;  // the last forward's argmax per sample (last stage)
   struct Head {};  // key of the loss's saved tensors
   Head head_;

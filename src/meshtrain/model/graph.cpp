@@ -506,21 +506,83 @@ double forward_flops(const Graph& g, const std::vector<Shape>& shapes, const Sha
   return 0;
 }
 
-std::vector<int> unit_starts(const Graph& g) {
-  const Refuse refuse(g.name);
+namespace {
+
+// The tensors live across each place a pipeline could cut: before layer i (i = 1 .. n - 1),
+// besides layer i - 1's output, count[i] earlier tensors (the input, layers [0, i - 1)) are read
+// at i or later; one[i] is that tensor when count[i] is 1 (-1: the input).
+struct Crossing {
+  std::vector<int> count, one;
+};
+
+Crossing crossing(const Graph& g) {
   const int n = static_cast<int>(g.layers.size());
   // last_read[k + 1]: the last layer that reads layer k (k = -1: the input).
   std::vector<int> last_read(static_cast<size_t>(n) + 1, -1);
   for (int i = 0; i < n; ++i)
     for (int k : g.layers[static_cast<size_t>(i)].from) last_read[static_cast<size_t>(k + 1)] = i;
-  // cut_ok[i]: a cut between layers i - 1 and i, where nothing made before layer i - 1 (the input
-  // and layers [0, i - 1)) is read at i or later; `reach` is the furthest reader of those.
-  std::vector<bool> cut_ok(static_cast<size_t>(n), false);
-  int reach = last_read[0];
-  for (int i = 1; i < n; ++i) {
-    cut_ok[static_cast<size_t>(i)] = reach <= i - 1;
-    reach = std::max(reach, last_read[static_cast<size_t>(i)]);
+  // Tensor k crosses the cuts before layers k + 2 .. last_read: difference arrays of the count
+  // and of the sum of (k + 1), which names the one tensor where the count is 1.
+  std::vector<int64_t> dc(static_cast<size_t>(n) + 2, 0), ds(static_cast<size_t>(n) + 2, 0);
+  for (int k = -1; k < n; ++k) {
+    const int lo = k + 2, hi = last_read[static_cast<size_t>(k + 1)];
+    if (hi < lo) continue;
+    dc[static_cast<size_t>(lo)] += 1, dc[static_cast<size_t>(hi) + 1] -= 1;
+    ds[static_cast<size_t>(lo)] += k + 1, ds[static_cast<size_t>(hi) + 1] -= k + 1;
   }
+  Crossing c{std::vector<int>(static_cast<size_t>(n), 0), std::vector<int>(static_cast<size_t>(n), kNoSkip)};
+  int64_t count = 0, sum = 0;
+  for (int i = 0; i < n; ++i) {
+    count += dc[static_cast<size_t>(i)], sum += ds[static_cast<size_t>(i)];
+    c.count[static_cast<size_t>(i)] = static_cast<int>(count);
+    if (count == 1) c.one[static_cast<size_t>(i)] = static_cast<int>(sum) - 1;
+  }
+  return c;
+}
+
+// Per place a cut could fall (before layer i): inside a block of parallel branches (a concat of
+// chains of single-input layers, each read only by the next, from one source: model/cnn.cpp
+// builds it as one node that --branch-parallel places by branch), which a cut must not split.
+std::vector<bool> inside_branch_blocks(const Graph& g) {
+  const size_t n = g.layers.size();
+  std::vector<int> readers(n, 0);
+  for (const GraphLayer& l : g.layers)
+    for (int k : l.from)
+      if (k >= 0) ++readers[static_cast<size_t>(k)];
+  std::vector<bool> inside(n, false);
+  for (size_t c = 0; c < n; ++c) {
+    if (g.layers[c].op != Op::concat) continue;
+    int source = kNoSkip, lo = static_cast<int>(c);
+    bool block = true;
+    for (int k : g.layers[c].from) {
+      int p = k;
+      while (p >= 0 && readers[static_cast<size_t>(p)] == 1 && g.layers[static_cast<size_t>(p)].from.size() == 1) {
+        lo = std::min(lo, p);
+        p = g.layers[static_cast<size_t>(p)].from[0];
+      }
+      if (source != kNoSkip && p != source) block = false;
+      source = p;
+    }
+    if (block)
+      for (int i = lo + 1; i <= static_cast<int>(c); ++i) inside[static_cast<size_t>(i)] = true;
+  }
+  return inside;
+}
+
+// Whether a unit may start at layer i (0 < i < n) when the file gives no unit that spans it:
+// no other tensor, or one skip outside a block of parallel branches.
+bool may_start(const Crossing& c, const std::vector<bool>& inside, int i) {
+  const int k = c.count[static_cast<size_t>(i)];
+  return k == 0 || (k == 1 && !inside[static_cast<size_t>(i)]);
+}
+
+}  // namespace
+
+std::vector<int> unit_starts(const Graph& g) {
+  const Refuse refuse(g.name);
+  const int n = static_cast<int>(g.layers.size());
+  const Crossing cross = crossing(g);
+  const std::vector<bool> inside = inside_branch_blocks(g);
   std::set<std::string> closed;  // units already ended
   std::vector<int> starts{0};
   for (int i = 0; i + 1 < n; ++i) {
@@ -531,16 +593,97 @@ std::vector<int> unit_starts(const Graph& g) {
     if (!b.unit.empty() && closed.count(b.unit))
       refuse.layer(static_cast<size_t>(i + 1), b.name,
                    "is in unit '" + b.unit + "', which ended before it; a unit's layers must be consecutive");
-    if (cut_ok[static_cast<size_t>(i + 1)]) {
+    if (!a.unit.empty() && !b.unit.empty()) {
+      // Units the file gives are kept as given: each ends where nothing but its output is live.
+      if (cross.count[static_cast<size_t>(i + 1)] == 0) {
+        starts.push_back(i + 1);
+      } else {
+        refuse.layer(static_cast<size_t>(i + 1), b.name,
+                     "starts unit '" + b.unit + "', but a layer after it reads one before it: a pipeline cannot cut "
+                     "there; put both in one unit");
+      }
+    } else if (may_start(cross, inside, i + 1)) {
       starts.push_back(i + 1);
-    } else if (!a.unit.empty() && !b.unit.empty()) {
-      refuse.layer(static_cast<size_t>(i + 1), b.name,
-                   "starts unit '" + b.unit + "', but a layer after it reads one before it: a pipeline cannot cut "
-                   "there; put both in one unit");
     }
   }
   starts.push_back(n);
   return starts;
+}
+
+std::vector<int> unit_skips(const Graph& g) {
+  const std::vector<int> starts = unit_starts(g);
+  const Crossing cross = crossing(g);
+  std::vector<int> skips(starts.size(), kNoSkip);
+  for (size_t u = 1; u + 1 < starts.size(); ++u) skips[u] = cross.one[static_cast<size_t>(starts[u])];
+  return skips;
+}
+
+SkipPortals skip_portals(const Graph& g, const std::vector<Shape>& shapes, const std::vector<int64_t>& first_unit) {
+  const std::vector<int> starts = unit_starts(g), skips = unit_skips(g);
+  const ChannelSplits splits = channel_splits(g);
+  const int stages = static_cast<int>(first_unit.size());
+  const int64_t units = static_cast<int64_t>(starts.size()) - 1;
+  auto first_layer = [&](int s) { return starts[static_cast<size_t>(first_unit[static_cast<size_t>(s)])]; };
+  auto end_layer = [&](int s) {
+    return s + 1 < stages ? starts[static_cast<size_t>(first_unit[static_cast<size_t>(s) + 1])]
+                          : starts[static_cast<size_t>(units)];
+  };
+  auto stage_of_layer = [&](int i) {
+    for (int s = stages - 1; s >= 0; --s)
+      if (i >= first_layer(s)) return s;
+    return 0;
+  };
+  auto name_of = [&](int k) { return k < 0 ? std::string("input") : g.layers[static_cast<size_t>(k)].name; };
+  SkipPortals p{std::vector<int>(static_cast<size_t>(stages), -1), std::vector<int>(static_cast<size_t>(stages), -1),
+                std::vector<int>(static_cast<size_t>(stages), kNoSkip),
+                std::vector<int>(static_cast<size_t>(stages), kNoSkip)};
+  const std::string advice = ": the pipeline carries one skip out of a stage and one into it, to one stage; "
+                             "cut elsewhere with --pp-cuts (model show lists the layers and the skips)";
+  for (int s = 0; s + 1 < stages; ++s) {
+    const int k = skips[static_cast<size_t>(first_unit[static_cast<size_t>(s) + 1])];
+    if (k == kNoSkip) continue;
+    // A skip crossing the cut before too was sent from an earlier stage, past this one. Else
+    // this stage has it: it makes it, or it is the stage's input (the main tensor of the cut before).
+    if (s > 0 && skips[static_cast<size_t>(first_unit[static_cast<size_t>(s)])] == k) continue;
+    const int maker = s;
+    std::set<int> readers;
+    for (size_t i = static_cast<size_t>(end_layer(s)); i < g.layers.size(); ++i)
+      for (int f : g.layers[i].from)
+        if (f == k) readers.insert(stage_of_layer(static_cast<int>(i)));
+    if (readers.size() > 1) {
+      std::string where;
+      for (size_t i = static_cast<size_t>(end_layer(s)); i < g.layers.size(); ++i)
+        for (int f : g.layers[i].from)
+          if (f == k) {
+            if (!where.empty()) where += ", ";
+            where += "'";
+            where += g.layers[i].name;
+            where += "'";
+          }
+      throw std::invalid_argument(g.name + ": the skip from '" + name_of(k) + "' crosses the pipeline cut before '" +
+                                  name_of(end_layer(s)) + "' and is read by " + where + " on " +
+                                  std::to_string(readers.size()) + " later stages" + advice);
+    }
+    const int to = *readers.begin();
+    if (p.sent[static_cast<size_t>(maker)] != kNoSkip || p.taken[static_cast<size_t>(to)] != kNoSkip)
+      throw std::invalid_argument(g.name + ": the pipeline cut before '" + name_of(end_layer(s)) + "' would need a "
+                                  "second skip portal (the skip from '" + name_of(k) + "')" + advice);
+    p.to[static_cast<size_t>(maker)] = to, p.sent[static_cast<size_t>(maker)] = k;
+    p.from[static_cast<size_t>(to)] = maker, p.taken[static_cast<size_t>(to)] = k;
+  }
+  // One shape a stage's portal: a stage that takes one skip and sends another needs both alike.
+  auto shape_of = [&](int k) { return k < 0 ? Shape{} : shapes[static_cast<size_t>(k)]; };
+  for (int s = 0; s < stages; ++s) {
+    const int in = p.taken[static_cast<size_t>(s)], out = p.sent[static_cast<size_t>(s)];
+    if (in == kNoSkip || out == kNoSkip) continue;
+    const bool split_in = in >= 0 && splits.out_split[static_cast<size_t>(in)];
+    const bool split_out = out >= 0 && splits.out_split[static_cast<size_t>(out)];
+    if (in < 0 || out < 0 || shape_of(in) != shape_of(out) || split_in != split_out)
+      throw std::invalid_argument(g.name + ": pipeline stage " + std::to_string(s) + " (from '" +
+                                  name_of(first_layer(s)) + "') would take the skip from '" + name_of(in) +
+                                  "' and send the skip from '" + name_of(out) + "', of another shape" + advice);
+  }
+  return p;
 }
 
 ChannelSplits channel_splits(const Graph& g) {

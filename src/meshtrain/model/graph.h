@@ -21,8 +21,12 @@
 // parameters and buffers. The last layer's output is the logits, trained with cross-entropy.
 // Field names follow PyTorch's constructor arguments. An optional "unit" groups consecutive
 // layers into one pipeline unit (a pipeline cuts only between units; ZeRO-3 gathers a unit's
-// parameters together); without it a layer is a unit of its own where a cut can fall after it
-// (one tensor live), else it joins the next.
+// parameters together); without it a layer is a unit of its own where a cut can fall after it,
+// else it joins the next. A cut can fall after layer i where, besides layer i's output (the
+// main tensor), at most one earlier tensor (a skip: the input of a residual block) is read
+// after it, and not inside a block of parallel branches; where two or more are, it cannot.
+// Units the file gives are kept as given; where one ends and the next given one begins, only
+// the first's last output may be read later.
 //
 // Refusals throw std::invalid_argument with one sentence naming the file, the layer and the
 // field (the CLI exits 2).
@@ -107,8 +111,30 @@ std::vector<Shape> infer_shapes(const Graph& g, const Shape& chw);
 double forward_flops(const Graph& g, const std::vector<Shape>& shapes, const Shape& chw, size_t i);
 
 // Where a pipeline may cut: unit u is layers [starts[u], starts[u + 1]) (starts.back() is the
-// layer count). Only the output of a unit's last layer is read after it.
+// layer count). After a unit, the output of its last layer is read, and at most one other
+// tensor made before it (unit_skips; none between two units the file gives).
 std::vector<int> unit_starts(const Graph& g);
+
+// The skip crossing each unit boundary: skips[u] (u = 0 .. units) is the layer whose output is
+// read at or after unit u's first layer, though made before the layer just before it (-1: the
+// input images; kNoSkip: none). skips[0] and skips.back() are kNoSkip. A skip that crosses a
+// pipeline cut travels in a portal (nn::Portal) from the stage that has it to the one that
+// reads it.
+inline constexpr int kNoSkip = -2;
+std::vector<int> unit_skips(const Graph& g);
+
+// The portals a pipeline's stages need: stage s holds units [first_unit[s], first_unit[s + 1])
+// (first_unit[0] = 0; the last stage ends at the last unit). to[s]: the stage the skip tensor
+// leaving stage s goes to; from[s]: the stage whose skip tensor stage s reads (-1: none); skip
+// layers of each (kNoSkip: none). The executor carries one portal out of and one into a stage
+// (of one shape), so a skip read by two later stages, or a stage that takes one skip and sends
+// another of a different shape (`shapes`: infer_shapes of the run's input, with the channel
+// splits), is refused (std::invalid_argument naming the layers and suggesting --pp-cuts).
+struct SkipPortals {
+  std::vector<int> to, from;
+  std::vector<int> sent, taken;  // the skip's layer, per stage
+};
+SkipPortals skip_portals(const Graph& g, const std::vector<Shape>& shapes, const std::vector<int64_t>& first_unit);
 
 // Channel pairing (model/cnn_layout.h): a convolution whose output reaches exactly one other
 // convolution through per-channel layers only (batch norm, ReLU, max pooling), each read once,

@@ -189,6 +189,16 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
   spans_ = gpt ? stage_layers(o_, sh.cfg, profiled_ ? &*profiled_ : nullptr) : stage_units(o_, *sh.spec.cnn());
   const auto& spans = spans_;
   const int stages = schedule.shape.stages(), pp_rank = mesh_.coord().pp;
+  // An image graph cut inside a residual block: the skip crosses the cut in a portal (refused,
+  // on every rank alike, where the stages would need more portals than the executor carries).
+  model::SkipPortals portals;
+  if (!gpt && stages > 1) {
+    const model::CNNConfig& cnn = *sh.spec.cnn();
+    std::vector<int64_t> first_unit;
+    for (const pipeline::LayerSpan& sp : spans) first_unit.push_back(sp.first);
+    portals = model::skip_portals(*cnn.graph, model::infer_shapes(*cnn.graph, {cnn.channels, cnn.height, cnn.width}),
+                                  first_unit);
+  }
   for (int c = 0; c < schedule.shape.chunks; ++c) {
     const int st = schedule.shape.stage_of(pp_rank, c);
     model::StageSpec spec{spans[st].first, spans[st].end, st == 0, st == stages - 1};
@@ -229,6 +239,9 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
       const int from = stage_of_block(sh.cfg.skip_from), to = stage_of_block(sh.cfg.skip_to);
       const int here = schedule.shape.stage_of(pp_rank, static_cast<int>(runners_.size()) - 1);
       if (from != to) runners_.back()->set_portal_stages(here == from ? to : -1, here == to ? from : -1);
+    } else if (!portals.to.empty()) {
+      const size_t here = static_cast<size_t>(schedule.shape.stage_of(pp_rank, static_cast<int>(runners_.size()) - 1));
+      runners_.back()->set_portal_stages(portals.to[here], portals.from[here]);
     }
   }
   exec_ = std::make_unique<pipeline::Executor>(schedule, pp_rank, o_.pp > 1 ? &mesh_.pp_group() : nullptr,
