@@ -86,6 +86,27 @@ class GraphCli : public ::testing::Test {
     EXPECT_NE(one.front(), one.back());
   }
 
+  // A 2-step --tp 2 run of `model` on `data` at batch 16: every step's tp_bytes_sent against what
+  // model show predicted, within 0.1%.
+  static void expect_tp_bytes(const std::string& model, const std::string& data, double predicted) {
+    std::string name = "tp_bytes";
+    name += std::to_string(++runs_);
+    name += ".jsonl";
+    const std::string metrics = dir_->file(name);
+    const auto r = run_cli("train --model " + model + " --data " + data +
+                           " --steps 2 --batch 16 --tp 2 --threads 1 --eval-every 0 --eval-batches 1 --quiet --metrics " +
+                           metrics);
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::ifstream in(metrics);
+    int lines = 0;
+    for (std::string line; std::getline(in, line); ++lines) {
+      const double sent = nlohmann::json::parse(line).at("tp_bytes_sent").get<double>();
+      EXPECT_NEAR(sent, predicted, 0.001 * predicted)
+          << model << ": model show says " << predicted << " bytes a step, the run sent " << sent;
+    }
+    EXPECT_EQ(lines, 2) << model;
+  }
+
   static meshtrain::testing::TempDir* dir_;
   static int runs_;
 };
@@ -184,18 +205,7 @@ TEST_F(GraphCli, ModelShowOfATransformerPredictsTheBytesTpSends) {
   ASSERT_NE(at, std::string::npos) << shown.output;
   const double predicted = std::stod(shown.output.substr(at + 15));
   EXPECT_GT(predicted, 0);
-  const std::string metrics = dir_->file("show_tp_tokens.jsonl");
-  const auto r = run_cli("train --model " + file + " --data " + dir_->file("text.txt") +
-                         " --steps 2 --batch 16 --tp 2 --threads 1 --eval-every 0 --eval-batches 1 --quiet --metrics " +
-                         metrics);
-  ASSERT_EQ(r.code, 0) << r.output;
-  std::ifstream in(metrics);
-  int lines = 0;
-  for (std::string line; std::getline(in, line); ++lines) {
-    const double sent = nlohmann::json::parse(line).at("tp_bytes_sent").get<double>();
-    EXPECT_NEAR(sent, predicted, 0.001 * predicted) << "model show says " << predicted << " bytes a step, the run sent " << sent;
-  }
-  EXPECT_EQ(lines, 2);
+  expect_tp_bytes(file, dir_->file("text.txt"), predicted);
 }
 
 // A pipeline cut between the two layers of a split pair (cnn-small's conv1 -> conv2 at pp 3,
@@ -214,28 +224,23 @@ TEST_F(GraphCli, ExactSumsHoldTheCurveOver30StepsAcrossDataPipelinesAndBranches)
 // `model show`: the parameter total against a hand count, and under --tp 2 the bytes its
 // column adds up to against the bytes the run then sends (the tp_bytes_sent metric).
 TEST_F(GraphCli, ModelShowCountsParametersAndTheBytesTpSends) {
-  const std::string file = std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/vgg-mini.json";
-  const auto shown = run_cli("model show " + file + " --tp 2 --batch 16");
-  ASSERT_EQ(shown.code, 0) << shown.output;
-  // conv 3x3 1->32 with bias, batch norm 32, a 1x1 32->32 without bias, linear 6272->10.
-  const std::string total = std::to_string(320 + 64 + 1024 + 62730);
-  EXPECT_NE(shown.output.find(" total "), std::string::npos) << shown.output;
-  EXPECT_NE(shown.output.find(" " + total + " "), std::string::npos) << shown.output;
-  const auto at = shown.output.find("one rank sends ");
-  ASSERT_NE(at, std::string::npos) << shown.output;
-  const double predicted = std::stod(shown.output.substr(at + 15));
-  const std::string metrics = dir_->file("show_tp.jsonl");
-  const auto r = run_cli("train --model " + file + " --data " + dir_->path().string() +
-                         " --steps 2 --batch 16 --tp 2 --threads 1 --eval-every 0 --eval-batches 1 --quiet --metrics " +
-                         metrics);
-  ASSERT_EQ(r.code, 0) << r.output;
-  std::ifstream in(metrics);
-  int lines = 0;
-  for (std::string line; std::getline(in, line); ++lines) {
-    const double sent = nlohmann::json::parse(line).at("tp_bytes_sent").get<double>();
-    EXPECT_NEAR(sent, predicted, 0.001 * predicted) << "model show says " << predicted << " bytes a step, the run sent " << sent;
+  // vgg-mini: conv 3x3 1->32 with bias, batch norm 32, a 1x1 32->32 without bias, linear 6272->10.
+  const std::string vgg_total = std::to_string(320 + 64 + 1024 + 62730);
+  // Every user graph on images: what model show says --tp 2 sends against what the run sends.
+  for (const char* name : {"vgg-mini.json", "mlp3.json", "branchy.json", "lenet-gelu.json", "resnet-cut.json"}) {
+    const std::string file = std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/" + name;
+    const auto shown = run_cli("model show " + file + " --tp 2 --batch 16");
+    ASSERT_EQ(shown.code, 0) << shown.output;
+    EXPECT_NE(shown.output.find(" total "), std::string::npos) << shown.output;
+    if (std::string(name) == "vgg-mini.json") {
+      EXPECT_NE(shown.output.find(" " + vgg_total + " "), std::string::npos) << shown.output;
+    }
+    const auto at = shown.output.find("one rank sends ");
+    ASSERT_NE(at, std::string::npos) << shown.output;
+    const double predicted = std::stod(shown.output.substr(at + 15));
+    EXPECT_GT(predicted, 0) << name;
+    expect_tp_bytes(file, dir_->path().string(), predicted);
   }
-  EXPECT_EQ(lines, 2);
 }
 
 // Dropout (examples/models/mlp-dropout.json: p 0.3 after both hidden layers) draws its masks by

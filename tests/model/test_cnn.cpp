@@ -51,6 +51,24 @@ std::map<std::string, std::vector<float>> grads_of(model::Stage& s) {
   return g;
 }
 
+// The whole model's forward and backward on the batch's first 4 rows: its result and gradients.
+std::pair<model::StageResult, std::map<std::string, std::vector<float>>> whole_model(const model::CNNConfig& cfg,
+                                                                                     const Batch& b) {
+  model::CNNStage whole(cfg, 5, 0, -1, true, true);
+  nn::Context ctx(2);
+  model::StageResult r;
+  whole.forward(ctx, Tensor(), micro(b, 0, 4, cfg), &r, nullptr);
+  whole.backward(ctx, Tensor(), 1.f, nullptr);
+  return {r, grads_of(whole)};
+}
+
+// The gradients of two stages, by name (each parameter is on one of them).
+std::map<std::string, std::vector<float>> grads_of(model::Stage& a, model::Stage& z) {
+  auto got = grads_of(a);
+  for (auto& [n, g] : grads_of(z)) got[n] = g;
+  return got;
+}
+
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double scale = 1e-6, diff = 0;
   for (size_t i = 0; i < a.size(); ++i) scale = std::max(scale, static_cast<double>(std::fabs(a[i])));
@@ -90,12 +108,7 @@ TEST(Cnn, StagesComputeWhatTheWholeModelComputes) {
   for (const std::string& name : model::cnn_config_names()) {
     const model::CNNConfig cfg = model::cnn_config(name);
     const Batch b = random_batch(cfg, 4, 3);
-    model::CNNStage whole(cfg, 5, 0, -1, true, true);
-    nn::Context ctx(2);
-    model::StageResult r;
-    whole.forward(ctx, Tensor(), micro(b, 0, 4, cfg), &r, nullptr);
-    whole.backward(ctx, Tensor(), 1.f, nullptr);
-    const auto want = grads_of(whole);
+    const auto [r, want] = whole_model(cfg, b);
     const int64_t units = model::cnn_num_units(cfg);
     for (int64_t cut = 1; cut < units; ++cut) {
       SCOPED_TRACE(name + " cut after unit " + std::to_string(cut));
@@ -110,8 +123,7 @@ TEST(Cnn, StagesComputeWhatTheWholeModelComputes) {
       EXPECT_EQ(rz.correct, r.correct);
       Tensor dx = z.backward(cz, Tensor(), 1.f, nullptr);
       a.backward(ca, dx, 1.f, nullptr);
-      auto got = grads_of(a);
-      for (auto& [n, g] : grads_of(z)) got[n] = g;
+      auto got = grads_of(a, z);
       ASSERT_EQ(got.size(), want.size());
       for (const auto& [n, g] : want) EXPECT_EQ(got[n], g) << n;
     }
@@ -127,12 +139,7 @@ TEST(Cnn, AResidualBlockCutAnywhereComputesWhatTheWholeModelComputes) {
   const model::CNNConfig cfg = model::cnn_config(std::make_shared<const model::Graph>(
       model::read_graph_file(std::string(MESHTRAIN_SOURCE_DIR) + "/examples/models/resnet-cut.json")));
   const Batch b = random_batch(cfg, 4, 3);
-  model::CNNStage whole(cfg, 5, 0, -1, true, true);
-  nn::Context ctx(2);
-  model::StageResult r;
-  whole.forward(ctx, Tensor(), micro(b, 0, 4, cfg), &r, nullptr);
-  whole.backward(ctx, Tensor(), 1.f, nullptr);
-  const auto want = grads_of(whole);
+  const auto [r, want] = whole_model(cfg, b);
   const std::vector<int> skips = model::unit_skips(*cfg.graph);
   int crossed = 0;
   for (int64_t cut = 1; cut < model::cnn_num_units(cfg); ++cut) {
@@ -158,8 +165,7 @@ TEST(Cnn, AResidualBlockCutAnywhereComputesWhatTheWholeModelComputes) {
     EXPECT_EQ(pz.out.numel() > 0, skip);
     pa.in = pz.out;
     a.backward(ca, dx, 1.f, &pa);
-    auto got = grads_of(a);
-    for (auto& [n, g] : grads_of(z)) got[n] = g;
+    auto got = grads_of(a, z);
     ASSERT_EQ(got.size(), want.size());
     for (const auto& [n, g] : want) EXPECT_EQ(got[n], g) << n;
   }

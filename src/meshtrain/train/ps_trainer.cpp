@@ -196,9 +196,8 @@ class WorkerLoop {
   // Image models: the stage as the executor drives it (the all-reduce trainer's pp 1 path).
   std::unique_ptr<StageDriver> driver_;
   std::unique_ptr<pipeline::Executor> exec_;
-  std::vector<float> img_;
-  std::vector<int32_t> tok_, lab_;  // a step's token ids (token models) and targets or labels
-  std::vector<int64_t> first_rows_;
+  ImageRows image_rows_;            // a step's images, labels and micro-batch rows (image models)
+  std::vector<int32_t> tok_, lab_;  // a step's token ids and targets (token models)
   std::map<int64_t, float> accuracy_;  // worker 0, staleness 0: the batch's accuracy by step
   std::unique_ptr<MetricsWriter> metrics_;
   double last_t_ = 0, peak_gflops_ = 0;
@@ -317,23 +316,12 @@ double WorkerLoop::token_step(int64_t clock) {
   return loss;
 }
 
-// Image models: micro-batch k is rows [k B / M, (k+1) B / M) of the global batch, split over
-// the workers as over dp ranks (train/rank_data.cpp), so with the statistics summed over the
-// workers each micro-batch's batch norm is one rank's micro-batch k; dropout's masks are keyed
-// by (step, the sample's place in the global batch).
+// Image models: a worker takes the rows a dp rank takes (train/stage_runner.h: image_rows), so
+// with the statistics summed over the workers each micro-batch's batch norm is one rank's
+// micro-batch k; dropout's masks are keyed by (step, the sample's place in the global batch).
 double WorkerLoop::image_step(int64_t clock) {
-  const ImageDataset& ds = *sh_.images;
-  const int64_t B = o_.batch, M = o_.microbatches, rows = B / o_.dp / M;
-  const int64_t per = ds.channels() * ds.height() * ds.width();
-  img_.resize(M * rows * per), lab_.resize(M * rows), first_rows_.resize(M);
-  for (int64_t mb = 0; mb < M; ++mb) {
-    const int64_t r0 = first_rows_[mb] = mb * (B / M) + w_ * rows;
-    ds.batch(Split::train, o_.data_order, o_.seed, clock, B, r0, r0 + rows, img_.data() + mb * rows * per,
-             lab_.data() + mb * rows, o_.augment);
-  }
-  driver_->set_batches({.images = img_.data(), .sample_floats = per, .targets = lab_.data(), .rows = rows, .T = 1,
-                        .step = clock, .first_sample = first_rows_.data()},
-                       1.0f / static_cast<float>(M));
+  const int64_t M = o_.microbatches;
+  driver_->set_batches(image_rows(*sh_.images, o_, clock, w_, image_rows_), 1.0f / static_cast<float>(M));
   exec_->set_weights_epoch(clock);
   exec_->run_step();
   double loss = 0;  // the mean over the micro-batches, as the all-reduce trainer adds it

@@ -68,25 +68,15 @@ std::pair<float, std::optional<float>> RankTrainer::evaluate() {
 }
 
 // This rank's rows of the step's batch. Token models: the rank's B / dp rows, cut into its
-// micro-batches. Image models: micro-batch k is rows [k B / M, (k+1) B / M) of the global batch,
-// split over the dp ranks — so each micro-batch's batch-norm statistics, synchronised over dp,
-// are those of the single rank's micro-batch k, whatever the layout.
+// micro-batches. Image models: train/stage_runner.h's image_rows (micro-batch k is rows
+// [k B / M, (k+1) B / M) of the global batch split over the dp ranks, so batch norm synchronised
+// over dp sees the single rank's micro-batch k, whatever the layout).
 void RankTrainer::fill_batch(int64_t step) {
   const int64_t B = o_.batch, T = o_.seq, M = o_.microbatches, rows = B / o_.dp / M;
   const int64_t d = mesh_.coord().dp;
   if (images()) {
-    const ImageDataset& ds = *sh_.images;
-    const int64_t per = ds.channels() * ds.height() * ds.width();
-    img_.resize(M * rows * per), tgt_.resize(M * rows), first_rows_.resize(M);
-    for (int64_t mb = 0; mb < M; ++mb) {
-      const int64_t r0 = first_rows_[mb] = mb * (B / M) + d * rows;
-      ds.batch(Split::train, o_.data_order, o_.seed, step, B, r0, r0 + rows, img_.data() + mb * rows * per,
-               tgt_.data() + mb * rows, o_.augment);
-    }
-    for (auto& r : runners_)
-      r->set_batches({.images = img_.data(), .sample_floats = per, .targets = tgt_.data(), .rows = rows, .T = 1,
-                      .step = step, .first_sample = first_rows_.data()},
-                     1.0f / static_cast<float>(M));
+    const BatchArrays arrays = image_rows(*sh_.images, o_, step, static_cast<int>(d), image_rows_);
+    for (auto& r : runners_) r->set_batches(arrays, 1.0f / static_cast<float>(M));
     return;
   }
   tok_.resize(M * rows * T), tgt_.resize(M * rows * T), first_rows_.resize(M);

@@ -155,7 +155,7 @@ class RankTrainer {
   void fill_batch(int64_t step);
   bool images() const { return sh_.images != nullptr; }
   std::vector<int32_t> tok_, tgt_;  // the step's token ids and targets (or labels)
-  std::vector<float> img_;          // the step's images
+  ImageRows image_rows_;            // the step's images and labels (image models)
   std::vector<int64_t> first_rows_;  // each micro-batch's first sample in the step's global batch
   void save(int64_t step, const nlohmann::json* metrics_line = nullptr);
   RankPieces my_pieces();

@@ -1,6 +1,23 @@
 #include "meshtrain/train/stage_runner.h"
 
+#include "meshtrain/data/images.h"
+#include "meshtrain/train/trainer.h"
+
 namespace meshtrain::train {
+
+BatchArrays image_rows(const ImageDataset& ds, const TrainOptions& o, int64_t step, int dp_rank, ImageRows& out) {
+  const int64_t B = o.batch, M = o.microbatches, rows = B / o.dp / M;
+  const int64_t per = ds.channels() * ds.height() * ds.width();
+  out.images.resize(static_cast<size_t>(M * rows * per)), out.labels.resize(static_cast<size_t>(M * rows));
+  out.first_rows.resize(static_cast<size_t>(M));
+  for (int64_t mb = 0; mb < M; ++mb) {
+    const int64_t r0 = out.first_rows[static_cast<size_t>(mb)] = mb * (B / M) + dp_rank * rows;
+    ds.batch(Split::train, o.data_order, o.seed, step, B, r0, r0 + rows, out.images.data() + mb * rows * per,
+             out.labels.data() + mb * rows, o.augment);
+  }
+  return {.images = out.images.data(), .sample_floats = per, .targets = out.labels.data(), .rows = rows, .T = 1,
+          .step = step, .first_sample = out.first_rows.data()};
+}
 
 StageDriver::StageDriver(model::Stage& stage, nn::Hooks* hooks, std::function<void(bool)> set_sync, bool recompute)
     : stage_(stage), hooks_(hooks), set_sync_(std::move(set_sync)), recompute_(recompute) {}

@@ -20,7 +20,13 @@
 #include "meshtrain/model/model.h"
 #include "meshtrain/pipeline/executor.h"
 
+namespace meshtrain {
+class ImageDataset;
+}
+
 namespace meshtrain::train {
+
+struct TrainOptions;
 
 // The arrays of one run's micro-batches: micro-batch k holds samples [k rows, (k+1) rows).
 // Token models: tokens and targets (n * rows, T). Image models: images (n * rows, C, H, W)
@@ -37,6 +43,17 @@ struct BatchArrays {
   int64_t step = -1;
   const int64_t* first_sample = nullptr;
 };
+
+// A data-parallel rank's rows of a training step of an image model (the all-reduce trainer's
+// dp ranks and the parameter server's workers alike): micro-batch k is rows [k B / M, (k+1) B / M)
+// of the global batch, split over the `dp` ranks, so each micro-batch's batch-norm statistics,
+// summed over the ranks, are one rank's micro-batch k. Fills the buffers and returns their arrays.
+struct ImageRows {
+  std::vector<float> images;
+  std::vector<int32_t> labels;
+  std::vector<int64_t> first_rows;  // each micro-batch's first sample in the step's global batch
+};
+BatchArrays image_rows(const ImageDataset& ds, const TrainOptions& o, int64_t step, int dp_rank, ImageRows& out);
 
 class StageDriver : public pipeline::StageRunner {
  public:
