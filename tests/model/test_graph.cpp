@@ -66,6 +66,16 @@ TEST(Graph, ParameterCountsAgainstAHandCount) {
   // linears 400->120, 120->84, 84->10 with biases, and the layernorm's weight and bias over 120.
   EXPECT_EQ(param_count(cnn_config(std::make_shared<const Graph>(parse_graph(examples_graph("lenet-gelu.json"), "lenet")))),
             156 + 2416 + 32 + 400 * 120 + 120 + 2 * 120 + 120 * 84 + 84 + 84 * 10 + 10);
+  // branchy: stem conv 3x3 1->16 without bias 144, bn 32; branch a 1x1 16->8 with bias 136;
+  // branch b 1x1 16->8 without bias 128, bn 16, 5x5 8->16 with bias 3216; head 3x3 40->32 with
+  // bias 11552; fc 32->10 330.
+  EXPECT_EQ(param_count(cnn_config(std::make_shared<const Graph>(parse_graph(examples_graph("branchy.json"), "b")))),
+            144 + 32 + 136 + 128 + 16 + 3216 + 11552 + 330);
+  // resnet-cut: stem 3x3 1->16 144, bn 32; block 1 two 3x3 16->16 (2304 each) and two bns (32
+  // each); block 2 3x3 16->32 4608, 3x3 32->32 9216, the 1x1 16->32 shortcut 512, three bns (64
+  // each); fc 330. No convolution has a bias.
+  EXPECT_EQ(param_count(cnn_config(std::make_shared<const Graph>(parse_graph(examples_graph("resnet-cut.json"), "r")))),
+            144 + 32 + 2 * 2304 + 2 * 32 + 4608 + 9216 + 512 + 3 * 64 + 330);
   // cnn-small: conv1 (no bias) 9 x 32, bn1 64, conv2 9 x 32 x 64, bn2 128, fc1 3136 x 128 + 128,
   // fc2 1280 + 10.
   EXPECT_EQ(param_count(cnn_config("cnn-small")), 288 + 64 + 18432 + 128 + 401536 + 1290);
