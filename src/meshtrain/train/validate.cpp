@@ -629,6 +629,14 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
     stage_units(o, *spec.cnn());
   }
   plan::check_layout(spec, plan_layout(o, {}));  // the split's own rules: the check plan and launch share
+  if (o.pp > 1 && spec.cnn() && spec.cnn()->graph) {
+    // The skips across the stages' cuts, refused here (before any work) where the executor's one
+    // portal in and one out of a stage cannot carry them; the trainer sets the same portals up.
+    const model::CNNConfig& cnn = *spec.cnn();
+    std::vector<int64_t> first_unit;
+    for (const pipeline::LayerSpan& sp : stage_units(o, cnn)) first_unit.push_back(sp.first);
+    model::skip_portals(*cnn.graph, model::infer_shapes(*cnn.graph, {cnn.channels, cnn.height, cnn.width}), first_unit);
+  }
   check_threads("--threads", o.threads, m, /*zero_means_auto=*/true);
   check_ranks(o.ps_servers > 0 ? "--dp and --ps-servers" : "--dp, --tp and --pp", local_ranks(o), o.threads, m);
   check_memory(o, spec, m);
