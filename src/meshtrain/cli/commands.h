@@ -37,6 +37,7 @@ void add_calibrate_command(CLI::App& app);   // cli/calibrate.cpp: `meshtrain ca
 void add_plan_command(CLI::App& app);        // cli/plan.cpp: `meshtrain plan`, layouts ranked by predicted step time
 void add_launch_command(CLI::App& app);      // cli/launch.cpp: `meshtrain launch`, a supervised, resuming job
 void add_model_command(CLI::App& app);       // cli/model.cpp: `meshtrain model show`, a model's layer table
+void add_import_command(CLI::App& app);      // cli/import.cpp: `meshtrain import`, an ONNX file as a model file
 
 // A checkpoint's model (its index: names, shapes, where the pieces lie) with the config of its
 // index, checked against each other (every name and shape; cli/generate.cpp) before any tensor

@@ -12,6 +12,7 @@
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/comm/error.h"
 #include "meshtrain/comm/threads_backend.h"
+#include "meshtrain/onnx/onnx_import.h"
 
 namespace {
 
@@ -162,6 +163,8 @@ int main(int argc, char** argv) {
   meshtrain::cli::add_plan_command(app);
   meshtrain::cli::add_launch_command(app);
   meshtrain::cli::add_model_command(app);
+  meshtrain::cli::add_import_command(app);
+  meshtrain::onnx_import::register_onnx_reader();
   CLI::App* bench = app.add_subcommand("bench", "Measure kernels and communication");
   bench->require_subcommand(1);
   meshtrain::cli::add_bench_comm_command(*bench);

@@ -315,6 +315,10 @@ void show(const ShowOptions& o) {
   std::printf("%-4s %-5s %-28s %-16s %-18s %11.0f %10.3f %12s\n", "", "", "total", "", "", params, flops / 1e6,
               bytes_text(saved_total).c_str());
   std::printf("forward + backward: %.3f MFLOP a sample (3 x forward)\n", 3 * flops / 1e6);
+  std::printf("state dict (what PyTorch's module.state_dict() lists; checkpoint convert --to-single writes it):\n");
+  for (const model::TorchEntry& e : model::torch_state_dict(*spec))
+    std::printf("  %-40s %s%s\n", e.name.c_str(), e.counter ? "() int64" : shape_str(e.shape).c_str(),
+                e.transposed ? " (out, in)" : "");
   const int64_t rows = o.batch > 0 ? o.batch : cfg->batch;
   if (o.tp > 1)
     std::printf("--tp %d: one rank sends %.0f bytes (%s) a micro-batch of %lld samples, forward and backward "

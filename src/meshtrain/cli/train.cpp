@@ -15,6 +15,7 @@
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/comm/world.h"
 #include "meshtrain/model/spec.h"
+#include "meshtrain/onnx/onnx_import.h"
 #include "meshtrain/plan/machine.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/stop.h"
@@ -48,6 +49,27 @@ void check_optimizer_flags(train::TrainOptions& o, const std::string& optimizer,
   if (given("--min-lr") && o.optim.schedule == train::LrSchedule::step)
     throw std::invalid_argument("--min-lr is where the cosine decay ends; --lr-schedule step does not use it (drop "
                                 "--min-lr, or use --lr-schedule cosine)");
+}
+
+// --init-from into `o`: onnx, seed or an ONNX file's weights (read here, checked against the
+// model by the trainer's validation).
+void resolve_init_from(train::TrainOptions& o, const std::string& from) {
+  if (from.empty()) return;
+  const std::string& model = o.config_file.empty() ? o.model : o.config_file;
+  if (from == "seed") {
+    o.init_from_seed = true;
+  } else if (from == "onnx") {
+    if (!model::is_onnx_path(model))
+      throw std::invalid_argument("--init-from onnx starts from the weights of the ONNX file given as --model, and " +
+                                  model + " is not one; give --model net.onnx, or --init-from net.onnx for the "
+                                  "weights of another file");
+  } else if (model::is_onnx_path(from)) {
+    auto w = std::make_shared<std::vector<std::pair<std::string, Tensor>>>(onnx_import::import_onnx(from).weights);
+    o.initial_weights = std::move(w);
+    o.initial_source = "the ONNX file " + from;
+  } else {
+    throw std::invalid_argument("--init-from must be onnx, seed or an ONNX file (FILE.onnx), not '" + from + "'");
+  }
 }
 
 }  // namespace
@@ -165,11 +187,16 @@ void add_train_command(CLI::App& app) {
   c->add_option("--keep-checkpoints", opt->keep_checkpoints, "Keep only the newest N checkpoints (0: all)")->check(integer<int>(0))->capture_default_str();
   c->add_flag("--resume", opt->resume, "Continue from the newest checkpoint in --checkpoint-dir");
   c->add_flag("--save-initial", opt->save_initial, "Also save the initial weights as step 0");
+  auto init_from = std::make_shared<std::string>();
+  c->add_option("--init-from", *init_from,
+                "The step-0 weights: onnx (the --model ONNX file's own; the default for one), seed (--seed's draws; "
+                "the default otherwise) or FILE.onnx (the weights of an ONNX file of the same network, e.g. for a "
+                "model file `meshtrain import` wrote)");
   c->add_flag("--overwrite", opt->overwrite, "Let --metrics and --trace replace existing files that meshtrain did not write");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
   c->callback([c, machine, spatial, branch, batch_norm, opt, ranks_per_host, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
-               optimizer, lr_schedule, weight_decay] {
+               optimizer, lr_schedule, weight_decay, init_from] {
     train::TrainOptions o = *opt;
     auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
     try {
@@ -228,6 +255,7 @@ void add_train_command(CLI::App& app) {
         o.ranks_per_host = *ranks_per_host;
       }
       check_optimizer_flags(o, *optimizer, *lr_schedule, given);
+      resolve_init_from(o, *init_from);
       if (given("--weight-decay")) o.optim.weight_decay = *weight_decay;
       // --checkpoint-dir alone saves at the default cadence and at the end (README).
       if (!o.checkpoint_dir.empty() && !given("--checkpoint-every") && !given("--checkpoint-every-s"))

@@ -130,8 +130,14 @@ Graph parse_graph(const nlohmann::json& j, const std::string& source) {
   const Refuse refuse(source);
   if (!j.is_object()) refuse.file("a model file must be a JSON object with \"name\", \"input\" and \"layers\"");
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (it.key() != "name" && it.key() != "input" && it.key() != "layers" && it.key() != "batch")
-      refuse.file("\"" + it.key() + "\" is not a field of a model file (its fields: name, input, layers, batch)");
+    if (it.key() != "name" && it.key() != "input" && it.key() != "layers" && it.key() != "batch" &&
+        it.key() != "imported_from")
+      refuse.file("\"" + it.key() + "\" is not a field of a model file (its fields: name, input, layers, batch, "
+                  "imported_from)");
+  // "imported_from": the ONNX file `meshtrain import` read (a note for the reader; the weights
+  // stay there, and --init-from FILE takes them).
+  if (j.contains("imported_from") && !j["imported_from"].is_string())
+    refuse.file("\"imported_from\" must be the path of the ONNX file the graph was imported from (a string)");
   Graph g;
   g.source = j;
   if (!j.contains("name") || !j["name"].is_string() || !valid_name(j["name"].get<std::string>()))
@@ -321,6 +327,30 @@ Graph parse_graph(const nlohmann::json& j, const std::string& source) {
 Graph read_graph_file(const std::string& path) {
   const std::string source = "model file " + path;
   return parse_graph(io::read_json_file_strict(path, source, "give a JSON layer graph (docs/models.md)"), source);
+}
+
+void load_initial(nn::Module& m, const std::vector<std::pair<std::string, Tensor>>& weights,
+                  const std::string& source) {
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : weights) by_name[name] = &t;
+  std::vector<nn::Param*> all = m.params();
+  for (nn::Param* b : m.buffers()) all.push_back(b);
+  for (nn::Param* p : all) {
+    auto it = by_name.find(p->name);
+    if (it == by_name.end())
+      throw std::invalid_argument(source + " has no tensor '" + p->name + "', which the model needs; give weights of "
+                                  "the same network (or --init-from seed)");
+    const Tensor& w = *it->second;
+    if (w.shape() != p->global_shape)
+      throw std::invalid_argument(source + " holds '" + p->name + "' as " + shape_str(w.shape()) + ", and the model's " +
+                                  "is " + shape_str(p->global_shape));
+    float* v = p->value.data();
+    const int64_t n = p->value.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t g = p->shard.global_index(p->global_shape, i);
+      v[i] = g < 0 ? 0.f : w.data()[g];
+    }
+  }
 }
 
 namespace {

@@ -35,10 +35,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/nn/module.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::model {
@@ -86,7 +88,16 @@ struct Graph {
   int64_t batch = 64;     // the recommended global batch
   std::vector<GraphLayer> layers;
   nlohmann::json source;  // the file's JSON, as read (recorded in checkpoints)
+  // Step-0 values that came with the graph (an ONNX file's initializers, onnx/onnx_import.h):
+  // whole tensors by parameter or buffer name, linear weights (in, out). Null: --seed's draws.
+  std::shared_ptr<const std::vector<std::pair<std::string, Tensor>>> initial;
 };
+
+// Sets every parameter and buffer of `m` (a stage, or any module) to its part of the whole tensor
+// of the same name in `weights`, through its shard spec (so any layout takes its own slice).
+// Throws std::invalid_argument naming a tensor `weights` lacks or holds in another shape.
+void load_initial(nn::Module& m, const std::vector<std::pair<std::string, Tensor>>& weights,
+                  const std::string& source);
 
 // Reads a graph from its JSON; `source` names it in refusals ("model file m.json").
 Graph parse_graph(const nlohmann::json& j, const std::string& source);

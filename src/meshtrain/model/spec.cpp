@@ -313,14 +313,43 @@ double CNNSpec::stage_param_elements(const StageSpec& spec, int tp) const {
 std::shared_ptr<const ModelSpec> gpt_spec(const GPTConfig& cfg) { return std::make_shared<GPTSpec>(cfg); }
 std::shared_ptr<const ModelSpec> cnn_spec(const CNNConfig& cfg) { return std::make_shared<CNNSpec>(cfg); }
 
+std::vector<TorchEntry> torch_state_dict(const ModelSpec& spec) {
+  std::vector<TorchEntry> out;
+  for (const auto& [name, shape] : spec.param_shapes()) {
+    const bool linear = shape.size() == 2 && name.ends_with(".weight");
+    out.push_back({name, linear ? Shape{shape[1], shape[0]} : shape, linear, false});
+  }
+  // Buffers after the parameters, as nn.Module lists them (a module's parameters, then its buffers).
+  for (const auto& [name, shape] : spec.buffer_shapes()) {
+    out.push_back({name, shape, false, false});
+    if (name.ends_with(".running_var"))
+      out.push_back({name.substr(0, name.size() - 12) + ".num_batches_tracked", Shape{}, false, true});
+  }
+  return out;
+}
+
+namespace {
+Graph (*onnx_reader)(const std::string&) = nullptr;
+}  // namespace
+
+void set_onnx_reader(Graph (*reader)(const std::string& path)) { onnx_reader = reader; }
+bool is_onnx_path(const std::string& name) { return name.size() > 5 && name.ends_with(".onnx"); }
+
 bool is_cnn_name(const std::string& name) {
   for (const std::string& n : cnn_config_names())
     if (n == name) return true;
-  return name.size() > 5 && name.ends_with(".json");  // a model file: a layer graph (or a config)
+  // a model file: a layer graph (or a config), or an ONNX file of an image classifier
+  return (name.size() > 5 && name.ends_with(".json")) || is_onnx_path(name);
 }
 
 std::shared_ptr<const ModelSpec> model_spec(const std::string& name) {
   if (name.size() > 5 && name.ends_with(".json")) return model_spec_from_file(name);
+  if (is_onnx_path(name)) {
+    if (!onnx_reader)
+      throw std::invalid_argument(name + " is an ONNX file, and this program was built without ONNX import "
+                                  "(install libonnx-dev and rebuild, or give a model file, --model FILE.json)");
+    return cnn_spec(cnn_config(std::make_shared<const Graph>(onnx_reader(name))));
+  }
   if (is_cnn_name(name)) return cnn_spec(cnn_config(name));
   try {
     return gpt_spec(gpt_config(name));

@@ -78,4 +78,22 @@ std::shared_ptr<const ModelSpec> model_spec(const std::string& name);
 std::shared_ptr<const ModelSpec> model_spec_from_file(const std::string& path);
 bool is_cnn_name(const std::string& name);
 
+// An image classifier's state as PyTorch's module.state_dict() holds it: every parameter and
+// buffer under its name in PyTorch's shape (a linear layer's weight (out, in), `transposed` from
+// meshtrain's (in, out)), and after each batch norm's running_var its num_batches_tracked, a
+// 0-d int64 (`counter`: the number of training steps). What `model show` lists and `checkpoint
+// convert --to-single` writes.
+struct TorchEntry {
+  std::string name;
+  Shape shape;
+  bool transposed = false;
+  bool counter = false;
+};
+std::vector<TorchEntry> torch_state_dict(const ModelSpec& spec);
+
+// Reads an ONNX file as a graph with its weights (onnx/onnx_import.h registers it: model/ does
+// not link the ONNX library). Until one is set, model_spec refuses .onnx files with a sentence.
+void set_onnx_reader(Graph (*reader)(const std::string& path));
+bool is_onnx_path(const std::string& name);
+
 }  // namespace meshtrain::model

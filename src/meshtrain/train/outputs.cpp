@@ -114,6 +114,7 @@ std::string kind_name(OutputKind k) {
     case OutputKind::safetensors: return "a converted checkpoint";
     case OutputKind::machine: return "a machine file";
     case OutputKind::events: return "a launcher's events file";
+    case OutputKind::model: return "a model file meshtrain import wrote";
   }
   return "a file";
 }
@@ -157,6 +158,10 @@ bool written_by_meshtrain(const std::string& path, OutputKind kind) {
       first = first.substr(0, first.find('\n'));
       const nlohmann::json j = nlohmann::json::parse(first, nullptr, /*allow_exceptions=*/false);
       return j.is_object() && j.contains("event") && j["event"] == "start";
+    }
+    case OutputKind::model: {
+      const nlohmann::json j = nlohmann::json::parse(head(path, 64 << 20), nullptr, /*allow_exceptions=*/false);
+      return j.is_object() && j.contains("layers") && j.contains("imported_from") && j["imported_from"].is_string();
     }
   }
   return false;

@@ -33,6 +33,7 @@ enum class OutputKind {
   safetensors,  // a safetensors file whose metadata has "writer": "meshtrain"
   machine,      // a JSON object whose "kind" is "meshtrain machine" (meshtrain calibrate)
   events,       // JSON lines whose first line is an object with "event": "start" (launch --events)
+  model,        // a layer graph with "imported_from" (meshtrain import)
 };
 
 // True when `path` is empty or carries the mark of a file meshtrain writes as `kind`.

@@ -69,6 +69,8 @@ struct FlatModel {
       // Single-rank layers (no factories), layout-invariant initialisation by name: the
       // parameters the all-reduce trainer's one rank starts from.
       stage = sh.spec->make_stage(model::StageSpec{0, -1, true, true}, seed, model::StageFactories{});
+      std::string init_source;
+      if (const auto* w = initial_weights(sh.o, *sh.spec, &init_source)) model::load_initial(*stage, *w, init_source);
       stage->collect_params(params);
     } else {
       gpt = std::make_unique<model::GPT>(*sh.cfg, seed);

@@ -203,6 +203,8 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     const int st = schedule.shape.stage_of(pp_rank, c);
     model::StageSpec spec{spans[st].first, spans[st].end, st == 0, st == stages - 1};
     stages_.push_back(sh.spec.make_stage(spec, o_.seed, factories));
+    std::string init_source;
+    if (const auto* w = initial_weights(o_, sh.spec, &init_source)) model::load_initial(*stages_.back(), *w, init_source);
     // Synchronised batch norm: statistics of the whole batch, summed over the dp group (the
     // ranks of one micro-batch), so dp N computes what one rank does.
     if (o_.dp > 1 && !o_.batch_norm_local)
@@ -416,8 +418,37 @@ std::shared_ptr<const model::ModelSpec> model_of(const TrainOptions& o) {
 }
 }  // namespace
 
+const std::vector<std::pair<std::string, Tensor>>* initial_weights(const TrainOptions& o, const model::ModelSpec& spec,
+                                                                   std::string* source) {
+  if (o.initial_weights) {
+    *source = o.initial_source.empty() ? std::string("--init-from") : o.initial_source;
+    return o.initial_weights.get();
+  }
+  const model::CNNConfig* cnn = spec.cnn();
+  if (o.init_from_seed || !cnn || !cnn->graph || !cnn->graph->initial) return nullptr;
+  *source = "the weights of " + (o.model.empty() ? cnn->graph->name : o.model);
+  return cnn->graph->initial.get();
+}
+
 model::GPTConfig resolve_options(TrainOptions& o) {
   const auto spec = model_of(o);
+  // Step-0 weights given (--init-from FILE) or carried: every tensor of the model, in its shape.
+  std::string init_source;
+  if (const auto* w = initial_weights(o, *spec, &init_source)) {
+    std::map<std::string, Shape> have;
+    for (const auto& [name, t] : *w) have[name] = t.shape();
+    auto all = spec->param_shapes();
+    for (const auto& b : spec->buffer_shapes()) all.push_back(b);
+    for (const auto& [name, shape] : all) {
+      auto it = have.find(name);
+      if (it == have.end())
+        throw std::invalid_argument(init_source + " has no tensor '" + name + "', which " + spec->name() +
+                                    " needs; give the weights of the same network (or --init-from seed)");
+      if (it->second != shape)
+        throw std::invalid_argument(init_source + " holds '" + name + "' as " + shape_str(it->second) + ", and " +
+                                    spec->name() + "'s is " + shape_str(shape) + "; give the weights of the same network");
+    }
+  }
   if (!spec->gpt()) throw bad(spec->name() + " is an image model; resolve_options resolves a token model's options");
   model::GPTConfig cfg = *spec->gpt();
   // -1: the model's recommended shape; any other value is checked as given.

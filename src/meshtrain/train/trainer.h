@@ -25,6 +25,7 @@
 #include "meshtrain/kernels/bf16.h"
 #include "meshtrain/model/config.h"
 #include "meshtrain/model/graph.h"
+#include "meshtrain/model/spec.h"
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/plan/cost.h"
 
@@ -98,6 +99,12 @@ struct TrainOptions {
   int keep_checkpoints = 0;  // 0: keep all
   bool resume = false;
   bool save_initial = false;
+  // Step-0 weights (--init-from FILE): whole tensors by parameter or buffer name, each rank
+  // taking its part (model::load_initial). Null: the model's own (an ONNX file's initializers,
+  // model::Graph::initial), unless init_from_seed, else --seed's draws.
+  std::shared_ptr<const std::vector<std::pair<std::string, Tensor>>> initial_weights;
+  std::string initial_source;  // names initial_weights in messages
+  bool init_from_seed = false;  // --init-from seed: draw even where the model carries weights
   bool overwrite = false;  // outputs may replace files meshtrain did not write (train/outputs.h)
   // image models
   bool augment = false;           // random crop and flip of the training images (data/images.h)
@@ -212,6 +219,12 @@ class TrainingDiverged : public std::runtime_error {
 
 // The swimlane drawn beside a --trace file: X.json -> X.svg, any other name -> name + ".svg".
 std::string trace_svg_path(const std::string& trace);
+
+// The step-0 weights a run starts from: TrainOptions::initial_weights, else the model's own (an
+// ONNX file's, model::Graph::initial) unless --init-from seed; null: --seed's draws. `source`
+// names them in messages.
+const std::vector<std::pair<std::string, Tensor>>* initial_weights(const TrainOptions& o, const model::ModelSpec& spec,
+                                                                   std::string* source);
 
 // Reads the model config, resolves defaults (batch and seq when -1, threads when 0,
 // decay_steps) and runs the validation pass of train/validate.h against this machine; throws
