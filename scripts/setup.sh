@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything meshtrain needs on Debian 12 (apt-get only) and prepares the bundled text
-# corpus. Safe to run again: packages already present are skipped, nothing else is downloaded.
+# corpus; `scripts/setup.sh --tests` adds what only the tests need. Safe to run again: packages
+# already present are skipped, nothing else is downloaded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +17,14 @@ PACKAGES=(
   fortunes                                         # the text corpus of the quick start
   dataset-fashion-mnist                            # images: /usr/share/datasets/fashion-mnist
   python3
+  libonnx-dev libprotobuf-dev                      # ONNX in (train --model net.onnx, meshtrain import)
+  python3-dev pybind11-dev python3-numpy python3-venv  # the Python module (docs/python.md)
 )
+# --tests: what the test suite needs besides: PyTorch, which exports the networks of the ONNX
+# round trip and replays their training (tests/onnx/round_trip.py).
+if [ "${1:-}" = "--tests" ]; then
+  PACKAGES+=(python3-torch)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
