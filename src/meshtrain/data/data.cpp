@@ -102,6 +102,17 @@ DataOrder parse_data_order(const std::string& text) {
                               "'sequential' (llm.c's order)");
 }
 
+const char* to_string(ImageLayout layout) {
+  return layout == ImageLayout::nhwc ? "nhwc" : layout == ImageLayout::nchw ? "nchw" : "automatic";
+}
+
+ImageLayout parse_image_layout(const std::string& text) {
+  if (text == "nhwc") return ImageLayout::nhwc;
+  if (text == "nchw") return ImageLayout::nchw;
+  throw std::invalid_argument("--data-layout must be nhwc (N x H x W x C) or nchw (N x C x H x W), not '" + text +
+                              "'");
+}
+
 // ---- loading ----
 
 TokenDataset TokenDataset::from_tokens(std::vector<uint16_t> tokens, double val_fraction,

@@ -44,11 +44,17 @@ class DataError : public std::runtime_error {
 
 enum class Split { train, val };
 enum class DataOrder { random, sequential };
+// How a 4-d image array of an .npz lays out a sample (data/images.h): N x H x W x C or
+// N x C x H x W; automatic: told from the shape where it is unambiguous (--data-layout).
+enum class ImageLayout { automatic, nhwc, nchw };
 
 const char* to_string(Split split);
 const char* to_string(DataOrder order);
+const char* to_string(ImageLayout layout);  // "automatic", "nhwc", "nchw"
 // "random" or "sequential"; anything else throws std::invalid_argument with a sentence.
 DataOrder parse_data_order(const std::string& text);
+// "nhwc" or "nchw"; anything else throws std::invalid_argument with a sentence.
+ImageLayout parse_image_layout(const std::string& text);
 
 // ---- TokenDataset ----
 
