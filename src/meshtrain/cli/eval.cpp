@@ -23,6 +23,7 @@ namespace {
 struct EvalOptions {
   std::string checkpoint;
   std::string data = train::ImageDataset::kFashionMnist;
+  std::string data_layout;  // empty: from the shape
   int64_t batch = 256;
   int threads = 2;
 };
@@ -63,7 +64,9 @@ void evaluate(const EvalOptions& o) {
   const std::shared_ptr<const model::ModelSpec> spec = checked_cnn_checkpoint(folder, index);
   train::ImageDataset data = [&] {
     try {
-      train::ImageDataset d = train::ImageDataset::open(o.data);
+      const train::ImageLayout layout =
+          o.data_layout.empty() ? train::ImageLayout::automatic : train::parse_image_layout(o.data_layout);
+      train::ImageDataset d = train::ImageDataset::open(o.data, layout);
       d.fit_to(*spec, "--data");
       return d;
     } catch (const train::DataError& e) {
@@ -118,9 +121,13 @@ void add_eval_command(CLI::App& app) {
   c->add_option("--checkpoint", opt->checkpoint, "Checkpoint directory (its newest valid step) or one step folder")
       ->required()
       ->check(non_empty_path());
-  c->add_option("--data", opt->data, "The data set: fashion-mnist or a directory of the four IDX files")
+  c->add_option("--data", opt->data,
+                "The data set: fashion-mnist, a directory of the four IDX files, or an .npz holding x_train, y_train, "
+                "x_test, y_test (normalised by x_train's statistics, as train does)")
       ->check(non_empty_path())
       ->capture_default_str();
+  c->add_option("--data-layout", opt->data_layout,
+                "An .npz's 4-d images: nhwc (N x H x W x C) or nchw (N x C x H x W), where the shape does not say");
   c->add_option("--batch", opt->batch, "Images per forward pass")->check(integer<int64_t>(1))->capture_default_str();
   c->add_option("--threads", opt->threads, "Kernel threads")->check(integer<int>(1))->capture_default_str();
   c->callback([opt] {

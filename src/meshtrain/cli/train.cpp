@@ -92,8 +92,13 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--config", opt->config_file, "Model config JSON file (instead of --model)");
   c->add_option("--data", opt->data,
-                 "Token models: a text file (byte tokens) or uint16 token file (.bin); image models: fashion-mnist "
-                 "(the Debian package) or a directory of the four IDX files");
+                 "Token models: a text file (byte tokens), a uint16 token file (.bin) or a 1-d integer NumPy array "
+                 "(.npy); image models: fashion-mnist (the Debian package), a directory of the four IDX files, or an "
+                 ".npz holding x_train, y_train, x_test, y_test (uint8 or float32 images, integer labels)");
+  auto data_layout = std::make_shared<std::string>();
+  c->add_option("--data-layout", *data_layout,
+                "Image models with an .npz: nhwc (N x H x W x C) or nchw (N x C x H x W), for 4-d images whose shape "
+                "does not say (default: told from the shape)");
   c->add_flag("--augment", opt->augment, "Image models: random 2-pixel crops and horizontal flips of the training images");
   auto batch_norm = std::make_shared<std::string>("sync");
   c->add_option("--batch-norm", *batch_norm,
@@ -195,7 +200,7 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--overwrite", opt->overwrite, "Let --metrics and --trace replace existing files that meshtrain did not write");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([c, machine, spatial, branch, batch_norm, opt, ranks_per_host, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
+  c->callback([c, machine, spatial, branch, batch_norm, data_layout, opt, ranks_per_host, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
                optimizer, lr_schedule, weight_decay, init_from] {
     train::TrainOptions o = *opt;
     auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
@@ -203,7 +208,7 @@ void add_train_command(CLI::App& app) {
       // A flag given an empty value would silently mean "not given": refuse it.
       for (const char* flag : {"--model", "--config", "--data", "--metrics", "--trace", "--checkpoint-dir",
                                "--pp-balance", "--pp-cuts", "--schedule", "--backend", "--data-order", "--optimizer",
-                               "--lr-schedule", "--allreduce"})
+                               "--lr-schedule", "--allreduce", "--data-layout"})
         if (given(flag) && c->get_option(flag)->as<std::string>().empty())
           throw std::invalid_argument(std::string(flag) + " is empty; give it a value or leave the flag out");
       if (given("--model") && given("--config"))
@@ -266,8 +271,8 @@ void add_train_command(CLI::App& app) {
       o.batch_norm_local = *batch_norm == "local";
       if (model::is_cnn_name(o.model) || !o.config_file.empty()) {
         // checked by the trainer once the model is known
-      } else if (given("--augment") || given("--batch-norm")) {
-        throw std::invalid_argument(std::string(given("--augment") ? "--augment" : "--batch-norm") +
+      } else if (given("--augment") || given("--batch-norm") || given("--data-layout")) {
+        throw std::invalid_argument(std::string(given("--augment") ? "--augment" : given("--batch-norm") ? "--batch-norm" : "--data-layout") +
                                     " applies to image models (cnn-small, resnet-small, inception-small); " + o.model +
                                     " reads tokens: drop it");
       }
@@ -280,6 +285,7 @@ void add_train_command(CLI::App& app) {
       }
       if (bucket_flag->count() > 0) o.bucket_bytes = train::bucket_bytes_from_mb(*bucket_mb);
       o.data_order = train::parse_data_order(*order);
+      if (given("--data-layout")) o.data_layout = train::parse_image_layout(*data_layout);
       try {
         o.precision = kernels::parse_precision(*precision);
       } catch (const std::invalid_argument&) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "meshtrain/io/npy.h"
 #include "meshtrain/tensor/rng.h"
 
 namespace meshtrain::train {
@@ -84,6 +85,33 @@ std::vector<uint16_t> read_llmc(InFile& f, const std::string& path) {
   return tokens;
 }
 
+// A .npy of token ids: one 1-d integer array, every value a uint16.
+std::vector<uint16_t> read_npy_tokens(const std::string& path) {
+  std::shared_ptr<const io::NpyFile> f;
+  try {
+    f = io::NpyFile::open(path);
+  } catch (const io::NpyError& e) {
+    throw DataError(std::string(e.what()) + "; token models read one 1-d integer array (numpy.save(\"tokens.npy\", a))");
+  }
+  const io::NpyArray& a = f->arrays().at(0);
+  const std::string where = "data file " + path + ": the array " + a.name;
+  if (!io::npy_is_integer(a.type))
+    throw DataError(where + " is " + io::to_string(a.type) +
+                    "; tokens are integers: save a.astype(numpy.uint16) (or any integer dtype)");
+  if (a.shape.size() != 1)
+    throw DataError(where + " has the shape " + a.shape_str() +
+                    "; tokens are one 1-d array in reading order: save a.reshape(-1)");
+  std::vector<uint16_t> tokens(static_cast<size_t>(a.numel()));
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const int64_t v = a.integer_at(i, path);
+    if (v < 0 || v > 65535)
+      throw DataError(where + " holds " + std::to_string(v) + " at index " + std::to_string(i) +
+                      "; tokens must fit uint16 (0..65535): map the ids into that range");
+    tokens[static_cast<size_t>(i)] = static_cast<uint16_t>(v);
+  }
+  return tokens;
+}
+
 }  // namespace
 
 // ---- enums ----
@@ -100,6 +128,17 @@ DataOrder parse_data_order(const std::string& text) {
   throw std::invalid_argument("unknown data order '" + text +
                               "'; use 'random' (windows drawn from seed and step) or "
                               "'sequential' (llm.c's order)");
+}
+
+const char* to_string(ImageLayout layout) {
+  return layout == ImageLayout::nhwc ? "nhwc" : layout == ImageLayout::nchw ? "nchw" : "automatic";
+}
+
+ImageLayout parse_image_layout(const std::string& text) {
+  if (text == "nhwc") return ImageLayout::nhwc;
+  if (text == "nchw") return ImageLayout::nchw;
+  throw std::invalid_argument("--data-layout must be nhwc (N x H x W x C) or nchw (N x C x H x W), not '" + text +
+                              "'");
 }
 
 // ---- loading ----
@@ -131,7 +170,13 @@ TokenDataset TokenDataset::open(const std::string& path, double val_fraction,
   std::vector<uint16_t> tokens;
   int32_t first = 0;
   if (f.size >= 4) read_at(f, path, 0, &first, 4);
-  if (!has_bin_extension(path)) {
+  if (io::looks_like_npy(path)) {
+    format = Format::npy;
+    tokens = read_npy_tokens(path);
+  } else if (io::looks_like_numpy(path)) {
+    fail(path, "is an .npz archive of several arrays; a token model reads one 1-d integer array saved as .npy "
+               "(numpy.save(\"tokens.npy\", a))");
+  } else if (!has_bin_extension(path)) {
     std::string bytes(static_cast<size_t>(f.size), '\0');
     read_at(f, path, 0, bytes.data(), f.size);
     tokens.assign(reinterpret_cast<const unsigned char*>(bytes.data()),

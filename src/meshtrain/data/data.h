@@ -1,8 +1,12 @@
 // Token datasets and batches (DESIGN decision 1 and "Interfaces": Data).
 //
 // A TokenDataset holds a whole token file in memory as uint16 tokens and serves (B, T) batches
-// of int32 tokens and targets (targets = tokens shifted by one). Three file layouts:
-//   - text (any extension but .bin): every byte is a token, vocab 256;
+// of int32 tokens and targets (targets = tokens shifted by one). Four file layouts:
+//   - a NumPy .npy array (io/npy.h; told by its magic "\x93NUMPY", whatever the name): one
+//     1-d array of any integer dtype whose values are tokens 0..65535 (a value outside is
+//     refused naming the array, the value and its index); vocab: the largest + 1. An .npz is
+//     refused (a token model reads one array);
+//   - text (any other file whose extension is not .bin): every byte is a token, vocab 256;
 //   - nanoGPT .bin: a raw little-endian uint16 array, no header (the extension says so);
 //   - llm.c .bin: a 256 x int32 header (magic 20240520, version 1, token count in header[2])
 //     followed by that many uint16 tokens. A .bin file whose first int32 is the magic is read
@@ -24,7 +28,8 @@
 // val split with a fixed seed, so the estimate is the same every time).
 //
 // Limits: tokens must fit uint16 (GPT-2's 50257 do); llm.c version 2 files (uint32 tokens) are
-// refused; the whole file is read into memory (2 bytes per token).
+// refused; the whole file is read into memory (2 bytes per token; a .npy is converted to uint16
+// from its mapping).
 #pragma once
 
 #include <cstdint>
@@ -44,17 +49,23 @@ class DataError : public std::runtime_error {
 
 enum class Split { train, val };
 enum class DataOrder { random, sequential };
+// How a 4-d image array of an .npz lays out a sample (data/images.h): N x H x W x C or
+// N x C x H x W; automatic: told from the shape where it is unambiguous (--data-layout).
+enum class ImageLayout { automatic, nhwc, nchw };
 
 const char* to_string(Split split);
 const char* to_string(DataOrder order);
+const char* to_string(ImageLayout layout);  // "automatic", "nhwc", "nchw"
 // "random" or "sequential"; anything else throws std::invalid_argument with a sentence.
 DataOrder parse_data_order(const std::string& text);
+// "nhwc" or "nchw"; anything else throws std::invalid_argument with a sentence.
+ImageLayout parse_image_layout(const std::string& text);
 
 // ---- TokenDataset ----
 
 class TokenDataset {
  public:
-  enum class Format { text, nanogpt_bin, llmc_bin };
+  enum class Format { text, nanogpt_bin, llmc_bin, npy };
 
   // Loads `path` (layout from the header comment) and splits it. `min_window` is the
   // smallest T the caller will ask for: each non-empty split must hold min_window + 1 tokens

@@ -1,12 +1,15 @@
-// Image data sets: opening the four IDX files, the epoch permutation, augmentation and batches.
-// The layouts and the order are specified in images.h; this file only implements them.
+// Image data sets: opening the four IDX files or an .npz (images_npz.cpp), the epoch
+// permutation, augmentation and batches. The layouts and the order are specified in images.h;
+// this file only implements them.
 #include "meshtrain/data/images.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
 #include "meshtrain/data/idx.h"
+#include "meshtrain/io/npy.h"
 #include "meshtrain/tensor/rng.h"
 
 namespace meshtrain::train {
@@ -46,7 +49,8 @@ std::string resolve_directory(const std::string& spec) {
     throw DataError("data directory " + spec +
                     " is not a directory; image data is a directory holding "
                     "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte "
-                    "and t10k-labels-idx1-ubyte (each may end in .gz)");
+                    "and t10k-labels-idx1-ubyte (each may end in .gz), or an .npz holding x_train, y_train, x_test "
+                    "and y_test (numpy.savez)");
   return spec;
 }
 
@@ -110,7 +114,10 @@ int64_t epoch_position(uint64_t key, int64_t n, int64_t k) {
 
 // ---- opening ----
 
-ImageDataset ImageDataset::open(const std::string& spec) {
+ImageDataset ImageDataset::open(const std::string& spec, ImageLayout layout) {
+  std::error_code ec;
+  // A NumPy file (told by its first bytes) is an .npz; any other file is refused as not a directory.
+  if (spec != kFashionMnist && fs::is_regular_file(spec, ec) && io::looks_like_numpy(spec)) return open_npz(spec, layout);
   ImageDataset ds;
   ds.path_ = resolve_directory(spec);
   std::string files[4];
@@ -129,20 +136,35 @@ ImageDataset ImageDataset::open(const std::string& spec) {
                     "); both splits must come from one data set");
   ds.height_ = train_images.rows;
   ds.width_ = train_images.cols;
-  ds.train_ = Part{std::move(train_images.pixels), std::move(train_labels.labels)};
-  ds.test_ = Part{std::move(test_images.pixels), std::move(test_labels.labels)};
-  for (int v = 0; v < 256; ++v)
-    ds.normalised_[v] = (static_cast<float>(v) / 255.0f - kMean) / kStd;
+  ds.stride_y_ = ds.width_;
+  ds.train_.owned = std::move(train_images.pixels);
+  ds.train_.labels.assign(train_labels.labels.begin(), train_labels.labels.end());
+  ds.test_.owned = std::move(test_images.pixels);
+  ds.test_.labels.assign(test_labels.labels.begin(), test_labels.labels.end());
+  ds.mean_ = {kMean};
+  ds.std_ = {kStd};
+  ds.set_normalisation();
   return ds;
+}
+
+void ImageDataset::set_normalisation() {
+  normalised_.assign(static_cast<size_t>(channels_), {});
+  padding_.assign(static_cast<size_t>(channels_), 0.0f);
+  for (size_t c = 0; c < normalised_.size(); ++c) {
+    for (int v = 0; v < 256; ++v) normalised_[c][v] = (static_cast<float>(v) / 255.0f - mean_[c]) / std_[c];
+    padding_[c] = float_pixels_ ? (0.0f - mean_[c]) / std_[c] : normalised_[c][0];
+  }
 }
 
 int64_t ImageDataset::num_images(Split split) const {
   return static_cast<int64_t>(part(split).labels.size());
 }
 
-const uint8_t* ImageDataset::pixels(Split split) const { return part(split).pixels.data(); }
+const uint8_t* ImageDataset::pixels(Split split) const {
+  return float_pixels_ ? nullptr : reinterpret_cast<const uint8_t*>(part(split).pixels());
+}
 
-const uint8_t* ImageDataset::labels(Split split) const { return part(split).labels.data(); }
+const int32_t* ImageDataset::labels(Split split) const { return part(split).labels.data(); }
 
 // ---- order and augmentation ----
 
@@ -169,20 +191,37 @@ Augmentation ImageDataset::augmentation(uint64_t seed, int64_t step, int64_t row
 
 void ImageDataset::write_image(const Part& p, int64_t index, const Augmentation& aug,
                                float* out) const {
-  const uint8_t* src = p.pixels.data() + index * height_ * width_;
+  const int64_t elem = float_pixels_ ? 4 : 1;
+  const std::byte* sample = p.pixels() + index * channels_ * height_ * width_ * elem;
   const int64_t shift_y = aug.dy - kPad;  // out(y, x) = src(y + shift_y, x + shift_x)
   const int64_t shift_x = aug.dx - kPad;
   const int64_t k = scale_, W = width_ * k;  // each source pixel a k x k square
-  for (int64_t y = 0; y < height_; ++y) {
-    const int64_t sy = y + shift_y;
-    float* row = out + y * k * W;
-    for (int64_t x = 0; x < width_; ++x) {
-      const int64_t sx = (aug.flip ? width_ - 1 - x : x) + shift_x;
-      const bool inside = sy >= 0 && sy < height_ && sx >= 0 && sx < width_;
-      const float v = normalised_[inside ? src[sy * width_ + sx] : 0];
-      for (int64_t j = 0; j < k; ++j) row[x * k + j] = v;
+  for (int64_t c = 0; c < channels_; ++c) {
+    const std::byte* src = sample + c * stride_c_ * elem;
+    const std::array<float, 256>& table = normalised_[static_cast<size_t>(c)];
+    const float mean = mean_[static_cast<size_t>(c)], std = std_[static_cast<size_t>(c)];
+    const float pad = padding_[static_cast<size_t>(c)];
+    float* plane = out + c * height_ * k * W;
+    for (int64_t y = 0; y < height_; ++y) {
+      const int64_t sy = y + shift_y;
+      float* row = plane + y * k * W;
+      for (int64_t x = 0; x < width_; ++x) {
+        const int64_t sx = (aug.flip ? width_ - 1 - x : x) + shift_x;
+        float v = pad;
+        if (sy >= 0 && sy < height_ && sx >= 0 && sx < width_) {
+          const int64_t at = sy * stride_y_ + sx * stride_x_;
+          if (float_pixels_) {
+            float f;
+            std::memcpy(&f, src + at * 4, 4);  // a mapped member may be unaligned (io/npy.h)
+            v = (f - mean) / std;
+          } else {
+            v = table[static_cast<uint8_t>(src[at])];
+          }
+        }
+        for (int64_t j = 0; j < k; ++j) row[x * k + j] = v;
+      }
+      for (int64_t i = 1; i < k; ++i) std::copy(row, row + W, row + i * W);
     }
-    for (int64_t i = 1; i < k; ++i) std::copy(row, row + W, row + i * W);
   }
 }
 
@@ -192,19 +231,35 @@ void ImageDataset::fit_to(const model::ModelSpec& spec, const std::string& flag)
   const Shape files{channels(), height_, width_};
   if (want.size() != 3 || want[0] != files[0] || want[1] != files[1] * scale || want[2] != files[2] * scale) {
     std::string why = want.size() == 3 && scale == 1 && want[1] % files[1] == 0 && want[2] % files[2] == 0 &&
-                              want[1] / files[1] == want[2] / files[2]
+                              want[1] / files[1] == want[2] / files[2] && want[0] == files[0]
                           ? "; to train on them upsampled, give a config with \"scale\": " +
                                 std::to_string(want[1] / files[1])
                           : "";
-    throw DataError("the images of " + flag + " " + path_ + " are " + shape_str(files) +
+    if (!other_layout_.empty() && want.size() == 3 && other_layout_ == Shape{want[0], want[1] / scale, want[2] / scale})
+      why = std::string("; read the other way they fit: give --data-layout ") + (layout_ == ImageLayout::nchw ? "nhwc" : "nchw");
+    throw DataError("the images of " + flag + " " + path_ + arrays_note_ + " are " + shape_str(files) +
                     (scale > 1 ? " (" + shape_str({files[0], files[1] * scale, files[2] * scale}) + " at the config's " +
                                      "\"scale\": " + std::to_string(scale) + ")"
                                : std::string()) +
-                    ", but " + spec.name() + " takes " + shape_str(want) + "; give a data set of that size" + why);
+                    ", but " + spec.name() + " takes " + shape_str(want) +
+                    (file_ ? " (channels, height, width); give arrays" : "; give a data set") + " of that size" + why);
   }
-  if (classes() != spec.classes())
+  if (file_) {  // an .npz: every label inside the model's classes
+    for (Split split : {Split::train, Split::val}) {
+      const std::vector<int32_t>& labels = part(split).labels;
+      for (size_t i = 0; i < labels.size(); ++i)
+        if (labels[i] >= spec.classes())
+          throw DataError("the array " + std::string(split == Split::train ? "y_train" : "y_test") + " of " + flag +
+                          " " + path_ + " holds the label " + std::to_string(labels[i]) + " at row " +
+                          std::to_string(i) + ", outside the " + std::to_string(spec.classes()) + " classes of " +
+                          spec.name() + " (0.." + std::to_string(spec.classes() - 1) +
+                          "); give labels of that range or a model with more classes");
+    }
+    classes_ = static_cast<int32_t>(spec.classes());
+  } else if (classes() != spec.classes()) {
     throw DataError("the images of " + flag + " " + path_ + " are in " + std::to_string(classes()) + " classes, but " +
                     spec.name() + " has " + std::to_string(spec.classes()) + "; give a data set of that many");
+  }
   set_scale(scale);
 }
 
@@ -236,7 +291,7 @@ void ImageDataset::batch(Split split, DataOrder order, uint64_t seed, int64_t st
   if (step < 0 || step >= kMaxStep)
     throw std::invalid_argument("step must be in 0..2^39-1, got " + std::to_string(step));
   const Part& p = part(split);
-  const int64_t pixels = height() * width();
+  const int64_t pixels = channels_ * height() * width();  // floats a row
   for (int64_t r = row_begin; r < row_end; ++r) {
     const int64_t index = image_index(split, order, seed, step, B, r);
     const Augmentation aug = augment ? augmentation(seed, step, r) : Augmentation{kPad, kPad, false};
@@ -260,7 +315,7 @@ int64_t ImageDataset::eval_batch(Split split, int64_t j, int64_t B, int64_t row_
                                 " over the " + to_string(split) + " split's " +
                                 std::to_string(num_images(split)) + " images");
   const Part& p = part(split);
-  const int64_t pixels = height() * width();
+  const int64_t pixels = channels_ * height() * width();  // floats a row
   const int64_t n = num_images(split);
   int64_t real = 0;
   for (int64_t r = row_begin; r < row_end; ++r) {

@@ -86,7 +86,8 @@ void RankTrainer::print_header() {
                 mesh_str(o_).c_str(), o_.threads, sh_.images->path().c_str(),
                 static_cast<long long>(sh_.images->num_images(Split::train)),
                 static_cast<long long>(sh_.images->num_images(Split::val)));
-  else
+  if (sh_.images && !sh_.images->describe().empty()) std::printf("%s\n", sh_.images->describe().c_str());
+  if (!sh_.images)
     std::printf("model %s: %lld parameters | batch %lld x %lld | %s | %d thread(s) per rank | data %s (%lld train tokens)\n",
                 cfg.name.c_str(), static_cast<long long>(cfg.num_params()),
                 static_cast<long long>(o_.batch), static_cast<long long>(o_.seq),

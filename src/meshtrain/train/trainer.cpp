@@ -19,6 +19,7 @@
 
 #include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/comm/world.h"
+#include "meshtrain/io/npy.h"
 #include "meshtrain/kernels/adamw.h"
 #include "meshtrain/model/gpt.h"
 #include "meshtrain/parallel/branch/cnn_branch.h"
@@ -484,14 +485,16 @@ void resolve_image_options(TrainOptions& o, const model::ModelSpec& spec) {
   if (!o.optim.weight_decay) o.optim.weight_decay = default_weight_decay(o.optim.kind);
 }
 
-// The images of --data: the name fashion-mnist or a directory of IDX files, never a text file.
+// The images of --data: the name fashion-mnist, a directory of IDX files or an .npz, never a text
+// or token file.
 ImageDataset open_images(const TrainOptions& o, const model::ModelSpec& spec) {
   std::error_code ec;
-  if (o.data != ImageDataset::kFashionMnist && std::filesystem::is_regular_file(o.data, ec))
-    throw bad(spec.name() + " is an image model: --data " + o.data + " is a file; give --data " +
-              ImageDataset::kFashionMnist + " (the Debian package dataset-fashion-mnist) or a directory "
-              "holding the four IDX files");
-  ImageDataset d = ImageDataset::open(o.data);
+  if (o.data != ImageDataset::kFashionMnist && std::filesystem::is_regular_file(o.data, ec) &&
+      !io::looks_like_numpy(o.data))
+    throw bad(spec.name() + " is an image model: --data " + o.data + " is a file that is not NumPy's; give --data " +
+              ImageDataset::kFashionMnist + " (the Debian package dataset-fashion-mnist), a directory "
+              "holding the four IDX files, or an .npz holding x_train, y_train, x_test and y_test");
+  ImageDataset d = ImageDataset::open(o.data, o.data_layout);
   d.fit_to(spec, "--data");
   return d;
 }
@@ -506,9 +509,9 @@ TrainResult train(TrainOptions o) {
   std::optional<TokenDataset> tokens;
   std::optional<ImageDataset> images;
   if (spec->gpt()) {
-    if (o.augment || o.batch_norm_local)
-      throw bad(std::string(o.augment ? "--augment" : "--batch-norm local") + " applies to image models; " +
-                spec->name() + " reads tokens: drop it");
+    if (o.augment || o.batch_norm_local || o.data_layout != ImageLayout::automatic)
+      throw bad(std::string(o.augment ? "--augment" : o.batch_norm_local ? "--batch-norm local" : "--data-layout") +
+                " applies to image models; " + spec->name() + " reads tokens: drop it");
     res.config = resolve_options(o);
     if (std::filesystem::is_directory(o.data))
       throw bad(res.config.name + " is a token model: --data " + o.data +

@@ -43,6 +43,8 @@ struct TrainOptions {
   std::shared_ptr<const model::Graph> graph;
   std::string data;
   DataOrder data_order = DataOrder::random;
+  // Image models with an .npz: how 4-d images are laid out (automatic: from the shape).
+  ImageLayout data_layout = ImageLayout::automatic;
   double val_fraction = 0.1;
   // layout (DESIGN "Interfaces")
   int dp = 1, tp = 1, pp = 1;

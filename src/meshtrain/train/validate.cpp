@@ -644,10 +644,18 @@ void validate_image_options(const TrainOptions& o, const model::ModelSpec& spec,
 }
 
 void validate_dataset(const TrainOptions& o, const model::GPTConfig& cfg, const TokenDataset& data) {
-  if (data.vocab_size() > cfg.vocab_size)
+  if (data.vocab_size() > cfg.vocab_size) {
+    // The first token beyond it, in file order (the training split, then the validation split).
+    const uint16_t* t = data.tokens(Split::train);
+    const int64_t n = data.num_tokens(Split::train) + data.num_tokens(Split::val);
+    int64_t first = 0;
+    while (first < n && t[first] < cfg.vocab_size) ++first;
     bad("the data file " + o.data + " has token ids up to " + std::to_string(data.vocab_size() - 1) +
         " but the model's vocabulary is " + std::to_string(cfg.vocab_size) +
-        "; use a model with a larger vocab_size");
+        "; use a model with a larger vocab_size (the first id beyond it: " + std::to_string(t[first]) +
+        " at index " + std::to_string(first) + (data.format() == TokenDataset::Format::npy ? " of the array" : "") +
+        ")");
+  }
   const int64_t n_val = data.num_tokens(Split::val), n_train = data.num_tokens(Split::train);
   if (n_val < o.seq + 1)
     bad("--val-fraction " + num(o.val_fraction) + " leaves " + std::to_string(n_val) + " validation tokens of " +
