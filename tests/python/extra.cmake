@@ -1,0 +1,15 @@
+# The Python module (python/, docs/python.md) against the program: tests/python/test_module.py.
+# Skipped (exit 77) when the module was not built (no pybind11-dev or python3-dev) or NumPy is
+# absent, with a note saying which.
+if(MESHTRAIN_PYTHON_MODULE)
+  add_test(NAME python_module
+           COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${CMAKE_BINARY_DIR}/python
+                   ${MESHTRAIN_PYTHON_EXECUTABLE} ${CMAKE_SOURCE_DIR}/tests/python/test_module.py
+                   ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(python_module PROPERTIES TIMEOUT 600 LABELS python SKIP_RETURN_CODE 77
+                       PASS_REGULAR_EXPRESSION "PYTHON MODULE OK")
+else()
+  add_test(NAME python_module
+           COMMAND sh -c "echo 'SKIP: the Python module was not built (pybind11-dev and python3-dev are needed)'; exit 77")
+  set_tests_properties(python_module PROPERTIES LABELS python SKIP_RETURN_CODE 77)
+endif()
