@@ -13,3 +13,13 @@ else()
            COMMAND sh -c "echo 'SKIP: the Python module was not built (pybind11-dev and python3-dev are needed)'; exit 77")
   set_tests_properties(python_module PROPERTIES LABELS python SKIP_RETURN_CODE 77)
 endif()
+
+# The same module under mpirun: two Python processes, one rank each (tests/python/test_mpi.py).
+if(MESHTRAIN_PYTHON_MODULE AND MESHTRAIN_HAVE_MPI)
+  find_program(MESHTRAIN_MPIRUN NAMES mpirun mpiexec)
+  set(_ckpt ${CMAKE_BINARY_DIR}/tests/python_mpi_checkpoint)
+  add_test(NAME python_module_mpi
+           COMMAND sh -c "rm -rf '${_ckpt}' && exec '${MESHTRAIN_MPIRUN}' --allow-run-as-root --oversubscribe --mca btl vader,self --bind-to none -np 2 -x PYTHONPATH='${CMAKE_BINARY_DIR}/python' '${MESHTRAIN_PYTHON_EXECUTABLE}' '${CMAKE_SOURCE_DIR}/tests/python/test_mpi.py' '${CMAKE_BINARY_DIR}' '${_ckpt}'")
+  set_tests_properties(python_module_mpi PROPERTIES TIMEOUT 300 LABELS python SKIP_RETURN_CODE 77
+                       PASS_REGULAR_EXPRESSION "PYTHON MPI OK")
+endif()
