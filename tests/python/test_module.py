@@ -191,12 +191,31 @@ def check_plan(path):
     print("plan:", [r["layout"] for r in rows])
 
 
+def check_builder():
+    """The builder makes the graph of a model file: examples/models/vgg-mini.json, call for call."""
+    built = (meshtrain.Builder("vgg-mini", image=(1, 28, 28), classes=10)
+             .conv2d("features.0", out_channels=32, kernel_size=3, padding=1)
+             .batchnorm2d("features.1")
+             .relu("features.2")
+             .maxpool2d("features.3", kernel_size=2)
+             .conv2d("skip", out_channels=32, kernel_size=1, bias=False, from_="features.3")
+             .add("sum", from_=["features.3", "skip"])
+             .flatten("flat")
+             .linear("classifier.0", out_features=10)
+             .build())
+    from_file = meshtrain.Model.from_file(os.path.join(SOURCE, "examples", "models", "vgg-mini.json"))
+    assert built.show(tp=2) == from_file.show(tp=2)
+    assert built.show(pp=2) == from_file.show(pp=2)
+    print("builder: vgg-mini's layer table, as its file gives it")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         path = check_parity(tmp)
         check_refusals(path)
         check_callback_error(path)
         check_plan(path)
+        check_builder()
     print("PYTHON MODULE OK")
 
 
