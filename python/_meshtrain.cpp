@@ -9,11 +9,15 @@
 // Threads and the GIL: training releases the GIL for the whole run (ranks are C++ threads, or
 // this process is one MPI rank); world rank 0 takes it back only to call on_step with each
 // step's metrics row. An exception raised by on_step ends the run (the other ranks fail at their
-// next collective) and is raised again, as it was, by train().
+// next collective) and is raised again, as it was, by train(); so does Ctrl-C's KeyboardInterrupt
+// (at the end of the step in flight) when the ranks are threads.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <exception>
 #include <functional>
@@ -21,6 +25,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -38,7 +43,8 @@ using meshtrain::cli::run_in_process;
 
 namespace {
 
-// What on_step raised, kept until train() has the GIL again and raises it.
+// Thrown on world rank 0 to end the run when on_step raised or Ctrl-C was pressed; train()
+// raises the Python exception instead (Raised, below).
 struct CallbackFailure : std::runtime_error {
   CallbackFailure() : std::runtime_error("on_step raised an exception (raised again by meshtrain.train)") {}
 };
@@ -73,12 +79,25 @@ std::string capture_stdout(const std::function<void()>& fn) {
   return out;
 }
 
-// Runs the command with the GIL released; the error of on_step first, then the command's own.
+// What on_step raised, or the KeyboardInterrupt that Ctrl-C raised during the run: set with the
+// GIL held (the first wins), raised by train() once the run has ended.
+struct Raised {
+  std::unique_ptr<py::error_already_set> error;
+  std::atomic<bool> interrupted{false};  // Ctrl-C: world rank 0 ends the run at its next step's end
+};
+
+// Runs the command with the GIL released; the error of on_step (or Ctrl-C's) first, then the
+// command's own.
+//
+// Interruptible (train on threads): the command runs on a thread of its own while this thread
+// (Python's main thread, where Python runs its signal handlers) wakes every 100 ms to let them
+// run. A KeyboardInterrupt is kept and the run told to stop: world rank 0 throws at the end of the
+// step in flight, the other ranks stop at their next collective, and train() raises it. Under
+// MPI the command stays on this thread (MPI was initialised by it), and Ctrl-C waits for the end.
 void run_released(const std::vector<std::string>& args, const InProcessHooks& hooks,
-                  const std::shared_ptr<std::unique_ptr<py::error_already_set>>& raised, bool quiet_stdout) {
+                  const std::shared_ptr<Raised>& raised, bool quiet_stdout, bool interruptible = false) {
   std::exception_ptr failure;
-  {
-    py::gil_scoped_release nogil;
+  auto body = [&] {
     try {
       if (quiet_stdout) capture_stdout([&] { run_in_process(args, hooks); });
       else run_in_process(args, hooks);
@@ -86,8 +105,38 @@ void run_released(const std::vector<std::string>& args, const InProcessHooks& ho
       failure = std::current_exception();
     }
     std::fflush(stdout);
+  };
+  {
+    py::gil_scoped_release nogil;
+    if (!interruptible || !raised) {
+      body();
+    } else {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool done = false;
+      std::thread runner([&] {
+        body();
+        std::lock_guard<std::mutex> lock(mu);
+        done = true;
+        cv.notify_all();
+      });
+      for (;;) {
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          if (cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return done; })) break;
+        }
+        if (raised->interrupted) continue;
+        py::gil_scoped_acquire gil;
+        if (PyErr_CheckSignals() != 0) {  // a handler raised (SIGINT: KeyboardInterrupt)
+          py::error_already_set e;
+          if (!raised->error) raised->error = std::make_unique<py::error_already_set>(std::move(e));
+          raised->interrupted = true;
+        }
+      }
+      runner.join();
+    }
   }
-  if (raised && *raised) throw py::error_already_set(**raised);
+  if (raised && raised->error) throw py::error_already_set(*raised->error);
   if (failure) std::rethrow_exception(failure);
 }
 
@@ -111,7 +160,7 @@ py::dict train(const std::vector<std::string>& args, py::object on_step, const s
     bool have_result = false;
   };
   auto st = std::make_shared<State>();
-  auto raised = std::make_shared<std::unique_ptr<py::error_already_set>>();
+  auto raised = std::make_shared<Raised>();
   InProcessHooks hooks;
   hooks.install_stop_handlers = false;  // Python keeps its own SIGINT
   hooks.calibrate_program = program;
@@ -121,12 +170,13 @@ py::dict train(const std::vector<std::string>& args, py::object on_step, const s
   const py::handle callback = on_step;
   hooks.on_step = [st, raised, callback, call](const nlohmann::json& line) {
     st->lines.push_back(line.dump());  // world rank 0's thread only
+    if (raised->interrupted) throw CallbackFailure();  // Ctrl-C: stop at this step's end
     if (!call) return;
     py::gil_scoped_acquire gil;
     try {
       callback(json_loads(st->lines.back()));
     } catch (py::error_already_set& e) {
-      *raised = std::make_unique<py::error_already_set>(std::move(e));
+      if (!raised->error) raised->error = std::make_unique<py::error_already_set>(std::move(e));
       throw CallbackFailure();
     }
   };
@@ -143,7 +193,11 @@ py::dict train(const std::vector<std::string>& args, py::object on_step, const s
     st->result = std::move(r);
     st->have_result = true;
   };
-  run_released(args, hooks, raised, /*quiet_stdout=*/false);
+  // Ctrl-C stops a run of ranks as threads (not an MPI process: see run_released).
+  bool mpi = meshtrain::comm::launched_by_mpirun();
+  for (size_t i = 0; i + 1 < args.size(); ++i)
+    if (args[i] == "--backend" && args[i + 1] == "mpi") mpi = true;
+  run_released(args, hooks, raised, /*quiet_stdout=*/false, /*interruptible=*/!mpi);
   py::dict out;
   py::list lines;
   for (const std::string& l : st->lines) lines.append(json_loads(l));

@@ -180,6 +180,31 @@ def check_callback_error(path):
     print("on_step's exception raised again by train(), after", len(seen), "steps")
 
 
+def check_interrupt(path):
+    """Ctrl-C (SIGINT) during a run: KeyboardInterrupt out of train() at the end of the step in
+    flight, long before the run would end. The signal is sent as step 3 ends."""
+    import signal
+    import time
+
+    steps = []
+
+    def on_step(row):
+        steps.append(row["step"])
+        if row["step"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    start = time.time()
+    try:
+        meshtrain.train(meshtrain.Model.from_file(path), on_step=on_step, **dict(OPTIONS, steps=100000))
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("Ctrl-C did not stop the run")
+    took = time.time() - start
+    assert 3 <= len(steps) < 100000 and took < 60, (len(steps), took)
+    print(f"Ctrl-C: KeyboardInterrupt after {len(steps)} steps, {took:.1f} s")
+
+
 def check_plan(path):
     rows = meshtrain.plan(path, cluster=os.path.join(SOURCE, "examples", "clusters", "this-machine.json"),
                           global_batch=16, top=3)
@@ -214,6 +239,7 @@ def main():
         path = check_parity(tmp)
         check_refusals(path)
         check_callback_error(path)
+        check_interrupt(path)
         check_plan(path)
         check_builder()
     print("PYTHON MODULE OK")
