@@ -29,11 +29,16 @@ def built_files():
     program = os.path.join(BUILD, "meshtrain")
     if not os.path.isfile(ext) or not os.path.isfile(program):
         print(f"meshtrain: building the extension for {sys.executable} in {BUILD} (cmake)", flush=True)
-        if not os.path.isfile(os.path.join(BUILD, "CMakeCache.txt")):
-            subprocess.check_call(["cmake", "-S", ROOT, "-B", BUILD, "-DCMAKE_BUILD_TYPE=Release",
-                                   "-DPython3_EXECUTABLE=" + os.path.realpath(sys.executable)])
-        subprocess.check_call(["cmake", "--build", BUILD, "--target", "_meshtrain", "meshtrain",
-                               "-j", str(os.cpu_count() or 1)])
+        try:
+            if not os.path.isfile(os.path.join(BUILD, "CMakeCache.txt")):
+                subprocess.check_call(["cmake", "-S", ROOT, "-B", BUILD, "-DCMAKE_BUILD_TYPE=Release",
+                                       "-DPython3_EXECUTABLE=" + os.path.realpath(sys.executable)])
+            subprocess.check_call(["cmake", "--build", BUILD, "--target", "_meshtrain", "meshtrain",
+                                   "-j", str(os.cpu_count() or 1)])
+        except (OSError, subprocess.CalledProcessError) as e:
+            sys.exit(f"meshtrain: building the extension with CMake in {BUILD} failed ({e}); it needs cmake, "
+                     "and a build folder with the target _meshtrain (CMake leaves it out without python3-dev or "
+                     "pybind11-dev, and says which in a note): install them and run cmake again")
     if not os.path.isfile(ext):
         sys.exit(f"meshtrain: {ext} was not built: CMake skipped the Python module (its note says why: "
                  "python3-dev and pybind11-dev are needed), or built it for another Python "

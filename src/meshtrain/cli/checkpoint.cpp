@@ -7,6 +7,8 @@
 // one tensor at a time, each assembled from the pieces the ranks saved (a non-finite element is
 // refused). OUT is checked by the output policy (train/outputs.h) before anything is read: never
 // inside the checkpoint being read, never a file meshtrain did not write unless --overwrite.
+// The tensors, names and layouts come from single_file_model (commands.h), which the Python
+// module's Run.state_dict() reads too, so the two give the same numbers under the same names.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
