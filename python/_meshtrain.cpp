@@ -219,12 +219,12 @@ py::dict train(const std::vector<std::string>& args, py::object on_step, const s
 
 // plan(args) -> list of dicts: the ranked layouts of `meshtrain plan ...` (its table not printed).
 py::list plan(const std::vector<std::string>& args) {
-  auto rows = std::make_shared<std::vector<nlohmann::json>>();
+  auto rows = std::make_shared<std::vector<nlohmann::ordered_json>>();
   InProcessHooks hooks;
-  hooks.on_plan_rows = [rows](std::vector<nlohmann::json>&& r) { *rows = std::move(r); };
+  hooks.on_plan_rows = [rows](std::vector<nlohmann::ordered_json>&& r) { *rows = std::move(r); };
   run_released(args, hooks, nullptr, /*quiet_stdout=*/true);
   py::list out;
-  for (const nlohmann::json& r : *rows) out.append(json_loads(r.dump()));
+  for (const nlohmann::ordered_json& r : *rows) out.append(json_loads(r.dump()));
   return out;
 }
 

@@ -52,8 +52,9 @@ struct InProcessHooks {
   // train: the program that measures the machine quickly for the cost model when no machine
   // file is cached (`PROGRAM calibrate --quick`); empty: none (only a cached file is used).
   std::string calibrate_program = "/proc/self/exe";
-  // plan: receives the ranked layouts, one JSON object per layout (cli/plan.cpp lists the keys).
-  std::function<void(std::vector<nlohmann::json>&&)> on_plan_rows;
+  // plan: receives the ranked layouts, one JSON object per layout, its keys in the order of
+  // plan's table (cli/plan.cpp lists them).
+  std::function<void(std::vector<nlohmann::ordered_json>&&)> on_plan_rows;
 };
 
 void add_train_command(CLI::App& app, std::shared_ptr<const InProcessHooks> hooks = nullptr);  // cli/train.cpp

@@ -124,7 +124,7 @@ std::string train_flags(const plan::Layout& l, const model::ModelSpec& spec, con
 
 // A ranked layout as the Python module's meshtrain.plan() returns it (InProcessHooks::on_plan_rows):
 // the table's columns as numbers, the layout's fields and its train flags.
-nlohmann::json plan_row(size_t rank, const plan::Prediction& p, const model::ModelSpec& spec, const PlanArgs& a, bool cpu) {
+nlohmann::ordered_json plan_row(size_t rank, const plan::Prediction& p, const model::ModelSpec& spec, const PlanArgs& a, bool cpu) {
   const plan::Layout& l = p.layout;
   const char* split = l.split == plan::Layout::Split::spatial ? "spatial"
                       : l.split == plan::Layout::Split::branch ? "branch"
@@ -314,7 +314,7 @@ void run_plan(const PlanArgs& a, const InProcessHooks& hooks) {
   std::printf("\nbest as train flags: %s\n", train_flags(best.layout, *spec, a, cluster.cpu()).c_str());
   if (!a.svg.empty()) std::printf("swimlane: %s\n", a.svg.c_str());
   if (hooks.on_plan_rows) {
-    std::vector<nlohmann::json> rows;
+    std::vector<nlohmann::ordered_json> rows;
     for (size_t i = 0; i < k; ++i) rows.push_back(plan_row(i + 1, r.ranked[i], *spec, a, cluster.cpu()));
     hooks.on_plan_rows(std::move(rows));
   }
