@@ -123,11 +123,35 @@ def check_parity(tmp):
     assert list(got)[:5] == ["features.0.weight", "features.0.bias", "features.1.weight", "features.1.bias",
                              "features.1.running_mean"], list(got)
     print(f"state dict equals checkpoint convert's: {len(want)} tensors + num_batches_tracked")
+    check_torch_loads(got)
 
     # model show: the program's text.
     assert builder.build().show() == cli("model", "show", path).stdout
     assert builder.build().show(pp=2) == cli("model", "show", path, "--pp", "2").stdout
     return path
+
+
+def check_torch_loads(state):
+    """The same network written in PyTorch takes the state dict with strict=True (when PyTorch is here)."""
+    try:
+        import torch
+    except ImportError:
+        print("PyTorch is absent: load_state_dict not checked (Debian: python3-torch)")
+        return
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4),
+                                                torch.nn.ReLU(), torch.nn.MaxPool2d(2))
+            self.flat = torch.nn.Flatten()
+            self.classifier = torch.nn.Linear(4 * 14 * 14, 10)
+
+    net = Net()
+    assert list(net.state_dict()) == list(state), (list(net.state_dict()), list(state))
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+    assert int(net.features[1].num_batches_tracked) == STEPS
+    print("PyTorch: load_state_dict(strict=True) takes it, in the module's own order")
 
 
 def check_refusals(path):
