@@ -159,6 +159,15 @@ py::dict train(const std::vector<std::string>& args, py::object on_step, const s
     meshtrain::train::TrainResult result;
     bool have_result = false;
   };
+  // One run at a time: the communication deadline and the machine file are process-wide, and a
+  // run started from on_step would wait on the run that calls it.
+  static std::atomic<bool> busy{false};
+  if (busy.exchange(true))
+    throw std::runtime_error("meshtrain.train: another run is in progress in this process (one at a time; from "
+                             "on_step too); wait for it to return");
+  struct Release {
+    ~Release() { busy = false; }
+  } release;
   auto st = std::make_shared<State>();
   auto raised = std::make_shared<Raised>();
   InProcessHooks hooks;

@@ -198,6 +198,16 @@ def check_callback_error(path):
     else:
         raise AssertionError("the exception on_step raised did not come out of train()")
     assert len(seen) == 2, seen
+    # A run started from on_step is refused (one run at a time), and the refusal comes out as raised.
+    def nested(row):
+        meshtrain.train(meshtrain.Model.from_file(path), **dict(OPTIONS, steps=1))
+
+    try:
+        meshtrain.train(meshtrain.Model.from_file(path), on_step=nested, **dict(OPTIONS, steps=2))
+    except RuntimeError as e:
+        assert "another run is in progress" in str(e), str(e)
+    else:
+        raise AssertionError("a run inside a run was not refused")
     # The process trains again afterwards.
     run = meshtrain.train(meshtrain.Model.from_file(path), **dict(OPTIONS, steps=1))
     assert len(run.metrics) == 1
