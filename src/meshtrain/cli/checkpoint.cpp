@@ -7,6 +7,8 @@
 // one tensor at a time, each assembled from the pieces the ranks saved (a non-finite element is
 // refused). OUT is checked by the output policy (train/outputs.h) before anything is read: never
 // inside the checkpoint being read, never a file meshtrain did not write unless --overwrite.
+// The tensors, names and layouts come from single_file_model (commands.h), which the Python
+// module's Run.state_dict() reads too, so the two give the same numbers under the same names.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -56,52 +58,6 @@ struct ReadRefused {
   std::string what;
 };
 
-// A CNN's checkpoint as one PyTorch state dict: its parameters and buffers under their
-// state-dict names; a linear layer's weight, kept (in, out) by nn::Linear, written (out, in) as
-// torch.nn.Linear holds it, so load_state_dict takes the file as it is.
-void convert_cnn(const ConvertOptions& o, const std::string& folder, const train::CheckpointIndex& index) {
-  const auto spec = checked_cnn_checkpoint(folder, index);
-  auto expected = spec->param_shapes();
-  for (const auto& b : spec->buffer_shapes()) expected.push_back(b);
-  auto linear = [](const std::string& name, const Shape& s) {
-    return s.size() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
-  };
-  std::vector<std::pair<std::string, Shape>> tensors;
-  int64_t params = 0;
-  for (const auto& [name, shape] : expected) {
-    tensors.emplace_back(name, linear(name, shape) ? Shape{shape[1], shape[0]} : shape);
-    params += shape_numel(shape);
-  }
-  train::PieceReader rd(index);
-  try {
-    train::write_safetensors(
-        o.out, tensors,
-        [&](const std::string& name) {
-          Tensor t;
-          try {
-            t = rd.full(name);
-          } catch (const train::CheckpointError& e) {
-            throw ReadRefused{e.what()};
-          }
-          if (!linear(name, t.shape())) return t;
-          const int64_t in = t.dim(0), out = t.dim(1);
-          Tensor tr = Tensor::empty({out, in});
-          for (int64_t i = 0; i < in; ++i)
-            for (int64_t j = 0; j < out; ++j) tr.data()[j * in + i] = t.data()[i * out + j];
-          return tr;
-        },
-        {{"format", "pt"}, {train::kSafetensorsWriterKey, train::kSafetensorsWriter}});
-  } catch (const ReadRefused& e) {
-    throw UsageError(e.what);
-  } catch (const train::CheckpointError& e) {
-    throw std::runtime_error("cannot write the converted checkpoint " + o.out + ": " + e.what());
-  }
-  std::printf("wrote %s: %zu tensors (parameters and batch-norm statistics), %lld values (float32; PyTorch "
-              "state-dict names and layouts), model %s at step %lld of %s\n",
-              o.out.c_str(), tensors.size(), static_cast<long long>(params), spec->name().c_str(),
-              static_cast<long long>(index.step), folder.c_str());
-}
-
 void convert(const ConvertOptions& o) {
   namespace fs = std::filesystem;
   if (!o.to_single)
@@ -111,24 +67,15 @@ void convert(const ConvertOptions& o) {
   check_paths(o, "");  // before anything is read
   const std::string folder = tool_step_folder(o.from, "nothing to convert");
   check_paths(o, folder);
-  {
-    const train::CheckpointIndex index = train::open_checkpoint(folder, /*model_only=*/true);
-    const nlohmann::json m = index.config.value("model", nlohmann::json::object());
-    if (m.is_object() && m.value("family", "gpt") == "cnn") return convert_cnn(o, folder, index);
-  }
-  CheckedCheckpoint c = checked_model_checkpoint(folder);
-  const auto tensors = c.index.shapes(c.index.model);
-  int64_t params = 0;
-  for (const auto& [name, shape] : tensors) params += shape_numel(shape);
+  const SingleFileModel m = single_file_model(folder);
   // One tensor at a time, assembled from its pieces, written and dropped. A failure leaves OUT
   // as it was (the writer renames a finished file over it, and removes its temporary file).
-  train::PieceReader rd(c.index);
   try {
     train::write_safetensors(
-        o.out, tensors,
+        o.out, m.tensors,
         [&](const std::string& name) {
           try {
-            return rd.full(name);
+            return m.read(name);
           } catch (const train::CheckpointError& e) {
             throw ReadRefused{e.what()};
           }
@@ -139,12 +86,63 @@ void convert(const ConvertOptions& o) {
   } catch (const train::CheckpointError& e) {
     throw std::runtime_error("cannot write the converted checkpoint " + o.out + ": " + e.what());
   }
-  std::printf("wrote %s: %zu tensors, %lld parameters (float32), model %s at step %lld of %s\n", o.out.c_str(),
-              tensors.size(), static_cast<long long>(params), c.config.name.c_str(),
-              static_cast<long long>(c.index.step), folder.c_str());
+  if (m.cnn)
+    std::printf("wrote %s: %zu tensors (parameters and batch-norm statistics), %lld values (float32; PyTorch "
+                "state-dict names and layouts), model %s at step %lld of %s\n",
+                o.out.c_str(), m.tensors.size(), static_cast<long long>(m.params), m.model.c_str(),
+                static_cast<long long>(m.step), folder.c_str());
+  else
+    std::printf("wrote %s: %zu tensors, %lld parameters (float32), model %s at step %lld of %s\n", o.out.c_str(),
+                m.tensors.size(), static_cast<long long>(m.params), m.model.c_str(), static_cast<long long>(m.step),
+                folder.c_str());
+}
+
+// A CNN's checkpoint as one PyTorch state dict: its parameters and buffers under their
+// state-dict names; a linear layer's weight, kept (in, out) by nn::Linear, written (out, in) as
+// torch.nn.Linear holds it, so load_state_dict takes the file as it is.
+SingleFileModel cnn_single(const std::string& folder, std::shared_ptr<const train::CheckpointIndex> index) {
+  const auto spec = checked_cnn_checkpoint(folder, *index);
+  auto expected = spec->param_shapes();
+  for (const auto& b : spec->buffer_shapes()) expected.push_back(b);
+  auto linear = [](const std::string& name, const Shape& s) {
+    return s.size() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
+  };
+  SingleFileModel m;
+  m.cnn = true, m.model = spec->name(), m.step = index->step;
+  for (const auto& [name, shape] : expected) {
+    m.tensors.emplace_back(name, linear(name, shape) ? Shape{shape[1], shape[0]} : shape);
+    m.params += shape_numel(shape);
+  }
+  auto rd = std::make_shared<train::PieceReader>(*index);
+  m.read = [index, rd, linear](const std::string& name) {
+    Tensor t = rd->full(name);
+    if (!linear(name, t.shape())) return t;
+    const int64_t in = t.dim(0), out = t.dim(1);
+    Tensor tr = Tensor::empty({out, in});
+    for (int64_t i = 0; i < in; ++i)
+      for (int64_t j = 0; j < out; ++j) tr.data()[j * in + i] = t.data()[i * out + j];
+    return tr;
+  };
+  return m;
 }
 
 }  // namespace
+
+SingleFileModel single_file_model(const std::string& folder) {
+  {
+    auto index = std::make_shared<const train::CheckpointIndex>(train::open_checkpoint(folder, /*model_only=*/true));
+    const nlohmann::json m = index->config.value("model", nlohmann::json::object());
+    if (m.is_object() && m.value("family", "gpt") == "cnn") return cnn_single(folder, index);
+  }
+  auto c = std::make_shared<CheckedCheckpoint>(checked_model_checkpoint(folder));
+  SingleFileModel m;
+  m.model = c->config.name, m.step = c->index.step;
+  m.tensors = c->index.shapes(c->index.model);
+  for (const auto& [name, shape] : m.tensors) m.params += shape_numel(shape);
+  auto rd = std::make_shared<train::PieceReader>(c->index);
+  m.read = [c, rd](const std::string& name) { return rd->full(name); };
+  return m;
+}
 
 std::shared_ptr<const model::ModelSpec> checked_cnn_checkpoint(const std::string& folder,
                                                                const train::CheckpointIndex& index) {

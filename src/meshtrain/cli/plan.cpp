@@ -22,6 +22,8 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/cli/options.h"
@@ -120,6 +122,42 @@ std::string train_flags(const plan::Layout& l, const model::ModelSpec& spec, con
   return s;
 }
 
+// A ranked layout as the Python module's meshtrain.plan() returns it (InProcessHooks::on_plan_rows):
+// the table's columns as numbers, the layout's fields and its train flags.
+nlohmann::ordered_json plan_row(size_t rank, const plan::Prediction& p, const model::ModelSpec& spec, const PlanArgs& a, bool cpu) {
+  const plan::Layout& l = p.layout;
+  const char* split = l.split == plan::Layout::Split::spatial ? "spatial"
+                      : l.split == plan::Layout::Split::branch ? "branch"
+                                                               : "tensor";
+  return {{"rank", rank},
+          {"layout", l.describe()},
+          {"dp", l.dp},
+          {"tp", l.tp},
+          {"pp", l.pp},
+          {"split", split},
+          {"microbatches", l.microbatches},
+          {"schedule", l.schedule},
+          {"chunks", l.chunks},
+          {"zero", l.zero},
+          {"recompute", l.recompute},
+          {"sequence_parallel", l.sequence_parallel},
+          {"batch", l.batch},
+          {"seq", l.seq},
+          {"threads", l.threads},
+          {"step_s", p.step_s},
+          {"tokens_per_s", p.tokens_per_s},
+          {"samples_per_s", p.samples_per_s},
+          {"mfu", p.mfu},
+          {"peak_bytes", p.peak_bytes},
+          {"bubble", p.bubble},
+          {"comm_share", p.comm_share},
+          {"compute_s", p.compute_s},
+          {"tp_comm_s", p.tp_comm_s},
+          {"dp_comm_s", p.dp_comm_s},
+          {"optimizer_s", p.optimizer_s},
+          {"train_flags", train_flags(l, spec, a, cpu)}};
+}
+
 // The best layout's predicted step: the simulated pipeline, then the exposed data-parallel
 // communication and the optimizer step on every rank.
 void draw(const plan::Prediction& p, const std::string& path, const std::string& what) {
@@ -139,7 +177,8 @@ void draw(const plan::Prediction& p, const std::string& path, const std::string&
 
 // --layout: the prediction of one layout, as a row of the table, with its memory against the
 // device's, and the model's FLOP rate per device.
-void predict_one(const PlanArgs& a, const model::ModelSpec& spec, const plan::Cluster& cluster, const plan::SearchOptions& o) {
+void predict_one(const PlanArgs& a, const model::ModelSpec& spec, const plan::Cluster& cluster, const plan::SearchOptions& o,
+                 const InProcessHooks& hooks) {
   const plan::Hardware& hw = cluster.hardware;
   plan::Layout l = parse_layout(a.layout);
   l.batch = o.batch, l.seq = o.seq, l.optimizer_state = o.optimizer_state;
@@ -170,9 +209,10 @@ void predict_one(const PlanArgs& a, const model::ModelSpec& spec, const plan::Cl
               seconds_text(p.compute_s).c_str(), seconds_text(p.tp_comm_s).c_str(), seconds_text(p.dp_comm_s).c_str(),
               seconds_text(p.optimizer_s).c_str());
   if (!a.svg.empty()) std::printf("swimlane: %s\n", a.svg.c_str());
+  if (hooks.on_plan_rows) hooks.on_plan_rows({plan_row(1, p, spec, a, cluster.cpu())});
 }
 
-void run_plan(const PlanArgs& a) {
+void run_plan(const PlanArgs& a, const InProcessHooks& hooks) {
   // ---- the inputs, refused in words ----
   if (!a.cluster.empty() && !a.machine.empty())
     throw UsageError("plan takes one of --cluster FILE and --machine FILE, not both; a cluster file names its machine "
@@ -223,7 +263,7 @@ void run_plan(const PlanArgs& a) {
     else h.nodes = static_cast<int>(a.devices / h.devices_per_node);
   }
   if (!a.layout.empty()) {
-    predict_one(a, *spec, cluster, o);
+    predict_one(a, *spec, cluster, o, hooks);
     return;
   }
   // A CPU cluster: ranks beyond the cores add the same work and the hand-overs of ranks taking
@@ -273,11 +313,17 @@ void run_plan(const PlanArgs& a) {
   }
   std::printf("\nbest as train flags: %s\n", train_flags(best.layout, *spec, a, cluster.cpu()).c_str());
   if (!a.svg.empty()) std::printf("swimlane: %s\n", a.svg.c_str());
+  if (hooks.on_plan_rows) {
+    std::vector<nlohmann::ordered_json> rows;
+    for (size_t i = 0; i < k; ++i) rows.push_back(plan_row(i + 1, r.ranked[i], *spec, a, cluster.cpu()));
+    hooks.on_plan_rows(std::move(rows));
+  }
 }
 
 }  // namespace
 
-void add_plan_command(CLI::App& app) {
+void add_plan_command(CLI::App& app, std::shared_ptr<const InProcessHooks> hooks) {
+  if (!hooks) hooks = std::make_shared<const InProcessHooks>();
   auto a = std::make_shared<PlanArgs>();
   CLI::App* c = app.add_subcommand("plan", "Rank the layouts of a model on a cluster by predicted step time");
   c->add_option("--model", a->model, "A named model (gpt-tiny, gpt-small, gpt2-124m, cnn-small, ...)");
@@ -304,7 +350,7 @@ void add_plan_command(CLI::App& app) {
       ->check(integer<int64_t>(1));
   c->add_flag("--oversubscribe", a->oversubscribe,
               "A CPU cluster: also try more ranks than cores (threads taking turns on them)");
-  c->callback([a] { run_plan(*a); });
+  c->callback([a, hooks] { run_plan(*a, *hooks); });
 }
 
 }  // namespace meshtrain::cli

@@ -8,6 +8,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/cli/commands.h"
@@ -74,7 +75,8 @@ void resolve_init_from(train::TrainOptions& o, const std::string& from) {
 
 }  // namespace
 
-void add_train_command(CLI::App& app) {
+void add_train_command(CLI::App& app, std::shared_ptr<const InProcessHooks> hooks) {
+  if (!hooks) hooks = std::make_shared<const InProcessHooks>();
   auto opt = std::make_shared<train::TrainOptions>();
   auto order = std::make_shared<std::string>("random");
   auto bucket_mb = std::make_shared<double>(0.0);
@@ -200,7 +202,7 @@ void add_train_command(CLI::App& app) {
   c->add_flag("--overwrite", opt->overwrite, "Let --metrics and --trace replace existing files that meshtrain did not write");
   c->add_option("--log-every", opt->log_every, "Progress line every N steps")->check(integer<int64_t>(0))->capture_default_str();
   c->add_flag("--quiet", opt->quiet, "No progress output");
-  c->callback([c, machine, spatial, branch, batch_norm, data_layout, opt, ranks_per_host, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
+  c->callback([c, hooks, machine, spatial, branch, batch_norm, data_layout, opt, ranks_per_host, order, bucket_mb, bucket_flag, staleness, precision, comm_dtype, comm_timeout, comm_timeout_opt,
                optimizer, lr_schedule, weight_decay, init_from] {
     train::TrainOptions o = *opt;
     auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
@@ -310,19 +312,19 @@ void add_train_command(CLI::App& app) {
       }
       // The cost model's hardware (plan/cost.h), predicted against measured at the end: read or
       // measured once every input has been checked.
-      o.on_checked = [machine](train::TrainOptions& run) {
+      o.on_checked = [machine, program = hooks->calibrate_program](train::TrainOptions& run) {
         std::string source;
         const bool mpi = comm::launched_by_mpirun();
         // The quick calibration runs as a child process (`meshtrain calibrate --quick`), so its
         // buffers never count in this run's peak memory.
-        auto child = [](const std::string& out) {
+        auto child = [program](const std::string& out) {
           std::error_code ec;
-          const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+          const std::string self = program == "/proc/self/exe" ? std::filesystem::read_symlink(program, ec).string() : program;
           if (ec || self.empty() || self.find('\'') != std::string::npos || out.find('\'') != std::string::npos) return false;
           const std::string cmd = "'" + self + "' calibrate --quick --overwrite --out '" + out + "' > /dev/null 2>&1";
           return std::system(cmd.c_str()) == 0;
         };
-        if (auto m = plan::machine_for_run(*machine, !mpi, &source, child)) {
+        if (auto m = plan::machine_for_run(*machine, !mpi && !program.empty(), &source, child)) {
           run.hardware = std::make_shared<const plan::Hardware>(plan::hardware_from_machine(*m, 0));
           run.hardware_source = source;
         }
@@ -337,8 +339,10 @@ void add_train_command(CLI::App& app) {
       // SIGINT, SIGTERM and SIGUSR1 stop at the end of the step in flight, with a checkpoint
       // (train/stop.h; under MPI SIGTERM stays the backend's); the parameter server's ranks run
       // free of steps in common, so it keeps the default.
-      if (o.ps_servers == 0) train::install_stop_handlers(/*with_sigterm=*/o.backend != "mpi");
-      const train::TrainResult r = train::train(o);
+      if (o.ps_servers == 0 && hooks->install_stop_handlers) train::install_stop_handlers(/*with_sigterm=*/o.backend != "mpi");
+      o.on_step = hooks->on_step;
+      if (hooks->before_train) hooks->before_train(o);
+      train::TrainResult r = train::train(o);
       if (r.stopped_by != 0 && !r.steps.empty()) {
         const long long step = static_cast<long long>(r.steps.back().step + 1);
         if (o.checkpoint_dir.empty())
@@ -349,6 +353,7 @@ void add_train_command(CLI::App& app) {
                       train::signal_name(r.stopped_by), o.checkpoint_dir.c_str());
         std::fflush(stdout);
       }
+      if (hooks->on_result) hooks->on_result(std::move(r));
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     } catch (const train::DataError& e) {

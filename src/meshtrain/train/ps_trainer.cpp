@@ -291,6 +291,7 @@ void WorkerLoop::report(const std::vector<parallel::PSRound>& rounds) {
     line["staleness"] = pr.staleness;
     line["pushes"] = pr.pushes;
     metrics_->write(line);
+    if (o_.on_step) o_.on_step(line);
     if (!o_.quiet && o_.log_every > 0 && (r.step + 1) % o_.log_every == 0) {
       std::printf("round %5lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f %s | staleness %lld\n",
                   static_cast<long long>(r.step + 1), r.loss, r.lr, r.grad_norm, r.step_ms, r.tokens_per_s,

@@ -211,6 +211,7 @@ void RankTrainer::report_step(const StepRecord& r, nlohmann::json& line) {
   } catch (const io::WriteError& e) {
     throw io::WriteError(std::string(e.what()) + " (at step " + std::to_string(r.step + 1) + ")" + kept_checkpoint());
   }
+  if (o_.on_step) o_.on_step(line);
   if (talk && o_.log_every > 0 && ((r.step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps);
   if (talk && r.val_loss) print_validation(r);
   res.steps.push_back(r);

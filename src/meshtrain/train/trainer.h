@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -120,6 +121,11 @@ struct TrainOptions {
   // starts: work that must not come before a refusal (the CLI measures the machine here when
   // it has no machine file yet, so bad input is refused at once, not after the measurement).
   std::function<void(TrainOptions&)> on_checked;
+  // Called on world rank 0 after each step's metrics line is written (also without --metrics),
+  // with that line: the Python module's on_step. It runs on the rank's thread while the other
+  // ranks go on to their next collective; an exception it throws ends the run as a failed rank
+  // does (the others fail at once at their next collective) and train() rethrows it.
+  std::function<void(const nlohmann::json& line)> on_step;
   // Test fault injection (--fail-rank R --fail-at-step N): world rank R throws at the start of
   // step N (0-based), as a rank lost mid-run; the other ranks fail at their next collective and
   // the run exits 1 naming rank R. -1: off.
