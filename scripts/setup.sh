@@ -18,7 +18,7 @@ PACKAGES=(
   dataset-fashion-mnist                            # images: /usr/share/datasets/fashion-mnist
   python3
   libonnx-dev libprotobuf-dev                      # ONNX in (train --model net.onnx, meshtrain import)
-  python3-dev pybind11-dev python3-numpy python3-venv  # the Python module (docs/python.md)
+  python3-dev pybind11-dev python3-numpy python3-venv python3-wheel  # the Python module (docs/python.md)
 )
 # --tests: what the test suite needs besides: PyTorch, which exports the networks of the ONNX
 # round trip and replays their training (tests/onnx/round_trip.py).

@@ -18,6 +18,7 @@
 #include "meshtrain/checkpoint/safetensors.h"
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/cli/options.h"
+#include "meshtrain/io/npy.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/train/outputs.h"
 
@@ -30,6 +31,10 @@ struct ConvertOptions {
   bool overwrite = false;  // OUT may replace a file meshtrain did not write
   std::string from, out;
 };
+
+// A .npz output: a NumPy archive of PyTorch's state dict (integer counters included), else
+// a safetensors file.
+bool npz_path(const std::string& out) { return out.size() > 4 && out.ends_with(".npz"); }
 
 // OUT against what is read: `from` and, once known, the step folder (which may lie elsewhere
 // through a symbolic link). Throws UsageError with the policy's sentence.
@@ -45,7 +50,7 @@ void check_paths(const ConvertOptions& o, const std::string& folder) {
     train::PathPlan plan(o.overwrite);
     plan.input_tree("the checkpoint", o.from);
     if (!folder.empty()) plan.input_tree("its step folder", folder);
-    plan.output_file("the output", o.out, train::OutputKind::safetensors);
+    plan.output_file("the output", o.out, npz_path(o.out) ? train::OutputKind::npz : train::OutputKind::safetensors);
     plan.check();
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
@@ -58,6 +63,35 @@ struct ReadRefused {
   std::string what;
 };
 
+// OUT as a .npz of every tensor module.state_dict() holds: the float32 tensors, and for an image
+// classifier each batch norm's num_batches_tracked (a 0-d int64, the steps trained) after its
+// running_var, so load_state_dict(strict=True) takes it (docs/from_pytorch.md). The archive is
+// built in memory and written atomically.
+void write_state_npz(const ConvertOptions& o, const std::string& folder, const SingleFileModel& m) {
+  std::vector<Tensor> tensors;
+  std::vector<io::NpyWrite> arrays;
+  const int64_t steps = m.step;
+  int counters = 0;
+  try {
+    for (const auto& [name, shape] : m.tensors) tensors.push_back(m.read(name));
+  } catch (const train::CheckpointError& e) {
+    throw UsageError(e.what());
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string& name = m.tensors[i].first;
+    arrays.push_back({name, io::NpyType::f32, tensors[i].shape(), tensors[i].data()});
+    if (m.cnn && name.ends_with(".running_var")) {
+      arrays.push_back({name.substr(0, name.size() - 12) + ".num_batches_tracked", io::NpyType::i64, {}, &steps});
+      ++counters;
+    }
+  }
+  io::write_npz(o.out, arrays, "converted checkpoint");
+  std::printf("wrote %s: %zu arrays (%s), %lld values, model %s at step %lld of %s\n", o.out.c_str(), arrays.size(),
+              m.cnn ? (std::to_string(counters) + " of them num_batches_tracked; PyTorch state-dict names and layouts").c_str()
+                    : "GPT-2 names, float32",
+              static_cast<long long>(m.params), m.model.c_str(), static_cast<long long>(m.step), folder.c_str());
+}
+
 void convert(const ConvertOptions& o) {
   namespace fs = std::filesystem;
   if (!o.to_single)
@@ -68,6 +102,7 @@ void convert(const ConvertOptions& o) {
   const std::string folder = tool_step_folder(o.from, "nothing to convert");
   check_paths(o, folder);
   const SingleFileModel m = single_file_model(folder);
+  if (npz_path(o.out)) return write_state_npz(o, folder, m);
   // One tensor at a time, assembled from its pieces, written and dropped. A failure leaves OUT
   // as it was (the writer renames a finished file over it, and removes its temporary file).
   try {
@@ -176,11 +211,14 @@ void add_checkpoint_command(CLI::App& app) {
   });
   auto opt = std::make_shared<ConvertOptions>();
   CLI::App* c = ck->add_subcommand("convert", "Write a checkpoint's model as one GPT-2 safetensors file");
-  c->add_flag("--to-single", opt->to_single, "One file with every tensor whole (GPT-2 names, float32)");
+  c->add_flag("--to-single", opt->to_single,
+              "One file with every tensor whole (PyTorch's state-dict names for image models, GPT-2's for GPTs)");
   c->add_option("from", opt->from, "Checkpoint directory (its newest valid step) or one step folder")
       ->required()
       ->check(non_empty_path());
-  c->add_option("out", opt->out, "The safetensors file to write")->required()->check(non_empty_path());
+  c->add_option("out", opt->out,
+                "The file to write: FILE.npz (a NumPy archive of the whole state dict, num_batches_tracked "
+                "included: module.load_state_dict takes it strictly) or a safetensors file (float32 tensors)")->required()->check(non_empty_path());
   c->add_flag("--overwrite", opt->overwrite, "Let OUT replace an existing file meshtrain did not write");
   c->callback([opt] {
     try {

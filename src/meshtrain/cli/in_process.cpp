@@ -6,12 +6,15 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "meshtrain/onnx/onnx_import.h"
+
 namespace meshtrain::cli {
 
 namespace {
 
 // The program's App with the subcommands a caller in this process uses.
 std::unique_ptr<CLI::App> make_app(const InProcessHooks& hooks) {
+  onnx_import::register_onnx_reader();  // --model net.onnx, as the program reads it
   auto app = std::make_unique<CLI::App>(kProgramDescription);
   app->require_subcommand(1);
   auto shared = std::make_shared<const InProcessHooks>(hooks);

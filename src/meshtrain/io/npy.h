@@ -27,7 +27,8 @@
 // CRC-32s, which numpy.load reads, and writes it atomically (io/file.h: temporary file, fsync,
 // rename). Member order is the order given; 0-d arrays (shape ()) are written as numpy writes
 // them. The bytes are fixed by the arrays alone (timestamps are 1980-01-01 00:00), so the same
-// arrays give the same file.
+// arrays give the same file. The archive's comment (which numpy ignores) is kNpzWriterComment,
+// so the output policy (train/outputs.h) knows a file meshtrain wrote.
 //
 // Errors: every refusal of a file throws NpyError (a std::invalid_argument: a file the user gave
 // that cannot be used) whose message starts "NumPy file PATH" and, once an array is known,
@@ -49,6 +50,9 @@
 #include <vector>
 
 namespace meshtrain::io {
+
+// The zip comment of every .npz write_npz writes.
+inline constexpr const char* kNpzWriterComment = "written by meshtrain";
 
 class NpyError : public std::invalid_argument {
  public:

@@ -118,7 +118,8 @@ void write_npz(const std::string& path, const std::vector<NpyWrite>& arrays, con
   put16(zip, 0), put16(zip, 0);
   put16(zip, static_cast<uint32_t>(arrays.size())), put16(zip, static_cast<uint32_t>(arrays.size()));
   put32(zip, static_cast<uint32_t>(central.size())), put32(zip, cd_offset);
-  put16(zip, 0);  // comment length
+  put16(zip, static_cast<uint32_t>(std::strlen(kNpzWriterComment)));  // the archive's comment: its writer
+  zip += kNpzWriterComment;
   write_file_atomic(path, zip, what);
 }
 

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/io/npy.h"
 #include "meshtrain/pipeline/svg.h"
 #include "meshtrain/trace/trace.h"
 #include "meshtrain/train/validate.h"
@@ -115,6 +116,7 @@ std::string kind_name(OutputKind k) {
     case OutputKind::machine: return "a machine file";
     case OutputKind::events: return "a launcher's events file";
     case OutputKind::model: return "a model file meshtrain import wrote";
+    case OutputKind::npz: return "a NumPy archive meshtrain wrote";
   }
   return "a file";
 }
@@ -158,6 +160,18 @@ bool written_by_meshtrain(const std::string& path, OutputKind kind) {
       first = first.substr(0, first.find('\n'));
       const nlohmann::json j = nlohmann::json::parse(first, nullptr, /*allow_exceptions=*/false);
       return j.is_object() && j.contains("event") && j["event"] == "start";
+    }
+    case OutputKind::npz: {
+      // The end-of-central-directory record is the last 22 bytes before the comment.
+      const std::string mark = io::kNpzWriterComment;
+      const auto size = fs::file_size(path, ec);
+      if (ec || size < 22 + mark.size()) return false;
+      std::ifstream f(path, std::ios::binary);
+      f.seekg(static_cast<std::streamoff>(size - 22 - mark.size()));
+      std::string tail(22 + mark.size(), '\0');
+      if (!f.read(tail.data(), static_cast<std::streamsize>(tail.size()))) return false;
+      return tail.compare(0, 4, "PK\x05\x06") == 0 && static_cast<unsigned char>(tail[20]) == mark.size() &&
+             tail[21] == 0 && tail.compare(22, mark.size(), mark) == 0;
     }
     case OutputKind::model: {
       const nlohmann::json j = nlohmann::json::parse(head(path, 64 << 20), nullptr, /*allow_exceptions=*/false);

@@ -34,6 +34,7 @@ enum class OutputKind {
   machine,      // a JSON object whose "kind" is "meshtrain machine" (meshtrain calibrate)
   events,       // JSON lines whose first line is an object with "event": "start" (launch --events)
   model,        // a layer graph with "imported_from" (meshtrain import)
+  npz,          // a zip whose comment is io::kNpzWriterComment (checkpoint convert to .npz)
 };
 
 // True when `path` is empty or carries the mark of a file meshtrain writes as `kind`.
