@@ -644,10 +644,17 @@ Imported Importer::run() {
   if (last_output_ != g_.output(0).name())
     throw OnnxError(path_ + ": the graph's output '" + g_.output(0).name() + "' is not the last layer's output; "
                     "meshtrain trains the logits the last node computes");
-  if (layers_.back()["op"] != "linear")
-    throw OnnxError(path_ + ": the last layer is " + layers_.back()["op"].get<std::string>() + " ('" +
-                    layers_.back()["name"].get<std::string>() + "'); meshtrain trains classifiers whose last layer is a "
-                    "Linear giving the logits (cross-entropy is applied by the trainer, so export the logits, not a softmax)");
+  // The classes: the output's second dimension, else the last Linear's width (the graph's own
+  // checks then hold the logits to that shape).
+  int64_t classes = 0;
+  const auto& oshape = g_.output(0).type().tensor_type().shape();
+  if (oshape.dim_size() == 2 && oshape.dim(1).has_dim_value()) classes = oshape.dim(1).dim_value();
+  for (auto it = layers_.rbegin(); it != layers_.rend() && classes == 0; ++it)
+    if ((*it)["op"] == "linear") classes = (*it)["out_features"].get<int64_t>();
+  if (classes < 2)
+    throw OnnxError(path_ + ": the output '" + g_.output(0).name() + "' is not the logits of a classifier, (N, classes) "
+                    "with 2 or more classes; meshtrain applies the cross-entropy itself, so export the logits, not a "
+                    "softmax or a loss");
 
   // The JSON: "from" only where a layer does not read the one before it.
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -658,7 +665,7 @@ Imported Importer::run() {
   std::string stem = std::filesystem::path(path_).stem().string();
   Imported out;
   out.graph = {{"name", stem.empty() ? "onnx" : stem},
-               {"input", {{"image", chw}, {"classes", layers_.back()["out_features"]}}},
+               {"input", {{"image", chw}, {"classes", classes}}},
                {"layers", layers_}};
   out.weights = std::move(weights_);
   return out;
