@@ -158,6 +158,16 @@ nlohmann::json RankTrainer::metrics_line(const StepRecord& r, const StepResult& 
     line["predicted_peak_error"] = step_peak_ > 0 ? (pred_peak - static_cast<double>(step_peak_)) / static_cast<double>(step_peak_) : 0.0;
   }
   if (images()) line["images_per_s"] = r.tokens_per_s;  // T is 1: samples per second
+  if (out.noise) {  // dp > 1: the gradient noise scale (train/noise_scale.h), its base batch one rank's
+    line["grad_sq_estimate"] = out.noise->grad_sq;
+    line["grad_trace_estimate"] = out.noise->trace;
+    if (out.noise_scale) {
+      const double b = static_cast<double>(o_.batch), e = stat_efficiency(*out.noise_scale, b / o_.dp, b);
+      line["grad_noise_scale"] = *out.noise_scale;
+      line["stat_efficiency"] = e;
+      line["goodput"] = r.step_ms > 0 ? b / (r.step_ms / 1e3) * e : 0.0;  // samples per second, times E
+    }
+  }
   if (r.accuracy) line["accuracy"] = *r.accuracy;
   if (r.val_accuracy) line["val_accuracy"] = *r.val_accuracy;
   return line;
@@ -190,6 +200,28 @@ int RankTrainer::checkpoint_or_stop(int64_t step, const nlohmann::json& line) {
   return stopping;
 }
 
+// The progress line's noise scale and goodput, from the metrics line (" | noise 1.2k | goodput
+// 3.4k/s"); empty without them.
+namespace {
+std::string short_number(double v) {
+  char buf[32];
+  const double a = std::fabs(v);
+  if (a >= 1e6) std::snprintf(buf, sizeof buf, "%.1fM", v / 1e6);
+  else if (a >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+std::string noise_tail(const nlohmann::json& line) {
+  if (!line.contains("grad_noise_scale")) return "";
+  std::string s = " | noise ";
+  s += short_number(line["grad_noise_scale"].get<double>());
+  s += " | goodput ";
+  s += short_number(line["goodput"].get<double>());
+  s += "/s";
+  return s;
+}
+}  // namespace
+
 // Rank 0: the step's metrics line (with the timings of its checkpoint, if one was saved), its
 // progress and validation lines, its record in the result, and the launcher's heartbeat.
 void RankTrainer::report_step(const StepRecord& r, nlohmann::json& line) {
@@ -212,7 +244,7 @@ void RankTrainer::report_step(const StepRecord& r, nlohmann::json& line) {
     throw io::WriteError(std::string(e.what()) + " (at step " + std::to_string(r.step + 1) + ")" + kept_checkpoint());
   }
   if (o_.on_step) o_.on_step(line);
-  if (talk && o_.log_every > 0 && ((r.step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps);
+  if (talk && o_.log_every > 0 && ((r.step + 1) % o_.log_every == 0 || last)) print_step(r, o_.steps, noise_tail(line));
   if (talk && r.val_loss) print_validation(r);
   res.steps.push_back(r);
   heartbeat();

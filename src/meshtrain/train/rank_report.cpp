@@ -53,17 +53,17 @@ void RankTrainer::record(const pipeline::StepStats& st) {
 
 // ---- progress output ----
 
-void print_step(const StepRecord& r, int64_t steps) {
+void print_step(const StepRecord& r, int64_t steps, const std::string& tail) {
   if (r.accuracy) {  // a classifier: its batch accuracy, and samples are images
-    std::printf("step %5lld/%lld | loss %.4f | acc %5.1f%% | lr %.2e | norm %.3f | %7.1f ms | %8.0f img/s | mfu %4.1f%%\n",
+    std::printf("step %5lld/%lld | loss %.4f | acc %5.1f%% | lr %.2e | norm %.3f | %7.1f ms | %8.0f img/s | mfu %4.1f%%%s\n",
                 static_cast<long long>(r.step + 1), static_cast<long long>(steps), r.loss, 100.0 * *r.accuracy, r.lr,
-                r.grad_norm, r.step_ms, r.tokens_per_s, 100.0 * r.mfu);
+                r.grad_norm, r.step_ms, r.tokens_per_s, 100.0 * r.mfu, tail.c_str());
     std::fflush(stdout);
     return;
   }
-  std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | mfu %4.1f%%\n",
+  std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | mfu %4.1f%%%s\n",
               static_cast<long long>(r.step + 1), static_cast<long long>(steps), r.loss, r.lr,
-              r.grad_norm, r.step_ms, r.tokens_per_s, 100.0 * r.mfu);
+              r.grad_norm, r.step_ms, r.tokens_per_s, 100.0 * r.mfu, tail.c_str());
   std::fflush(stdout);
 }
 

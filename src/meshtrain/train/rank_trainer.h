@@ -31,6 +31,7 @@
 #include "meshtrain/trace/trace.h"
 #include "meshtrain/train/layout.h"
 #include "meshtrain/train/metrics.h"
+#include "meshtrain/train/noise_scale.h"
 #include "meshtrain/train/stage_runner.h"
 #include "meshtrain/train/trainer.h"
 
@@ -66,6 +67,10 @@ struct StepResult {
   std::optional<float> accuracy;  // a classifier's share of the batch predicted right
   pipeline::StepStats stats;      // this rank's executor figures
   PipelineFigures pipeline;       // pp > 1
+  // Data parallelism (train/noise_scale.h): the step's unbiased |G|^2 and tr(Sigma), and the
+  // noise scale of their moving averages (none while those do not define it yet).
+  std::optional<NoiseEstimate> noise;
+  std::optional<double> noise_scale;
 };
 
 // What a step is measured against, read just before it (RankTrainer::start_meter).
@@ -85,6 +90,7 @@ class RankTrainer {
   StepResult train_step(int64_t step);
   void zero_grads();
   void finish_grad_sync();
+  void measure_noise(StepResult& out, double sq_big);  // the gradient noise scale, under dp
   // ---- rank_hooks.cpp: around the step, in the order run() calls them ----
   int64_t begin_run();  // returns the first step
   void inject_fault(int64_t step) const;
@@ -189,6 +195,7 @@ class RankTrainer {
   std::unique_ptr<pipeline::Executor> exec_;
   std::shared_ptr<comm::Communicator> emb_;  // pp > 1: first and last stage, for the tied wte
   std::unique_ptr<Optimizer> optimizer_;
+  std::optional<GradNoiseScale> noise_;  // dp > 1 where the local norms are measured (trainer.cpp)
   // For each of the optimizer's parameters, the index of its origin in model_params() (the same
   // order on every rank of its dp and tp groups): where reduce_param_sq adds its sums.
   std::vector<size_t> origin_index_;
@@ -208,7 +215,8 @@ nlohmann::json run_config(const model::ModelSpec& spec, const TrainOptions& o);
 std::optional<CheckpointIndex> prepare_checkpoints(const TrainOptions& o, const model::ModelSpec& spec, bool lead);
 
 // ---- rank_report.cpp ----
-void print_step(const StepRecord& r, int64_t steps);
+// `tail`: more fields for the line (" | noise 1.2k | goodput 3.4k/s").
+void print_step(const StepRecord& r, int64_t steps, const std::string& tail = "");
 // Writes the Chrome trace and, beside it, the SVG swimlane; prints the overlap figures.
 void write_trace(const trace::Recorder& rec, const TrainOptions& o);
 void note(const std::string& text);

@@ -72,13 +72,30 @@ StepResult RankTrainer::train_step(int64_t step) {
   //    open.
   out.loss = dp_mean(loss);
   if (!std::isfinite(out.loss)) diverged(step, "loss", out.loss);
+  double sq = 0;  // the global squared gradient norm, before clipping
   {
     trace::Recorder::Span s(sh_.recorder, mesh_.rank(), trace::Track::compute, "optimizer", "optimizer");
-    out.grad_norm = optimizer_->step_with_grad_sq(step, global_grad_sq());  // applies nothing on a non-finite norm
+    sq = global_grad_sq();
+    out.grad_norm = optimizer_->step_with_grad_sq(step, sq);  // applies nothing on a non-finite norm
     if (ddp_) ddp_->finish_optimizer_step();
   }
   if (!std::isfinite(out.grad_norm)) diverged(step, "gradient norm", out.grad_norm);
+  if (noise_) measure_noise(out, sq);  // --dp: the gradient noise scale
   return out;
+}
+
+// The gradient noise scale (train/noise_scale.h). Each rank's buckets summed the squares of its
+// local gradients before the all-reduce, counting what global_grad_sq counts (a tp-replicated
+// gradient on tp rank 0 only, an owned one on its owner); one all-reduce over the world adds
+// them over tp and pp (one dp rank's whole-model |G_small|^2) and over dp, whose mean is taken.
+// |G_big|^2 is the clipping norm's square, before clipping.
+void RankTrainer::measure_noise(StepResult& out, double sq_big) {
+  std::array<double, 1> small{ddp_->take_local_grad_sq()};
+  mesh_.world().all_reduce(small);
+  const double b_big = static_cast<double>(o_.batch), b_small = b_big / static_cast<double>(o_.dp);
+  out.noise = noise_estimate(small[0] / static_cast<double>(o_.dp), sq_big, b_small, b_big);
+  noise_->update(*out.noise);
+  out.noise_scale = noise_->scale();
 }
 
 void RankTrainer::zero_grads() {
@@ -262,6 +279,16 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
                        "embedding");
   }
   optimizer_ = make_optimizer(params, o_.optim, o_.threads);
+  // The gradient noise scale under dp: each bucket's local squared norm as its all-reduce
+  // starts. Left out with exact sums (the float64 totals bypass the float32 buckets) and with
+  // a token table tied across pipeline stages (its local gradient is split over two ranks, and
+  // the squared norm of the sum would need their dot product).
+  if (ddp_ && o_.dp > 1 && o_.exact_sums == 0 && !emb_) {
+    ddp_->measure_local_grad_sq([wte = wte_copy(), tp = mesh_.coord().tp](const nn::Param* p) {
+      return p != wte && p->shard.counted_on(tp);
+    });
+    noise_.emplace();
+  }
   {
     std::map<const nn::Param*, size_t> index;
     for (nn::Param* p : model_params()) index.emplace(p, index.size());

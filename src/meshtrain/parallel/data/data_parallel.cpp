@@ -235,6 +235,15 @@ void DataParallel::finish_bf16(Bucket& b) {
 }
 
 void DataParallel::launch(Bucket& b) {
+  if (counted_) {  // this rank's local gradients, before the communication averages them
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      if (!counted_(b.params[i])) continue;
+      const float* g = b.grads.data() + b.offsets[i];
+      double s = 0;
+      for (int64_t j = 0, n = b.params[i]->local_numel(); j < n; ++j) s += static_cast<double>(g[j]) * g[j];
+      local_sq_ += s;
+    }
+  }
   if (opt_.bf16_wire) return launch_bf16(b);
   if (opt_.exact_sums) return launch_exact(b);
   if (opt_.zero <= 1) {

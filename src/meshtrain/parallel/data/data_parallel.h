@@ -24,6 +24,9 @@
 // The optimizer (train/) updates optimizer_params(): the parameters themselves at stage 0, or
 // per-rank "segment" parameters (views of this rank's slices, carrying the original's weight
 // decay flag) at stages 1-3. reduce_grad_sq() makes the clipping norm global.
+// For the gradient noise scale (train/noise_scale.h), measure_local_grad_sq() makes each bucket
+// add the squares of this rank's own gradients as its communication starts, before the
+// all-reduce (or reduce-scatter) averages them over dp.
 //
 // Concurrency: all calls from the rank's own thread; the dp communicator runs the bucket
 // operations in issue order on its progress thread. Every rank issues the same operations in
@@ -31,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -94,6 +98,16 @@ class DataParallel {
   void finish_grad_sync();
   // What the optimizer updates (see the header comment).
   std::vector<nn::Param*> optimizer_params();
+  // From now on every bucket, as its gradient communication starts, adds the sum of squares of
+  // this rank's local (not yet averaged) gradients of the parameters `counted` accepts; off
+  // when `counted` is empty. The float32 gradients only (not with exact sums).
+  void measure_local_grad_sq(std::function<bool(const nn::Param*)> counted) { counted_ = std::move(counted); }
+  // The sum since the last call, and starts a new one (once a step, after finish_grad_sync).
+  double take_local_grad_sq() {
+    const double s = local_sq_;
+    local_sq_ = 0;
+    return s;
+  }
   // The global sum of squares of the gradients from this rank's local one.
   double reduce_grad_sq(double local);
   // The original parameter of an optimizer_params() entry (itself at stage 0).
@@ -145,6 +159,8 @@ class DataParallel {
   std::map<const nn::Param*, int64_t> segment_offset_;   // segment -> its offset in the parameter
   nn::Hooks hooks_;
   bool sync_ = true;
+  std::function<bool(const nn::Param*)> counted_;  // measure_local_grad_sq
+  double local_sq_ = 0;
 };
 
 }  // namespace meshtrain::parallel
