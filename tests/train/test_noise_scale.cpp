@@ -2,7 +2,8 @@
 // estimates of |G|^2 and tr(Sigma) against a brute force from per-sample gradients (one forward
 // and backward per row of the same batch at the same weights, computed here in float64 sums),
 // the smoothing, efficiency and goodput against their definitions, the same estimates under
-// ZeRO and tensor parallelism, the fields only where dp > 1, and the losses untouched.
+// ZeRO, tensor parallelism and (an image model's) pipeline stages, the fields only where dp > 1,
+// and the losses untouched.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cnn_runs.h"
 #include "meshtrain/data/data.h"
 #include "meshtrain/model/gpt.h"
 #include "meshtrain/nn/context.h"
@@ -184,4 +186,21 @@ TEST(NoiseScale, SameUnderZeroAndTensorParallel) {
   ASSERT_EQ(piped.size(), 1u);
   EXPECT_FALSE(piped[0].contains("grad_noise_scale"));
   EXPECT_FALSE(piped[0].contains("grad_sq_estimate"));
+}
+
+// An image model (batch norm synchronised over dp) split into pipeline stages: each stage's
+// squares summed over pp give the estimates of the unsplit model at the same dp.
+TEST(NoiseScale, ImageModelSameOverPipelineStages) {
+  std::vector<nlohmann::json> got[2];
+  for (int pp : {1, 2}) {
+    train::TrainOptions o = meshtrain::testing::cnn_options("resnet-small", 2, pp, 0);
+    o.steps = 2;
+    got[pp - 1] = run(o);
+    ASSERT_EQ(got[pp - 1].size(), 2u);
+  }
+  for (size_t s = 0; s < 2; ++s) {
+    for (const char* f : {"grad_sq_estimate", "grad_trace_estimate"})
+      EXPECT_LT(rel(got[1][s][f].get<double>(), got[0][s][f].get<double>()), 1e-4) << f << " step " << s + 1;
+    EXPECT_TRUE(got[1][s].contains("images_per_s"));
+  }
 }
