@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -336,3 +337,117 @@ INSTANTIATE_TEST_SUITE_P(Schedules, ExecutorPortals,
                            return n + "_p" + std::to_string(std::get<1>(info.param)) + "_v" +
                                   std::to_string(std::get<2>(info.param));
                          });
+
+// ---- asynchronous schedules (pipedream-2bw): windows without a flush ----
+
+namespace {
+
+// Records every F and B with the micro-batch counted over steps (the window's step t: mb >= 0
+// is t m + mb, mb < 0 the step before's), and checks the values as ToyStage does.
+class CountingStage : public mp::StageRunner {
+ public:
+  CountingStage(int stage, int stages, int m) : stage_(stage), stages_(stages), m_(m) {}
+  Tensor forward(nn::Context& ctx, int mb, const Tensor& input, nn::Portal&) override {
+    EXPECT_GE(mb, 0) << "a forward of the step before";
+    const int64_t id = step * m_ + mb;
+    Tensor x = Tensor::empty({kN});
+    for (int64_t i = 0; i < kN; ++i) x.data()[i] = stage_ == 0 ? static_cast<float>(id) : input.data()[i];
+    ctx.save(this, {x});
+    events.push_back({'F', id});
+    Tensor y = Tensor::empty({kN});
+    for (int64_t i = 0; i < kN; ++i) y.data()[i] = 2 * x.data()[i] + static_cast<float>(stage_);
+    if (stage_ == stages_ - 1) {
+      outputs[id] = y.data()[0];
+      return Tensor();
+    }
+    return y;
+  }
+  Tensor backward(nn::Context& ctx, int mb, const Tensor& dy, bool, nn::Portal&) override {
+    const int64_t id = (mb >= 0 ? step : step - 1) * m_ + (mb >= 0 ? mb : m_ + mb);
+    ctx.saved(this);
+    ctx.release(this);
+    events.push_back({'B', id});
+    Tensor dx = Tensor::empty({kN});
+    for (int64_t i = 0; i < kN; ++i) dx.data()[i] = 2 * (stage_ == stages_ - 1 ? 1.f : dy.data()[i]);
+    if (stage_ == 0) {
+      grads[id] = dx.data()[0];
+      return Tensor();
+    }
+    return dx;
+  }
+  Shape boundary_shape() const override { return {kN}; }
+
+  int stage_, stages_, m_;
+  int64_t step = 0;  // the step of the window being run (a drain: the step after the last one)
+  std::vector<std::pair<char, int64_t>> events;
+  std::map<int64_t, float> outputs, grads;
+};
+
+}  // namespace
+
+// Four steps with a flush after the second: every micro-batch of every step runs one forward
+// and one backward on every stage, in that order, with the right values; the next step's
+// forwards run while the step before's backwards are owed (no flush), and the drain leaves
+// nothing in flight.
+TEST(Executor, PipeDream2BWWindowsRunEveryMicroBatchOnceWithoutAFlush) {
+  for (auto [pp, m] : {std::pair{2, 2}, std::pair{2, 5}, std::pair{4, 4}, std::pair{4, 6}}) {
+    SCOPED_TRACE("pp " + std::to_string(pp) + ", m " + std::to_string(m));
+    const mp::Schedule schedule = mp::make_schedule("pipedream-2bw", {pp, m, 1});
+    ASSERT_EQ(schedule.period, m);
+    const int steps = 4, flush_after = 1;
+    std::vector<std::vector<std::pair<char, int64_t>>> events(pp);
+    std::vector<std::map<int64_t, float>> outputs(pp), grads(pp);
+    std::vector<std::vector<bool>> in_flight(pp);
+    std::vector<int> max_in_flight(pp, 0);
+    meshtrain::comm::run_world(meshtrain::comm::Backend::threads, pp, [&](meshtrain::comm::Communicator& world) {
+      const int r = world.rank();
+      CountingStage stage(r, pp, m);
+      mp::Executor exec(schedule, r, &world, {&stage}, 1);
+      for (int t = 0; t < steps; ++t) {
+        stage.step = t;
+        max_in_flight[r] = std::max(max_in_flight[r], exec.run_step().max_in_flight);
+        in_flight[r].push_back(exec.in_flight());
+        if (t == flush_after || t == steps - 1) {
+          stage.step = t + 1;  // the drain's micro-batches are the step before's
+          exec.drain();
+          EXPECT_FALSE(exec.in_flight());
+          EXPECT_EQ(exec.drain().timeline.size(), 0u) << "a second drain has nothing to do";
+        }
+      }
+      events[r] = stage.events, outputs[r] = stage.outputs, grads[r] = stage.grads;
+    });
+    for (int r = 0; r < pp; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      std::map<int64_t, int> f_at, b_at;
+      for (int i = 0; i < static_cast<int>(events[r].size()); ++i) {
+        auto [kind, id] = events[r][i];
+        auto& at = kind == 'F' ? f_at : b_at;
+        EXPECT_EQ(at.count(id), 0u) << kind << id << " twice";
+        at[id] = i;
+      }
+      EXPECT_EQ(f_at.size(), static_cast<size_t>(steps * m));
+      EXPECT_EQ(b_at.size(), static_cast<size_t>(steps * m));
+      for (auto [id, i] : b_at) EXPECT_LT(f_at.at(id), i) << "B" << id << " before its forward";
+      // Without a flush between steps 2 and 3, rank r runs step 3's first forward before step
+      // 2's last backward exactly when 1F1B's warm-up holds forwards back (r < pp - 1).
+      EXPECT_EQ(f_at.at(3 * m) < b_at.at(3 * m - 1), r < pp - 1);
+      // After the flush, step 2 starts with nothing owed.
+      EXPECT_GT(f_at.at(2 * m), b_at.at(2 * m - 1));
+      EXPECT_EQ(in_flight[r][2], r < pp - 1) << "owed backwards after a steady window";
+      EXPECT_LE(max_in_flight[r], pp - r) << "more in flight than 1F1B's bound";
+    }
+    for (int64_t id = 0; id < steps * m; ++id) {
+      EXPECT_EQ(outputs[pp - 1].at(id), expected_output(static_cast<int>(id), pp)) << id;
+      EXPECT_EQ(grads[0].at(id), std::ldexp(1.f, pp)) << id;
+    }
+  }
+}
+
+TEST(Executor, PipeDream2BWNeedsAsManyMicroBatchesAsRanks) {
+  try {
+    mp::make_schedule("pipedream-2bw", {4, 3, 1});
+    ADD_FAILURE() << "m < pp accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--microbatches 4"), std::string::npos) << e.what();
+  }
+}

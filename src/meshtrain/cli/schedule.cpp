@@ -218,6 +218,10 @@ void run_schedule(const ScheduleOptions& o, bool chunks_given) {
   // ---- the report ----
   std::printf("schedule %s: pp %d, %d micro-batches, %d chunk%s per rank (%d stages) - %s\n", sched.name.c_str(), pp,
               m, chunks, chunks == 1 ? "" : "s", sched.shape.stages(), std::string(gen->description).c_str());
+  if (sched.period > 0)
+    std::printf("asynchronous: %d steps of %d micro-batches unrolled without a flush (step k runs micro-batches "
+                "k*%d .. k*%d+%d); the figures below are for all %d\n",
+                mp::kUnrolledSteps, sched.period, sched.period, sched.period, sched.period - 1, mp::kUnrolledSteps);
   std::printf("simulated with costs %s%s\n", cost_text.c_str(),
               chunks == 1 ? "" : (" per rank (each chunk's action takes 1/" + std::to_string(chunks) + ")").c_str());
   if (!o.action_costs.empty()) {
@@ -233,8 +237,19 @@ void run_schedule(const ScheduleOptions& o, bool chunks_given) {
   for (int r = 0; r < pp; ++r)
     std::printf("%-6d %10s %8s %16d\n", r, short_num(t.busy[r]).c_str(), fixed(t.bubble[r], 4).c_str(),
                 t.peak_in_flight[r]);
-  std::printf("\nstep time %s; bubble fraction %s (mean over ranks, %s%%)\n", short_num(t.makespan).c_str(),
-              fixed(mean_bubble, 4).c_str(), fixed(100 * mean_bubble, 1).c_str());
+  std::printf("\n%s time %s; bubble fraction %s (mean over ranks, %s%%)\n", sched.period > 0 ? "unrolled" : "step",
+              short_num(t.makespan).c_str(), fixed(mean_bubble, 4).c_str(), fixed(100 * mean_bubble, 1).c_str());
+  if (sched.period > 0) {
+    // A step in the steady state: the unrolled steps' time beyond one flushed 1F1B step, shared.
+    const mp::Schedule one = mp::add_send_recv(mp::make_schedule("1f1b", {pp, sched.period, 1}));
+    const mp::Timeline t1 = mp::simulate(one, costs);
+    const double step = (t.makespan - t1.makespan) / (mp::kUnrolledSteps - 1);
+    double busy = 0;
+    for (double b : t.busy) busy += b / mp::kUnrolledSteps / pp;
+    std::printf("steady step time %s (1F1B's flushed step: %s); bubble fraction in the steady state %s\n",
+                short_num(step).c_str(), short_num(t1.makespan).c_str(),
+                fixed(step > 0 ? std::max(0.0, 1 - busy / step) : 0.0, 4).c_str());
+  }
 
   if (!o.svg.empty()) std::printf("swimlane: %s\n", o.svg.c_str());
 }

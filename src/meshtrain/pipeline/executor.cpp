@@ -11,7 +11,7 @@ namespace meshtrain::pipeline {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-using Key = std::pair<int, int>;  // (stage, micro-batch)
+using Key = std::pair<int, int64_t>;  // (stage, micro-batch counted over steps)
 
 std::span<float> span_of(Tensor& t) { return {t.data(), static_cast<size_t>(t.numel())}; }
 std::span<const float> cspan_of(const Tensor& t) { return {t.data(), static_cast<size_t>(t.numel())}; }
@@ -35,7 +35,7 @@ void release_sent(Sends& sends) {
 }
 
 // Removes and returns the tensor under k; a missing one is a broken schedule, named by its action.
-Tensor take(std::map<Key, Tensor>& from, Key k, const Action& a) {
+Tensor take(std::map<Key, Tensor>& from, const Key& k, const Action& a) {
   auto it = from.find(k);
   if (it == from.end())
     throw std::logic_error("pipeline executor: " + to_string(a) + " finds no tensor of stage " +
@@ -57,21 +57,77 @@ Executor::Executor(Schedule schedule, int rank, comm::Communicator* pp,
     throw bad("a schedule over " + std::to_string(s.pp) + " pipeline ranks needs a pipeline group of that size");
   if (!schedule_.has_comm) schedule_ = add_send_recv(schedule_);
   if (auto f = validate(schedule_)) throw bad("invalid schedule: " + f->problem);
-  const int64_t tags = int64_t{4} * s.stages() * s.microbatches;
+  if (schedule_.period > 0) cut_windows();
+  const int64_t tags = int64_t{8} * s.stages() * s.microbatches;
   if (tags > comm::kMaxUserTag - kPipelineTagBase)
     throw bad(std::to_string(s.stages()) + " stages x " + std::to_string(s.microbatches) +
               " micro-batches need more message tags than a communicator has; use fewer micro-batches");
 }
 
-int Executor::tag(int sender_stage, int mb, Msg kind) const {
-  return kPipelineTagBase + (sender_stage * schedule_.shape.microbatches + mb) * 4 + static_cast<int>(kind);
+// A message's tag: the sending stage, the micro-batch within its step, the kind, and the step's
+// parity (asynchronous schedules: step t's messages and step t+1's never match each other).
+int Executor::tag(int sender_stage, int64_t mb, Msg kind) const {
+  const int64_t m = schedule_.period > 0 ? schedule_.period : schedule_.shape.microbatches;
+  int64_t step = 0;
+  if (schedule_.period > 0) step = mb >= 0 ? mb / m : -((-mb + m - 1) / m);
+  const int64_t local = mb - step * m;
+  return kPipelineTagBase + static_cast<int>(((sender_stage * m + local) * 2 + (step & 1)) * 4) + static_cast<int>(kind);
+}
+
+// Asynchronous schedules: this rank's unrolled list (kUnrolledSteps steps) cut into its windows.
+// Step k's window begins with its first forward F(k m) (and the receive just before it); the
+// steady window is step 1's, renumbered as if it were step 0's; the drain is what the last
+// unrolled window runs after a steady window's worth of computation, renumbered so that its
+// micro-batches are the previous step's (-m .. -1).
+void Executor::cut_windows() {
+  const std::vector<Action>& list = schedule_.ranks[rank_];
+  const int m = schedule_.period;
+  auto start_of = [&](int mb) {  // the position where the window of F(mb) begins
+    for (size_t i = 0; i < list.size(); ++i)
+      if (list[i].kind == Kind::F && list[i].microbatch == mb)
+        return i > 0 && list[i - 1].kind == Kind::RECV_F && list[i - 1].microbatch == mb ? i - 1 : i;
+    throw std::logic_error("pipeline executor: the unrolled schedule has no forward of micro-batch " + std::to_string(mb));
+  };
+  const size_t c0 = start_of(m), c1 = start_of(2 * m);
+  auto shifted = [&](size_t from, size_t to, int by) {
+    std::vector<Action> out(list.begin() + static_cast<long>(from), list.begin() + static_cast<long>(to));
+    for (Action& a : out) a.microbatch -= by;
+    return out;
+  };
+  first_ = shifted(0, c0, 0);
+  steady_ = shifted(c0, c1, m);
+  // The last unrolled window: a steady window's computations (with their sends), then the drain.
+  const auto computes = std::count_if(steady_.begin(), steady_.end(), [](const Action& a) { return is_compute(a.kind); });
+  size_t at = c1;
+  for (long seen = 0; at < list.size() && seen < computes; ++at) seen += is_compute(list[at].kind) ? 1 : 0;
+  while (at < list.size() && is_send(list[at].kind)) ++at;
+  drain_ = shifted(at, list.size(), 3 * m);
+  for (const Action& a : steady_)
+    if (a.microbatch < -m || a.microbatch >= m || (a.kind == Kind::F && a.microbatch < 0))
+      throw std::logic_error("pipeline executor: the steady window holds " + to_string(a));
+  for (const Action& a : drain_)
+    if (a.microbatch < -m || a.microbatch >= 0 || a.kind == Kind::F || a.kind == Kind::RECV_F || a.kind == Kind::SEND_F)
+      throw std::logic_error("pipeline executor: the drain holds " + to_string(a));
 }
 
 // ---- one step ----
 
 StepStats Executor::run_step() {
+  if (schedule_.period == 0) return run_list(schedule_.ranks[rank_], 0, true);
+  const std::vector<Action>& list = flushed_ ? first_ : steady_;
+  flushed_ = false;
+  return run_list(list, next_batch_++, false);
+}
+
+StepStats Executor::drain() {
+  if (schedule_.period == 0 || flushed_) return {};
+  flushed_ = true;
+  return run_list(drain_, next_batch_, true);
+}
+
+StepStats Executor::run_list(const std::vector<Action>& list, int64_t batch, bool last_window) {
   const ScheduleShape& s = schedule_.shape;
-  const std::vector<Action>& list = schedule_.ranks[rank_];
+  const int64_t base = batch * (schedule_.period > 0 ? schedule_.period : 0);  // micro-batch 0's number
   const int last_stage = s.stages() - 1;
   const auto t_step = Clock::now();
   auto us = [&](Clock::time_point t) { return std::chrono::duration<double, std::micro>(t - t_step).count(); };
@@ -80,14 +136,14 @@ StepStats Executor::run_step() {
   std::map<Key, Tensor> act_in, grad_in;  // received (or handed over) inputs of F and B
   std::map<Key, comm::Work> recv_f, recv_b;
   for (const Action& a : list) {
-    const Key k{a.stage, a.microbatch};
+    const Key k{a.stage, base + a.microbatch};
     if (a.kind == Kind::RECV_F) {
       Tensor buf = Tensor::empty(chunks_[a.chunk]->input_shape());
-      recv_f[k] = pp_->irecv(span_of(buf), s.rank_of(a.stage - 1), {.tag = tag(a.stage - 1, a.microbatch, Msg::activation)});
+      recv_f[k] = pp_->irecv(span_of(buf), s.rank_of(a.stage - 1), {.tag = tag(a.stage - 1, k.second, Msg::activation)});
       act_in[k] = buf;
     } else if (a.kind == Kind::RECV_B) {
       Tensor buf = Tensor::empty(chunks_[a.chunk]->output_shape());
-      recv_b[k] = pp_->irecv(span_of(buf), s.rank_of(a.stage + 1), {.tag = tag(a.stage + 1, a.microbatch, Msg::gradient)});
+      recv_b[k] = pp_->irecv(span_of(buf), s.rank_of(a.stage + 1), {.tag = tag(a.stage + 1, k.second, Msg::gradient)});
       grad_in[k] = buf;
     }
   }
@@ -97,26 +153,26 @@ StepStats Executor::run_step() {
   std::map<Key, comm::Work> recv_portal, recv_portal_grad;
   StepStats st;
   for (const Action& a : list) {
-    const Key k{a.stage, a.microbatch};
+    const Key k{a.stage, base + a.microbatch};
     StageRunner& c = *chunks_[a.chunk];
     if (a.kind == Kind::F && c.portal_from() >= 0 && s.rank_of(c.portal_from()) != rank_) {
       Tensor buf = Tensor::empty(c.portal_shape());
       recv_portal[k] = pp_->irecv(span_of(buf), s.rank_of(c.portal_from()),
-                                  {.tag = tag(c.portal_from(), a.microbatch, Msg::portal)});
+                                  {.tag = tag(c.portal_from(), k.second, Msg::portal)});
       portal_in[k] = buf;
       st.portal_bytes_received += buf.bytes();
     } else if ((a.kind == Kind::B || a.kind == Kind::I) && c.portal_to() >= 0 && s.rank_of(c.portal_to()) != rank_) {
       Tensor buf = Tensor::empty(c.portal_shape());
       recv_portal_grad[k] = pp_->irecv(span_of(buf), s.rank_of(c.portal_to()),
-                                       {.tag = tag(c.portal_to(), a.microbatch, Msg::portal_grad)});
+                                       {.tag = tag(c.portal_to(), k.second, Msg::portal_grad)});
       portal_grad_in[k] = buf;
       st.portal_bytes_received += buf.bytes();
     }
   }
   // A skip tensor (or its gradient) leaving stage `from` for stage `to`: sent, or kept for a
   // stage of this rank.
-  Sends sends;
-  auto ship = [&](Tensor t, int from, int to, int mb, Msg kind, std::map<Key, Tensor>& local) {
+  Sends& sends = sends_;
+  auto ship = [&](Tensor t, int from, int to, int64_t mb, Msg kind, std::map<Key, Tensor>& local) {
     if (s.rank_of(to) == rank_) {
       local[{to, mb}] = std::move(t);
       return;
@@ -132,30 +188,30 @@ StepStats Executor::run_step() {
       last_of[{list[i].chunk, list[i].kind}] = i;
   auto is_last = [&](size_t i) { return last_of[{list[i].chunk, list[i].kind}] == i; };
 
-  std::map<Key, std::unique_ptr<nn::Context>> live;
+  std::map<Key, std::unique_ptr<nn::Context>>& live = live_;
   std::map<Key, Tensor> act_out, grad_out;  // outputs waiting for SEND or for the next stage here
   st.start = t_step;
   st.timeline.reserve(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
     const Action& a = list[i];
-    const Key k{a.stage, a.microbatch};
+    const Key k{a.stage, base + a.microbatch};
     const auto t0 = Clock::now();
     switch (a.kind) {
       case Kind::RECV_F: recv_f.at(k).wait(); break;
       case Kind::RECV_B: recv_b.at(k).wait(); break;
       case Kind::SEND_F: {
         Tensor t = take(act_out, k, a);
-        sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(a.stage + 1), {.tag = tag(a.stage, a.microbatch, Msg::activation)}), t);
+        sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(a.stage + 1), {.tag = tag(a.stage, k.second, Msg::activation)}), t);
         break;
       }
       case Kind::SEND_B: {
         Tensor t = take(grad_out, k, a);
-        sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(a.stage - 1), {.tag = tag(a.stage, a.microbatch, Msg::gradient)}), t);
+        sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(a.stage - 1), {.tag = tag(a.stage, k.second, Msg::gradient)}), t);
         break;
       }
       case Kind::F: {
         Tensor input;  // received, or the previous stage's output on this rank
-        if (a.stage > 0) input = act_in.count(k) ? take(act_in, k, a) : take(act_out, {a.stage - 1, a.microbatch}, a);
+        if (a.stage > 0) input = act_in.count(k) ? take(act_in, k, a) : take(act_out, {a.stage - 1, k.second}, a);
         StageRunner& c = *chunks_[a.chunk];
         nn::Portal portal;
         if (c.portal_from() >= 0) {
@@ -168,7 +224,7 @@ StepStats Executor::run_step() {
         ctx->kernel_span = kernel_spans_;
         Tensor out = c.forward(*ctx, a.microbatch, input, portal);
         if (a.stage < last_stage) act_out[k] = std::move(out);
-        if (c.portal_to() >= 0) ship(portal.out, a.stage, c.portal_to(), a.microbatch, Msg::portal, portal_in);
+        if (c.portal_to() >= 0) ship(portal.out, a.stage, c.portal_to(), k.second, Msg::portal, portal_in);
         int64_t saved = 0;
         for (auto& [key, c] : live) saved += c->saved_bytes();
         st.peak_saved_bytes = std::max(st.peak_saved_bytes, saved);
@@ -178,7 +234,7 @@ StepStats Executor::run_step() {
       case Kind::B:
       case Kind::I: {
         Tensor dy;  // received, or the next stage's input gradient on this rank
-        if (a.stage < last_stage) dy = grad_in.count(k) ? take(grad_in, k, a) : take(grad_out, {a.stage + 1, a.microbatch}, a);
+        if (a.stage < last_stage) dy = grad_in.count(k) ? take(grad_in, k, a) : take(grad_out, {a.stage + 1, k.second}, a);
         auto it = live.find(k);
         if (it == live.end()) throw std::logic_error("pipeline executor: " + to_string(a) + " before its forward");
         StageRunner& c = *chunks_[a.chunk];
@@ -196,7 +252,7 @@ StepStats Executor::run_step() {
         }
         if (a.stage > 0) grad_out[k] = std::move(dx);
         if (c.portal_from() >= 0)
-          ship(portal.out, a.stage, c.portal_from(), a.microbatch, Msg::portal_grad, portal_grad_in);
+          ship(portal.out, a.stage, c.portal_from(), k.second, Msg::portal_grad, portal_grad_in);
         break;
       }
       case Kind::W: {
@@ -216,8 +272,16 @@ StepStats Executor::run_step() {
     if (is_compute(a.kind)) st.compute_us += std::chrono::duration<double, std::micro>(t1 - t0).count();
     st.timeline.push_back({a, us(t0), us(t1)});
   }
-  for (auto& [w, t] : sends) w.wait();
-  if (!live.empty() || !act_out.empty() || !grad_out.empty() || !portal_in.empty() || !portal_grad_in.empty())
+  // The sends of a window that leaves work in flight may wait for receives the next window posts.
+  if (last_window) {
+    for (auto& [w, t] : sends) w.wait();
+    sends.clear();
+  }
+  // What may stay: after a window of an asynchronous schedule, the contexts of this step's
+  // micro-batches whose backward the next window runs; nothing of the step before.
+  const bool left = last_window ? !live.empty()
+                                : std::any_of(live.begin(), live.end(), [&](const auto& e) { return e.first.second < base; });
+  if (left || !act_out.empty() || !grad_out.empty() || !portal_in.empty() || !portal_grad_in.empty())
     throw bad("rank " + std::to_string(rank_) + " ended the step with work left (" + std::to_string(live.size()) +
               " contexts, " + std::to_string(act_out.size() + grad_out.size()) + " unsent tensors)");
   st.step_us = us(Clock::now());

@@ -18,12 +18,25 @@
 //   I       backward_input: the input gradient (sent or handed over like B's), the weight
 //           gradients deferred in the micro-batch's context, which stays alive;
 //   W       backward_weights: the deferred weight gradients; the context is released.
+//
+// Asynchronous schedules (Schedule::period > 0, pipedream-2bw): the rank's list holds three
+// steps unrolled; the executor cuts it into windows, the part one step runs: `first` (the
+// warm-up and the first step's steady part), `steady` (one step's forwards, interleaved with
+// the backwards of the previous step's last micro-batches and this step's first ones) and
+// `drain` (the backwards still owed, run when the pipeline is flushed). A window's actions
+// number the micro-batches of its step 0 .. m-1 and those of the step before -m .. -1; the
+// contexts of the micro-batches a window leaves in flight, and its sends not yet delivered,
+// carry over to the next window. The stage learns from the sign of `mb` in backward which
+// step's weights the micro-batch ran forward on. Tags carry the step's parity, so a message of
+// one step never matches a receive of the next.
 // Concurrency: an Executor belongs to one rank's thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
@@ -97,8 +110,13 @@ class Executor {
   Executor(Schedule schedule, int rank, comm::Communicator* pp, std::vector<StageRunner*> chunks,
            int threads, kernels::Precision precision = kernels::Precision::f32);
 
-  // Runs this rank's list once (one step). Throws CommError from the transfers.
+  // Runs this rank's list once (one step). Throws CommError from the transfers. An asynchronous
+  // schedule runs its next window: `first` after a flush (or at the start), else `steady`.
   StepStats run_step();
+  // Asynchronous schedules: the backwards still in flight, so that nothing is (a flush, before
+  // a checkpoint, an evaluation or the end). Does nothing when nothing is in flight.
+  StepStats drain();
+  bool in_flight() const { return !live_.empty(); }
 
   // Forward only (evaluation): every micro-batch through every stage in order, contexts that
   // save nothing.
@@ -117,7 +135,18 @@ class Executor {
 
  private:
   enum class Msg { activation = 0, gradient = 1, portal = 2, portal_grad = 3 };
-  int tag(int sender_stage, int mb, Msg kind) const;
+  // `mb`: the micro-batch's number counted over steps (step * m + micro-batch).
+  int tag(int sender_stage, int64_t mb, Msg kind) const;
+  using Key = std::pair<int, int64_t>;  // (stage, micro-batch counted over steps)
+  // One list: `batch` is the step its micro-batches 0 .. m-1 belong to (negative ones: the step before).
+  StepStats run_list(const std::vector<Action>& list, int64_t batch, bool last_window);
+  // Asynchronous schedules: this rank's windows, cut from the unrolled list.
+  std::vector<Action> first_, steady_, drain_;
+  void cut_windows();
+  int64_t next_batch_ = 0;  // the step the next window's forwards belong to
+  bool flushed_ = true;     // nothing in flight: the next window is `first`
+  std::map<Key, std::unique_ptr<nn::Context>> live_;  // contexts in flight (across windows)
+  std::vector<std::pair<comm::Work, Tensor>> sends_;  // sends not yet delivered (across windows)
 
   Schedule schedule_;
   int rank_;

@@ -135,18 +135,32 @@ RankLists zb_h1_schedule(const ScheduleShape& s) {
   return out;
 }
 
+// ---- PipeDream-2BW ----
+// Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN Training" (ICML 2021). The order
+// is 1F1B's, but over the micro-batches of consecutive steps with no flush between them: the
+// next step's first forwards fill the cool-down in which 1F1B's ranks would wait for
+// gradients, so in the steady state no rank idles. The price is one step of staleness: step
+// t's micro-batches run forward and backward on the weights before the latest update, W(t-1),
+// while W(t) is being made (the update of step t applies the gradient computed at W(t-1)). A
+// stage keeps two weight versions (the "2 buffered weights") and its gradient accumulates over
+// the step's micro-batches as in 1F1B. Needs m >= pp (the paper's m >= d), so that each step's
+// last backward on a rank comes before the step after next begins there.
+RankLists pipedream_2bw_schedule(const ScheduleShape& s) { return one_f_one_b_schedule(s); }
+
 // ---- the table ----
 namespace {
 
-constexpr std::array<GeneratorInfo, 5> kGenerators{{
-    {"naive", naive_schedule, false, false, "one micro-batch at a time through all stages"},
-    {"gpipe", gpipe_schedule, false, false, "all forwards, then all backwards (GPipe)"},
-    {"1f1b", one_f_one_b_schedule, false, false,
+constexpr std::array<GeneratorInfo, 6> kGenerators{{
+    {"naive", naive_schedule, false, false, false, "one micro-batch at a time through all stages"},
+    {"gpipe", gpipe_schedule, false, false, false, "all forwards, then all backwards (GPipe)"},
+    {"1f1b", one_f_one_b_schedule, false, false, false,
      "warm-up forwards, then one forward one backward (PipeDream-flush)"},
-    {"interleaved", interleaved_schedule, true, false,
+    {"interleaved", interleaved_schedule, true, false, false,
      "1F1B over v model chunks per rank (Megatron's virtual pipeline); m a multiple of pp"},
-    {"zb-h1", zb_h1_schedule, false, true,
+    {"zb-h1", zb_h1_schedule, false, true, false,
      "1F1B with backward split into I and W, W deferred into the bubble (zero bubble H1)"},
+    {"pipedream-2bw", pipedream_2bw_schedule, false, false, true,
+     "1F1B without a flush between steps, one step of weight staleness (PipeDream-2BW); m >= pp"},
 }};
 
 }  // namespace
@@ -176,6 +190,18 @@ Schedule make_schedule(std::string_view name, const ScheduleShape& shape) {
   if (!g.multi_chunk && shape.chunks != 1)
     throw std::invalid_argument("schedule " + std::string(g.name) + " runs one chunk per rank (got " +
                                 std::to_string(shape.chunks) + "); use interleaved for several.");
+  if (g.asynchronous) {
+    if (shape.microbatches < shape.pp)
+      throw std::invalid_argument("schedule " + std::string(g.name) + " needs at least as many micro-batches as " +
+                                  "pipeline ranks (got " + std::to_string(shape.microbatches) + " for pp " +
+                                  std::to_string(shape.pp) + "); use --microbatches " + std::to_string(shape.pp) +
+                                  " or more.");
+    ScheduleShape unrolled = shape;
+    unrolled.microbatches = kUnrolledSteps * shape.microbatches;
+    Schedule out{std::string(g.name), unrolled, false, g.generate(unrolled)};
+    out.period = shape.microbatches;
+    return out;
+  }
   return Schedule{std::string(g.name), shape, false, g.generate(shape)};
 }
 

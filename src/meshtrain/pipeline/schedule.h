@@ -41,7 +41,15 @@ struct Schedule {
   ScheduleShape shape;
   bool has_comm = false;   // true once add_send_recv ran: F/B then need their RECVs
   RankLists ranks;         // ranks[r]: rank r's actions in the order it performs them
+  // Asynchronous schedules (pipedream-2bw): the micro-batches of one step. 0 for the others,
+  // which flush every step. An asynchronous schedule's lists hold kUnrolledSteps steps one after
+  // another without a flush (shape.microbatches = kUnrolledSteps * period, step k's micro-batches
+  // k period .. (k + 1) period - 1), so the passes, the simulator and the drawings see what runs;
+  // the executor cuts each rank's list into the window one step runs (executor.h).
+  int period = 0;
 };
+
+inline constexpr int kUnrolledSteps = 3;
 
 using GeneratorFn = RankLists (*)(const ScheduleShape&);
 
@@ -51,6 +59,7 @@ struct GeneratorInfo {
   GeneratorFn generate;
   bool multi_chunk;              // accepts chunks > 1 (otherwise chunks must be 1)
   bool splits_backward;          // emits I + W instead of B
+  bool asynchronous;             // no flush between steps (Schedule::period)
   std::string_view description;  // one line for --help and docs
 };
 
@@ -70,5 +79,8 @@ RankLists gpipe_schedule(const ScheduleShape& shape);
 RankLists one_f_one_b_schedule(const ScheduleShape& shape);
 RankLists interleaved_schedule(const ScheduleShape& shape);
 RankLists zb_h1_schedule(const ScheduleShape& shape);
+// PipeDream-2BW's order: 1F1B over the micro-batches of consecutive steps (shape.microbatches
+// of them) with no flush between steps.
+RankLists pipedream_2bw_schedule(const ScheduleShape& shape);
 
 }  // namespace meshtrain::pipeline

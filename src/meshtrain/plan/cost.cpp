@@ -273,6 +273,9 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
     m.grads += 4 * elems + (l.zero >= 2 && l.dp > 1 ? 4 * elems / dp : 0.0);
     m.optimizer += 4.0 * l.optimizer_state * elems / (l.zero >= 1 ? dp : 1);
     if (l.bf16) m.buffers += 2 * elems;
+    // PipeDream-2BW (train/weight_versions.h): the stashed weight version and the previous
+    // step's gradient, waiting for its update, beside the current ones.
+    if (sched.period > 0) m.params += 4 * elems, m.grads += 4 * elems;
     const int f = std::max(1, in_flight[s % static_cast<size_t>(l.pp)]);
     m.in_flight = f;
     const double saved = model::total_saved_bytes(ops);
@@ -292,6 +295,9 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
       const double mbs = l.microbatches;
       if (s + 1 < spans.size()) m.buffers += (mbs - 1) * spec.boundary_bytes(st.end_layer, rows, q.T, 1);
       if (s > 0) m.buffers += std::max(0.0, mbs - share) * spec.boundary_bytes(st.first_layer, rows, q.T, 1);
+      // An asynchronous schedule's window posts its step's receives while the previous step's
+      // owed micro-batches (f - 1 of them) still hold the inputs they received.
+      if (sched.period > 0 && s > 0) m.buffers += (f - 1) * spec.boundary_bytes(st.first_layer, rows, q.T, 1);
     }
     // The micro-batch in backward: beyond what it holds, its transients (recomputation: the
     // whole forward's saved activations again).
@@ -370,7 +376,7 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
       const double exposed = shared && demand >= 1 ? all : std::max(0.0, first);
       F += exposed, B += exposed, I += exposed;
     }
-    for (int mb = 0; mb < l.microbatches; ++mb) {
+    for (int mb = 0; mb < p.schedule.shape.microbatches; ++mb) {  // an asynchronous schedule's: all unrolled steps
       costs.measured[{pipeline::Kind::F, static_cast<int>(s), mb}] = F;
       costs.measured[{pipeline::Kind::B, static_cast<int>(s), mb}] = B;
       costs.measured[{pipeline::Kind::I, static_cast<int>(s), mb}] = I;
@@ -395,6 +401,15 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
   for (size_t r = 0; r < p.timeline.busy.size(); ++r) busy += p.timeline.busy[r], bubble += p.timeline.bubble[r];
   p.bubble = p.timeline.busy.empty() ? 0 : bubble / static_cast<double>(p.timeline.busy.size());
   p.compute_s = p.timeline.makespan;
+  if (p.schedule.period > 0) {
+    // An asynchronous schedule's timeline holds kUnrolledSteps steps without a flush: a step in
+    // the steady state is what they take beyond one flushed step (1F1B's fill and drain), shared.
+    const pipeline::Schedule one = pipeline::add_send_recv(pipeline::make_schedule("1f1b", {l.pp, l.microbatches, 1}));
+    const double flushed = pipeline::simulate(one, costs).makespan;
+    p.compute_s = (p.timeline.makespan - flushed) / (pipeline::kUnrolledSteps - 1);
+    busy /= pipeline::kUnrolledSteps;
+    p.bubble = p.compute_s > 0 ? std::max(0.0, 1 - busy / static_cast<double>(p.timeline.busy.size()) / p.compute_s) : 0;
+  }
   if (shared) {
     // Time-sharing: all ranks' work (the simulated pipeline's, for every dp x tp replica, each
     // rank with its threads) over the cores.

@@ -20,6 +20,7 @@ void RankTrainer::heartbeat() {
 
 // Evaluation batches run through the executor in chunks of kEvalChunk (a heartbeat between).
 std::pair<float, std::optional<float>> RankTrainer::evaluate() {
+  flush_two_bw();  // pipedream-2bw: evaluate the weights of the recurrence, nothing in flight
   const int64_t B = o_.batch, T = o_.seq, rows = B / o_.dp, r0 = mesh_.coord().dp * rows;
   if (images()) {
     // The test split in order, batches of B (the last padded with uncounted rows): the loss and

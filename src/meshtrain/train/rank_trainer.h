@@ -34,6 +34,7 @@
 #include "meshtrain/train/noise_scale.h"
 #include "meshtrain/train/stage_runner.h"
 #include "meshtrain/train/trainer.h"
+#include "meshtrain/train/weight_versions.h"
 
 namespace meshtrain::train::detail {
 
@@ -90,6 +91,12 @@ class RankTrainer {
   StepResult train_step(int64_t step);
   void zero_grads();
   void finish_grad_sync();
+  void sync_tied_grad();
+  // --schedule pipedream-2bw (train/weight_versions.h): the step's update applies the previous
+  // step's gradient; a flush drains the pipeline and applies the current one. At pp 1 the same
+  // recurrence on one rank, computed directly (the reference the pipelines are checked against).
+  void update_two_bw(StepResult& out);
+  void flush_two_bw();
   void measure_noise(StepResult& out, double sq_big);  // the gradient noise scale, under dp
   // ---- rank_hooks.cpp: around the step, in the order run() calls them ----
   int64_t begin_run();  // returns the first step
@@ -195,7 +202,11 @@ class RankTrainer {
   std::unique_ptr<pipeline::Executor> exec_;
   std::shared_ptr<comm::Communicator> emb_;  // pp > 1: first and last stage, for the tied wte
   std::unique_ptr<Optimizer> optimizer_;
-  std::optional<GradNoiseScale> noise_;  // dp > 1 where the local norms are measured (trainer.cpp)
+  std::optional<GradNoiseScale> noise_;
+  std::unique_ptr<WeightVersions> versions_;  // pipedream-2bw at pp > 1
+  bool two_bw_reference_ = false;             // pipedream-2bw at pp 1
+  std::vector<Tensor> reference_prev_;        // pp 1: the weights the next step computes its gradient at
+  int64_t pending_step_ = -1;                 // pipedream-2bw: the step whose gradient a flush applies  // dp > 1 where the local norms are measured (trainer.cpp)
   // For each of the optimizer's parameters, the index of its origin in model_params() (the same
   // order on every rank of its dp and tp groups): where reduce_param_sq adds its sums.
   std::vector<size_t> origin_index_;

@@ -2,6 +2,7 @@
 
 #include "meshtrain/data/images.h"
 #include "meshtrain/train/trainer.h"
+#include "meshtrain/train/weight_versions.h"
 
 namespace meshtrain::train {
 
@@ -64,6 +65,16 @@ Tensor StageDriver::forward(nn::Context& ctx, int mb, const Tensor& input, nn::P
 }
 
 Tensor StageDriver::backward(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal) {
+  if (versions_ && mb == 0) versions_->start_step(b_.step);
+  if (versions_ && mb < 0) {  // the previous step's micro-batch: on the weights its forward used
+    struct Stashed {
+      WeightVersions& v;
+      explicit Stashed(WeightVersions& w) : v(w) { v.swap_stash(); }
+      ~Stashed() { v.swap_stash(); }
+    } stashed(*versions_);
+    if (set_sync_) set_sync_(last);
+    return stage_.backward(ctx, dy, grad_scale_, &portal);
+  }
   if (recompute_) {  // the forward again, from the kept input, saving what backward needs
     std::vector<Tensor> kept = std::move(ctx.saved(this));
     ctx.release(this);

@@ -27,6 +27,7 @@ class ImageDataset;
 namespace meshtrain::train {
 
 struct TrainOptions;
+class WeightVersions;
 
 // The arrays of one run's micro-batches: micro-batch k holds samples [k rows, (k+1) rows).
 // Token models: tokens and targets (n * rows, T). Image models: images (n * rows, C, H, W)
@@ -73,6 +74,10 @@ class StageDriver : public pipeline::StageRunner {
   Shape input_shape() const override { return stage_.input_shape(b_.rows, b_.T); }
   Shape output_shape() const override { return stage_.output_shape(b_.rows, b_.T); }
   Shape portal_shape() const override { return stage_.portal_shape(b_.rows, b_.T); }
+  // PipeDream-2BW (train/weight_versions.h): a backward of the previous step's micro-batches
+  // (mb < 0) runs on the stashed weights; the step's first backward (mb 0) sets the previous
+  // step's gradient aside.
+  void set_versions(WeightVersions* v) { versions_ = v; }
   // The skip connection's stages, when it crosses stages.
   void set_portal_stages(int to, int from) { portal_to_ = to, portal_from_ = from; }
   int portal_to() const override { return portal_to_; }
@@ -84,6 +89,7 @@ class StageDriver : public pipeline::StageRunner {
   nn::Hooks* hooks_;
   std::function<void(bool)> set_sync_;
   bool recompute_;
+  WeightVersions* versions_ = nullptr;
   int portal_to_ = -1, portal_from_ = -1;
   BatchArrays b_;
   float grad_scale_ = 1.f;

@@ -52,14 +52,40 @@ namespace detail {
 // line, whose collectives every rank makes at this point.
 StepResult RankTrainer::train_step(int64_t step) {
   StepResult out;
-  // 1. Zero the gradients: parameter gradients accumulate (+=) over the micro-batches.
-  zero_grads();
+  // 1. Zero the gradients: parameter gradients accumulate (+=) over the micro-batches. (The
+  //    asynchronous pipeline's gradients are set aside and zeroed by each step's first backward.)
+  if (!versions_ || pending_step_ < 0) zero_grads();
   // 2. This rank's rows of the step's batch, micro-batch by micro-batch.
   fill_batch(step);
   // 3. Forward and backward of every micro-batch, in the pipeline schedule's order. Under dp a
   //    bucket's all-reduce starts as soon as backward has finished its gradients.
   exec_->set_weights_epoch(step);
+  if (two_bw_reference_) {  // the gradient at the weights before the last update
+    std::vector<nn::Param*> params = stage_params();
+    for (size_t i = 0; i < reference_prev_.size(); ++i) {
+      std::swap(params[i]->value, reference_prev_[i]);
+      params[i]->drop_bf16();
+    }
+  }
   out.stats = exec_->run_step();
+  if (two_bw_reference_) {  // back to the current weights; they are the next step's gradient point
+    std::vector<nn::Param*> params = stage_params();
+    for (size_t i = 0; i < reference_prev_.size(); ++i) {
+      std::swap(params[i]->value, reference_prev_[i]);
+      params[i]->drop_bf16();
+      std::copy_n(params[i]->value.data(), params[i]->value.numel(), reference_prev_[i].data());
+    }
+  }
+  if (versions_) {
+    pending_step_ = step;
+    out.loss = dp_mean(pipeline_loss(o_.microbatches));
+    record(out.stats);
+    if (images()) out.accuracy = batch_accuracy();
+    if (o_.pp > 1) out.pipeline = gather_pipeline_figures(out.stats);
+    if (!std::isfinite(out.loss)) diverged(step, "loss", out.loss);
+    update_two_bw(out);
+    return out;
+  }
   record(out.stats);                                   // --trace: the executor's actions
   const double loss = pipeline_loss(o_.microbatches);  // the mean over the micro-batches
   if (images()) out.accuracy = batch_accuracy();
@@ -98,6 +124,43 @@ void RankTrainer::measure_noise(StepResult& out, double sq_big) {
   out.noise_scale = noise_->scale();
 }
 
+// PipeDream-2BW's update at the end of a step: the previous step's gradient (ready since this
+// step's first backward; none after a flush) applied to the current weights, which the stash
+// keeps first for the micro-batches still in flight.
+void RankTrainer::update_two_bw(StepResult& out) {
+  const std::optional<int64_t> ready = versions_->ready_step();
+  versions_->keep_current();
+  if (!ready) return;  // the first step after a flush: no gradient is ready (grad_norm 0)
+  trace::Recorder::Span s(sh_.recorder, mesh_.rank(), trace::Track::compute, "optimizer", "optimizer");
+  versions_->swap_ready();
+  sync_tied_grad();
+  out.grad_norm = optimizer_->step_with_grad_sq(*ready, global_grad_sq());
+  versions_->swap_ready();
+  versions_->clear_ready();
+  if (!std::isfinite(out.grad_norm)) diverged(*ready, "gradient norm", out.grad_norm);
+}
+
+// A flush (before an evaluation, a checkpoint, and at the end): the backwards in flight, then
+// the last step's gradient applied, so the weights are those of the recurrence after that step
+// and nothing is owed. At pp 1 (the reference) the next gradient is taken at the current weights.
+void RankTrainer::flush_two_bw() {
+  if (two_bw_reference_) {
+    std::vector<nn::Param*> params = stage_params();
+    for (size_t i = 0; i < reference_prev_.size(); ++i)
+      std::copy_n(params[i]->value.data(), params[i]->value.numel(), reference_prev_[i].data());
+    return;
+  }
+  if (!versions_ || pending_step_ < 0) return;
+  const pipeline::StepStats st = exec_->drain();
+  record(st);
+  finish_grad_sync();
+  const double norm = optimizer_->step_with_grad_sq(pending_step_, global_grad_sq());
+  if (!std::isfinite(norm)) diverged(pending_step_, "gradient norm", norm);
+  zero_grads();
+  versions_->after_flush();
+  pending_step_ = -1;
+}
+
 void RankTrainer::zero_grads() {
   if (ddp_) ddp_->begin_step();
   else
@@ -118,6 +181,10 @@ void RankTrainer::finish_grad_sync() {
       std::transform(p->grad_exact.begin(), p->grad_exact.end(), p->grad.data(),
                      [](double g) { return static_cast<float>(g); });
   }
+  sync_tied_grad();
+}
+
+void RankTrainer::sync_tied_grad() {
   if (emb_) {
     nn::Param& wte = *(stages_[0]->tied_param() ? stages_[0] : stages_.back())->tied_param();
     emb_->all_reduce(ddp_ ? ddp_->synced_grad(&wte)
@@ -134,6 +201,7 @@ void RankTrainer::run() {
   // Tensor parallelism's activations on the wire (tp_regions.h), for this rank thread.
   const parallel::TPWireScope tp_wire(o_.comm_dtype == kernels::Precision::bf16);
   const int64_t start = begin_run();  // --resume, the header, the metrics file
+  flush_two_bw();                     // pipedream-2bw: the first gradient at the (restored) weights
   int stopped = 0;                    // the signal a stop was agreed on (train/stop.h)
   for (int64_t step = start; step < o_.steps && !stopped; ++step) {
     inject_fault(step);                        // --fail-rank, --fail-at-step
@@ -146,6 +214,7 @@ void RankTrainer::run() {
     stopped = checkpoint_or_stop(step, line);  // a stop agreed by every rank; the step's checkpoint
     if (lead_) report_step(r, line);           // the metrics file, the progress line, the heartbeat
   }
+  flush_two_bw();              // pipedream-2bw: nothing left in flight, the last gradient applied
   finish_run(start, stopped);  // the final evaluation, the result, the summary
 }
 
@@ -269,6 +338,15 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
   if (o_.exact_sums > 0) {  // every gradient a float64 total of slices (TrainOptions::exact_sums)
     exec_->set_grad_slices(o_.exact_sums / o_.dp);
     for (nn::Param* p : model_params()) p->grad_exact.assign(static_cast<size_t>(p->local_numel()), 0.0);
+  }
+  if (o_.schedule == "pipedream-2bw") {  // train/weight_versions.h
+    if (o_.pp > 1) {
+      versions_ = std::make_unique<WeightVersions>(stage_params(), o_.exact_sums > 0);
+      for (auto& r : runners_) r->set_versions(versions_.get());
+    } else {
+      two_bw_reference_ = true;
+      for (nn::Param* p : stage_params()) reference_prev_.push_back(p->value.clone());
+    }
   }
   if (o_.pp > 1 && gpt) {
     // The tied token table: the first stage's copy and the last stage's sum their gradients

@@ -164,10 +164,24 @@ void check_ranges(const TrainOptions& o, const model::GPTConfig& cfg) {
 void check_layout(const TrainOptions& o) {
   if (o.dp < 1 || o.tp < 1 || o.pp < 1) bad("--dp, --tp and --pp must each be at least 1");
   if (o.microbatches < 1) bad("--microbatches must be at least 1");
-  static const char* schedules[] = {"naive", "gpipe", "1f1b", "interleaved", "zb", "zb-h1"};
+  static const char* schedules[] = {"naive", "gpipe", "1f1b", "interleaved", "zb", "zb-h1", "pipedream-2bw"};
   if (std::find_if(std::begin(schedules), std::end(schedules),
                    [&](const char* s) { return o.schedule == s; }) == std::end(schedules))
-    bad("--schedule must be naive, gpipe, 1f1b, interleaved or zb, not '" + o.schedule + "'");
+    bad("--schedule must be naive, gpipe, 1f1b, interleaved, zb or pipedream-2bw, not '" + o.schedule + "'");
+  if (o.schedule == "pipedream-2bw") {  // train/weight_versions.h
+    if (o.ps_servers > 0)
+      bad("--schedule pipedream-2bw is a pipeline's own asynchrony; the parameter server has its own (--staleness): "
+          "drop one of them");
+    if (o.zero > 0)
+      bad("--schedule pipedream-2bw keeps two whole versions of each stage's weights and gradients, which --zero " +
+          std::to_string(o.zero) + " would shard away; drop --zero");
+    if (o.dp > 1)
+      bad("--schedule pipedream-2bw runs without data parallelism in this version (its updates apply the previous "
+          "step's gradient, which the data-parallel buckets do not keep); use --dp 1, or --schedule 1f1b with --dp");
+    if (o.recompute)
+      bad("--schedule pipedream-2bw runs a step's last backwards during the next step, whose batch has replaced the "
+          "inputs --recompute would run the forward on again; drop --recompute");
+  }
   if (o.chunks < 1) bad("--chunks must be at least 1 (model chunks per pipeline rank)");
   if (o.zero < 0 || o.zero > 3) bad("--zero must be 0, 1, 2 or 3");
   if (o.ps_servers < 0) bad("--ps-servers must be 0 (no parameter server) or a positive number of server ranks");

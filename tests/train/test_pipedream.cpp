@@ -1,0 +1,155 @@
+// PipeDream-2BW (--schedule pipedream-2bw): the pipelines at pp 2 and 4 against the single-rank
+// reference of the asynchronous recurrence (pp 1: each step's gradient taken at the weights
+// before the latest update, train/weight_versions.h), the reference against a synchronous run
+// where the recurrence can be checked directly, the flushes, a CNN with exact sums, the memory
+// of the stashed version against the memory model, and the refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "meshtrain/model/spec.h"
+#include "meshtrain/plan/cost.h"
+#include "meshtrain/train/trainer.h"
+#include "parallel/layout_fixture.h"
+#include "train/cnn_runs.h"
+
+namespace train = meshtrain::train;
+using meshtrain::testing::layout_options;
+
+namespace {
+
+train::TrainOptions gpt(int pp, int tp, const std::string& schedule, int m = 4) {
+  train::TrainOptions o = layout_options(1);
+  o.pp = pp, o.tp = tp, o.schedule = schedule, o.microbatches = m;
+  o.threads = 1;
+  return o;
+}
+
+std::vector<float> curve(const train::TrainResult& r) { return meshtrain::testing::losses(r); }
+
+double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+
+}  // namespace
+
+// The pipelines run the recurrence the reference computes on one rank: every step's loss within
+// 1e-5 over 30 steps at pp 2, pp 4 and tp 2 x pp 2; and the recurrence is not the synchronous
+// one (else the equality would prove nothing).
+TEST(PipeDream2BW, PipelinesFollowTheSingleRankAsynchronousRecurrence) {
+  const std::vector<float> ref = curve(train::train(gpt(1, 1, "pipedream-2bw")));
+  ASSERT_EQ(ref.size(), 30u);
+  ASSERT_LT(ref.back(), ref.front() - 0.5f) << "the curve must move";
+  const std::vector<float> sync = curve(train::train(gpt(2, 1, "1f1b")));
+  EXPECT_GT(max_abs(ref, sync), 1e-3) << "the stale updates left no trace on the curve";
+  for (auto [pp, tp] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
+    const std::vector<float> got = curve(train::train(gpt(pp, tp, "pipedream-2bw")));
+    EXPECT_LT(max_abs(ref, got), 1e-5) << "pp " << pp << " tp " << tp;
+  }
+}
+
+// The recurrence itself, where a synchronous run can state it: step 1's gradient is taken at
+// the initial weights, so its loss is batch 1's at W(0), which a synchronous run with a learning
+// rate of 1e-30 computes; step 2's weights W(2) = W(1) - lr g(W(0)) differ from the synchronous
+// W(2) (the loss moves the other way), while step 0 is the same.
+TEST(PipeDream2BW, ReferenceTakesStepOnesGradientAtTheInitialWeights) {
+  const std::vector<float> ref = curve(train::train(gpt(1, 1, "pipedream-2bw")));
+  train::TrainOptions frozen = gpt(1, 1, "1f1b");
+  frozen.steps = 2, frozen.optim.lr = 1e-30f, frozen.optim.min_lr = 0;
+  const std::vector<float> at_w0 = curve(train::train(frozen));
+  EXPECT_EQ(ref[0], at_w0[0]);
+  EXPECT_EQ(ref[1], at_w0[1]) << "step 1 did not run at the initial weights";
+  const std::vector<float> sync = curve(train::train(gpt(1, 1, "1f1b")));
+  EXPECT_EQ(ref[0], sync[0]);
+  EXPECT_NE(ref[1], sync[1]);
+}
+
+// Evaluations and checkpoints flush the pipeline (the owed backwards, then the last gradient
+// applied): the run with evaluations every 10 steps stays on the reference that flushes at the
+// same steps, validation losses included.
+TEST(PipeDream2BW, FlushesAtEvaluationsKeepTheCurve) {
+  auto with_eval = [](train::TrainOptions o) {
+    o.eval_every = 10;
+    return o;
+  };
+  const train::TrainResult ref = train::train(with_eval(gpt(1, 1, "pipedream-2bw")));
+  const train::TrainResult got = train::train(with_eval(gpt(2, 1, "pipedream-2bw")));
+  EXPECT_LT(max_abs(curve(ref), curve(got)), 1e-5);
+  int evals = 0;
+  for (size_t i = 0; i < ref.steps.size(); ++i) {
+    ASSERT_EQ(ref.steps[i].val_loss.has_value(), got.steps[i].val_loss.has_value()) << "step " << i;
+    if (!ref.steps[i].val_loss) continue;
+    ++evals;
+    EXPECT_NEAR(*ref.steps[i].val_loss, *got.steps[i].val_loss, 1e-5) << "step " << i;
+  }
+  EXPECT_EQ(evals, 3);
+  // Without the evaluations the curve is another one: the flushes change the recurrence.
+  EXPECT_GT(max_abs(curve(ref), curve(train::train(gpt(1, 1, "pipedream-2bw")))), 1e-4);
+}
+
+// A CNN with batch norm, with exact gradient sums: resnet-small at pp 2 and pp 4 on its
+// reference's curve within 1e-6 over 30 steps.
+TEST(PipeDream2BW, ResNetWithExactSumsAtPp2AndPp4) {
+  auto cnn = [](int pp) {
+    train::TrainOptions o = meshtrain::testing::cnn_options("resnet-small", 1, pp, 0, "pipedream-2bw");
+    o.microbatches = 4;
+    o.exact_sums = 4;
+    return o;
+  };
+  const std::vector<float> ref = curve(train::train(cnn(1)));
+  ASSERT_EQ(ref.size(), 30u);
+  for (int pp : {2, 4}) {
+    const std::vector<float> got = curve(train::train(cnn(pp)));
+    EXPECT_LT(meshtrain::testing::max_rel(ref, got), 1e-6) << "pp " << pp;
+  }
+}
+
+// The stashed weights and the waiting gradient, as allocated: each rank's peak tensor memory
+// exceeds 1F1B's by what the memory model adds for them (two copies of the stage's
+// parameters), within 5%.
+TEST(PipeDream2BW, StashedVersionsCostWhatTheMemoryModelSays) {
+  for (int pp : {2, 4}) {
+    train::TrainOptions a = gpt(pp, 1, "pipedream-2bw"), s = gpt(pp, 1, "1f1b");
+    a.steps = s.steps = 4;
+    const train::TrainResult ra = train::train(a), rs = train::train(s);
+    const auto spec = meshtrain::model::model_spec("gpt-tiny");
+    const auto ma = meshtrain::plan::predict_memory(*spec, train::plan_layout(a, {}));
+    const auto ms = meshtrain::plan::predict_memory(*spec, train::plan_layout(s, {}));
+    ASSERT_EQ(ra.peak_tensor_bytes.size(), static_cast<size_t>(pp));
+    for (int r = 0; r < pp; ++r) {
+      const double measured = double(ra.peak_tensor_bytes[r] - rs.peak_tensor_bytes[r]);
+      const double predicted = ma[r].total() - ms[r].total();
+      EXPECT_GT(predicted, 0);
+      EXPECT_NEAR(measured, predicted, 0.05 * predicted) << "pp " << pp << " rank " << r;
+      EXPECT_NEAR(double(ra.peak_tensor_bytes[r]), ma[r].total(), 0.05 * ma[r].total()) << "pp " << pp << " rank " << r;
+    }
+  }
+}
+
+// What cannot hold is refused with a sentence naming the flag.
+TEST(PipeDream2BW, RefusesWhatCannotHold) {
+  auto refused = [](train::TrainOptions o, const std::string& says) {
+    try {
+      train::train(o);
+      ADD_FAILURE() << "accepted; expected a refusal saying '" << says << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  train::TrainOptions o = gpt(2, 1, "pipedream-2bw");
+  o.dp = 2;
+  refused(o, "--dp 1");
+  o.zero = 2;
+  refused(o, "drop --zero");
+  o = gpt(2, 1, "pipedream-2bw");
+  o.recompute = true;
+  refused(o, "drop --recompute");
+  o = gpt(4, 1, "pipedream-2bw", 2);
+  refused(o, "--microbatches 4 or more");
+}
