@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "meshtrain/plan/cost.h"
 #include "meshtrain/train/trainer.h"
 #include "parallel/layout_fixture.h"
+#include "temp_dir.h"
 #include "train/cnn_runs.h"
 
 namespace train = meshtrain::train;
@@ -91,6 +93,24 @@ TEST(PipeDream2BW, FlushesAtEvaluationsKeepTheCurve) {
   EXPECT_EQ(evals, 3);
   // Without the evaluations the curve is another one: the flushes change the recurrence.
   EXPECT_GT(max_abs(curve(ref), curve(train::train(gpt(1, 1, "pipedream-2bw")))), 1e-4);
+}
+
+// A checkpoint flushes the pipeline, so it holds no step in flight: 20 steps saving every 10,
+// and a second run resumed from step 10, give the same curve, bit for bit, at pp 2.
+TEST(PipeDream2BW, ResumesFromACheckpointOnTheSameCurve) {
+  meshtrain::testing::TempDir tmp("pipedream");
+  train::TrainOptions o = gpt(2, 1, "pipedream-2bw");
+  o.steps = 20;
+  o.optim.decay_steps = 20;
+  o.checkpoint_dir = (tmp.path() / "ck").string();
+  o.checkpoint_every = 10;
+  const std::vector<float> whole = curve(train::train(o));
+  std::filesystem::remove_all(tmp.path() / "ck" / "step_00000020");
+  train::TrainOptions again = o;
+  again.resume = true;
+  const std::vector<float> resumed = curve(train::train(again));
+  ASSERT_EQ(resumed.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(resumed[i], whole[10 + i]) << "step " << 10 + i;
 }
 
 // A CNN with batch norm, with exact gradient sums: resnet-small at pp 2 and pp 4 on its

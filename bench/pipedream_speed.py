@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""PipeDream-2BW against 1F1B on this machine, in one run: the same model, pipeline depth and
+micro-batches, --schedule 1f1b and --schedule pipedream-2bw one after the other (order reversed
+on odd reps). Per run: the median step time of the steps after the first WARMUP; the ratio
+(1F1B's step time over 2BW's: the throughput gain) is taken within each rep and the median over
+the reps reported. The loss of each at a few steps shows what the one step of staleness costs.
+
+  python3 bench/pipedream_speed.py [--reps 3] [--steps 40] [--pp 2] [--microbatches 4]
+                                   [--models gpt-tiny,resnet-small] [--data FILE] [--images DIR]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--bin", default="build/meshtrain")
+ap.add_argument("--data", default="data/corpus.txt", help="text for the transformers")
+ap.add_argument("--images", default="/usr/share/datasets/fashion-mnist", help="Fashion-MNIST for the CNNs")
+ap.add_argument("--models", default="gpt-tiny,resnet-small")
+ap.add_argument("--pp", type=int, default=2)
+ap.add_argument("--microbatches", type=int, default=4)
+ap.add_argument("--steps", type=int, default=40)
+ap.add_argument("--reps", type=int, default=3)
+args = ap.parse_args()
+if args.steps < 8 or args.reps < 1 or args.pp < 2 or args.microbatches < args.pp:
+    sys.exit("pipedream_speed.py: --steps at least 8, --reps at least 1, --pp at least 2, --microbatches at least --pp")
+WARMUP = 3
+tmp = tempfile.mkdtemp()
+CNNS = ("cnn-small", "resnet-small", "inception-small")
+
+
+def run(model, schedule):
+    metrics = f"{tmp}/{model}-{schedule}.jsonl"
+    data = args.images if model in CNNS else args.data
+    batch = 64 if model in CNNS else 16
+    cmd = [args.bin, "train", "--model", model, "--data", data, "--steps", str(args.steps), "--batch", str(batch),
+           "--pp", str(args.pp), "--microbatches", str(args.microbatches), "--schedule", schedule,
+           "--eval-every", "0", "--eval-batches", "1", "--quiet", "--overwrite", "--metrics", metrics]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"failed: {' '.join(cmd)}\n{r.stderr}")
+    lines = [json.loads(l) for l in open(metrics) if '"step_ms"' in l]
+    return statistics.median(l["step_ms"] for l in lines[WARMUP:]), [l["loss"] for l in lines]
+
+
+print(f"# pp {args.pp}, {args.microbatches} micro-batches, {args.steps} steps, {args.reps} reps; "
+      f"cpu: {os.cpu_count()} cores")
+for model in args.models.split(","):
+    ratios, ms = [], {"1f1b": [], "pipedream-2bw": []}
+    losses = {}
+    for rep in range(args.reps):
+        order = ["1f1b", "pipedream-2bw"] if rep % 2 == 0 else ["pipedream-2bw", "1f1b"]
+        got = {}
+        for s in order:
+            got[s], losses[s] = run(model, s)
+            ms[s].append(got[s])
+        ratios.append(got["1f1b"] / got["pipedream-2bw"])
+        print(f"{model} rep {rep}: 1f1b {got['1f1b']:.2f} ms, pipedream-2bw {got['pipedream-2bw']:.2f} ms, "
+              f"ratio {ratios[-1]:.3f}", flush=True)
+    print(f"{model}: step ms median 1f1b {statistics.median(ms['1f1b']):.2f}, pipedream-2bw "
+          f"{statistics.median(ms['pipedream-2bw']):.2f}; throughput 2BW / 1F1B median {statistics.median(ratios):.3f} "
+          f"(reps {', '.join(f'{r:.3f}' for r in ratios)})")
+    at = sorted(s for s in {0, 1, 2, 5, 10, args.steps // 2, args.steps - 1} if s < args.steps)
+    print(f"{model} loss by step    " + " ".join(f"{s:>7d}" for s in at))
+    for s in ("1f1b", "pipedream-2bw"):
+        print(f"{model} {s:<15s} " + " ".join(f"{losses[s][i]:7.4f}" for i in at))
