@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "meshtrain/model/spec.h"
@@ -53,6 +54,13 @@ TEST(PipeDream2BW, PipelinesFollowTheSingleRankAsynchronousRecurrence) {
   for (auto [pp, tp] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
     const std::vector<float> got = curve(train::train(gpt(pp, tp, "pipedream-2bw")));
     EXPECT_LT(max_abs(ref, got), 1e-5) << "pp " << pp << " tp " << tp;
+  }
+  // With data parallelism (each step's gradient averaged over dp before it waits for its
+  // update), ZeRO-1 included; and the reference itself at dp 2.
+  for (auto [dp, pp, zero] : {std::tuple{2, 2, 0}, std::tuple{2, 2, 1}, std::tuple{2, 1, 0}}) {
+    train::TrainOptions o = gpt(pp, 1, "pipedream-2bw", 2);  // each dp rank's 6 rows in 2 micro-batches
+    o.dp = dp, o.zero = zero;
+    EXPECT_LT(max_abs(ref, curve(train::train(o))), 1e-5) << "dp " << dp << " pp " << pp << " zero " << zero;
   }
 }
 
@@ -113,8 +121,8 @@ TEST(PipeDream2BW, ResumesFromACheckpointOnTheSameCurve) {
   for (size_t i = 0; i < 10; ++i) EXPECT_EQ(resumed[i], whole[10 + i]) << "step " << 10 + i;
 }
 
-// A CNN with batch norm, with exact gradient sums: resnet-small at pp 2 and pp 4 on its
-// reference's curve within 1e-6 over 30 steps.
+// A CNN with batch norm, with exact gradient sums: resnet-small at pp 2, pp 4 and dp 2 x pp 2
+// on its reference's curve within 1e-6 over 30 steps.
 TEST(PipeDream2BW, ResNetWithExactSumsAtPp2AndPp4) {
   auto cnn = [](int pp) {
     train::TrainOptions o = meshtrain::testing::cnn_options("resnet-small", 1, pp, 0, "pipedream-2bw");
@@ -128,6 +136,9 @@ TEST(PipeDream2BW, ResNetWithExactSumsAtPp2AndPp4) {
     const std::vector<float> got = curve(train::train(cnn(pp)));
     EXPECT_LT(meshtrain::testing::max_rel(ref, got), 1e-6) << "pp " << pp;
   }
+  train::TrainOptions hybrid = cnn(2);  // with data parallelism: batch norm's statistics summed over dp
+  hybrid.dp = 2;
+  EXPECT_LT(meshtrain::testing::max_rel(ref, curve(train::train(hybrid))), 1e-6) << "dp 2 x pp 2";
 }
 
 // The stashed weights and the waiting gradient, as allocated: each rank's peak tensor memory
@@ -163,10 +174,10 @@ TEST(PipeDream2BW, RefusesWhatCannotHold) {
     }
   };
   train::TrainOptions o = gpt(2, 1, "pipedream-2bw");
-  o.dp = 2;
-  refused(o, "--dp 1");
-  o.zero = 2;
-  refused(o, "drop --zero");
+  o.dp = 2, o.zero = 2;
+  refused(o, "use --zero 0 or 1");
+  o.zero = 3;
+  refused(o, "use --zero 0 or 1");
   o = gpt(2, 1, "pipedream-2bw");
   o.recompute = true;
   refused(o, "drop --recompute");

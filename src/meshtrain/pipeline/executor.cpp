@@ -186,7 +186,12 @@ StepStats Executor::run_list(const std::vector<Action>& list, int64_t batch, boo
   for (size_t i = 0; i < list.size(); ++i)
     if (list[i].kind == Kind::B || list[i].kind == Kind::I || list[i].kind == Kind::W)
       last_of[{list[i].chunk, list[i].kind}] = i;
-  auto is_last = [&](size_t i) { return last_of[{list[i].chunk, list[i].kind}] == i; };
+  // An asynchronous window's lists hold the backwards of two steps: the last of a step is its
+  // micro-batch m - 1 (numbered -1 when it is the previous step's).
+  auto is_last = [&](size_t i) {
+    if (schedule_.period > 0) return list[i].microbatch == -1 || list[i].microbatch == schedule_.period - 1;
+    return last_of[{list[i].chunk, list[i].kind}] == i;
+  };
 
   std::map<Key, std::unique_ptr<nn::Context>>& live = live_;
   std::map<Key, Tensor> act_out, grad_out;  // outputs waiting for SEND or for the next stage here

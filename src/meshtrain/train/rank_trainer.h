@@ -90,8 +90,9 @@ class RankTrainer {
   // ---- trainer.cpp: the step ----
   StepResult train_step(int64_t step);
   void zero_grads();
-  void finish_grad_sync();
-  void sync_tied_grad();
+  void finish_grad_sync();     // finish_local_grads, then sync_tied_grad
+  void finish_local_grads();  // the dp sync finished, or the exact sums rounded
+  void sync_tied_grad();      // the tied token table's two copies summed
   // --schedule pipedream-2bw (train/weight_versions.h): the step's update applies the previous
   // step's gradient; a flush drains the pipeline and applies the current one. At pp 1 the same
   // recurrence on one rank, computed directly (the reference the pipelines are checked against).

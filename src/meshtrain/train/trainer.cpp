@@ -135,6 +135,7 @@ void RankTrainer::update_two_bw(StepResult& out) {
   versions_->swap_ready();
   sync_tied_grad();
   out.grad_norm = optimizer_->step_with_grad_sq(*ready, global_grad_sq());
+  if (ddp_) ddp_->finish_optimizer_step();
   versions_->swap_ready();
   versions_->clear_ready();
   if (!std::isfinite(out.grad_norm)) diverged(*ready, "gradient norm", out.grad_norm);
@@ -155,6 +156,7 @@ void RankTrainer::flush_two_bw() {
   record(st);
   finish_grad_sync();
   const double norm = optimizer_->step_with_grad_sq(pending_step_, global_grad_sq());
+  if (ddp_) ddp_->finish_optimizer_step();
   if (!std::isfinite(norm)) diverged(pending_step_, "gradient norm", norm);
   zero_grads();
   versions_->after_flush();
@@ -173,6 +175,11 @@ void RankTrainer::zero_grads() {
 // or reduce-scatter); on one rank with --exact-sums the float64 totals rounded once; then the tied
 // token table of the first and last stage summed over the two (under ZeRO-2/3 their equal slices).
 void RankTrainer::finish_grad_sync() {
+  finish_local_grads();
+  sync_tied_grad();
+}
+
+void RankTrainer::finish_local_grads() {
   if (ddp_) {
     trace::Recorder::Span s(sh_.recorder, mesh_.rank(), trace::Track::compute, "wait for gradients", "wait");
     ddp_->finish_grad_sync();
@@ -181,7 +188,6 @@ void RankTrainer::finish_grad_sync() {
       std::transform(p->grad_exact.begin(), p->grad_exact.end(), p->grad.data(),
                      [](double g) { return static_cast<float>(g); });
   }
-  sync_tied_grad();
 }
 
 void RankTrainer::sync_tied_grad() {
@@ -341,7 +347,8 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
   }
   if (o_.schedule == "pipedream-2bw") {  // train/weight_versions.h
     if (o_.pp > 1) {
-      versions_ = std::make_unique<WeightVersions>(stage_params(), o_.exact_sums > 0);
+      versions_ = std::make_unique<WeightVersions>(
+          stage_params(), [this] { finish_local_grads(); }, [this] { zero_grads(); });
       for (auto& r : runners_) r->set_versions(versions_.get());
     } else {
       two_bw_reference_ = true;
@@ -361,7 +368,7 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
   // starts. Left out with exact sums (the float64 totals bypass the float32 buckets) and with
   // a token table tied across pipeline stages (its local gradient is split over two ranks, and
   // the squared norm of the sum would need their dot product).
-  if (ddp_ && o_.dp > 1 && o_.exact_sums == 0 && !emb_) {
+  if (ddp_ && o_.dp > 1 && o_.exact_sums == 0 && !emb_ && o_.schedule != "pipedream-2bw") {
     ddp_->measure_local_grad_sq([wte = wte_copy(), tp = mesh_.coord().tp](const nn::Param* p) {
       return p != wte && p->shard.counted_on(tp);
     });

@@ -172,12 +172,9 @@ void check_layout(const TrainOptions& o) {
     if (o.ps_servers > 0)
       bad("--schedule pipedream-2bw is a pipeline's own asynchrony; the parameter server has its own (--staleness): "
           "drop one of them");
-    if (o.zero > 0)
-      bad("--schedule pipedream-2bw keeps two whole versions of each stage's weights and gradients, which --zero " +
-          std::to_string(o.zero) + " would shard away; drop --zero");
-    if (o.dp > 1)
-      bad("--schedule pipedream-2bw runs without data parallelism in this version (its updates apply the previous "
-          "step's gradient, which the data-parallel buckets do not keep); use --dp 1, or --schedule 1f1b with --dp");
+    if (o.zero > 1)
+      bad("--schedule pipedream-2bw keeps the previous step's whole gradient and weights beside the current ones, "
+          "which --zero " + std::to_string(o.zero) + " would shard away; use --zero 0 or 1");
     if (o.recompute)
       bad("--schedule pipedream-2bw runs a step's last backwards during the next step, whose batch has replaced the "
           "inputs --recompute would run the forward on again; drop --recompute");

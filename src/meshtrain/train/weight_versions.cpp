@@ -5,8 +5,9 @@
 
 namespace meshtrain::train {
 
-WeightVersions::WeightVersions(std::vector<nn::Param*> params, bool exact_sums)
-    : params_(std::move(params)), exact_(exact_sums) {
+WeightVersions::WeightVersions(std::vector<nn::Param*> params, std::function<void()> finish,
+                               std::function<void()> zero)
+    : params_(std::move(params)), finish_(std::move(finish)), zero_(std::move(zero)) {
   for (nn::Param* p : params_) {
     stash_.push_back(p->value.clone());
     ready_.push_back(Tensor::zeros(p->grad.shape()));
@@ -23,16 +24,11 @@ void WeightVersions::swap_stash() {
 }
 
 void WeightVersions::start_step(int64_t step) {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    nn::Param& p = *params_[i];
-    if (exact_) {
-      std::transform(p.grad_exact.begin(), p.grad_exact.end(), ready_[i].data(),
-                     [](double g) { return static_cast<float>(g); });
-      std::fill(p.grad_exact.begin(), p.grad_exact.end(), 0.0);
-    } else {
-      std::swap(p.grad, ready_[i]);
-      p.grad.zero();
-    }
+  if (grad_step_ >= 0) {  // else nothing accumulated since the start or the last flush
+    finish_();
+    for (size_t i = 0; i < params_.size(); ++i)
+      std::copy_n(params_[i]->grad.data(), params_[i]->grad.numel(), ready_[i].data());
+    zero_();
   }
   ready_step_ = grad_step_;
   grad_step_ = step;
@@ -44,7 +40,10 @@ void WeightVersions::keep_current() {
 }
 
 void WeightVersions::swap_ready() {
-  for (size_t i = 0; i < params_.size(); ++i) std::swap(params_[i]->grad, ready_[i]);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    float* g = params_[i]->grad.data();
+    std::swap_ranges(g, g + params_[i]->grad.numel(), ready_[i].data());
+  }
 }
 
 int64_t WeightVersions::bytes() const {

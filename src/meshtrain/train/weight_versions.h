@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -23,20 +24,21 @@ namespace meshtrain::train {
 
 class WeightVersions {
  public:
-  // `exact_sums`: the gradients accumulate in float64 (Param::grad_exact) and are rounded once
-  // when they become ready.
-  WeightVersions(std::vector<nn::Param*> params, bool exact_sums);
+  // `finish`: makes the accumulated gradients final in Param::grad (the data-parallel sync, or
+  // the exact sums rounded); `zero`: zeroes them for the next step (the trainer's).
+  WeightVersions(std::vector<nn::Param*> params, std::function<void()> finish, std::function<void()> zero);
 
   // Around the backward of a micro-batch of the previous step: values and stash trade places.
   void swap_stash();
   // The rank's first backward of step `step`: the gradient accumulated so far (the previous
-  // step's, complete) becomes `ready`; the parameters' own starts again from zero.
+  // step's, complete) is copied to `ready`; the parameters' own starts again from zero.
   void start_step(int64_t step);
   // The step whose gradient is ready (none after a flush or at the start).
   std::optional<int64_t> ready_step() const { return ready_step_ >= 0 ? std::optional(ready_step_) : std::nullopt; }
   // Before an update: the stash takes the current values (the version the steps in flight use).
   void keep_current();
-  // grad and ready trade places (the optimizer reads grad), and back after the update.
+  // grad and ready trade contents (the optimizer reads grad, which data parallelism's buckets
+  // view, so the contents move, not the tensors), and back after the update.
   void swap_ready();
   void clear_ready() { ready_step_ = -1; }
   // The current step's gradient was applied at a flush and zeroed: nothing is pending.
@@ -46,7 +48,7 @@ class WeightVersions {
 
  private:
   std::vector<nn::Param*> params_;
-  bool exact_;
+  std::function<void()> finish_, zero_;
   std::vector<Tensor> stash_, ready_;
   int64_t grad_step_ = -1;   // the step whose gradient `grad` accumulates (-1: none yet)
   int64_t ready_step_ = -1;  // the step whose gradient `ready` holds (-1: none)
