@@ -538,7 +538,10 @@ class Launcher {
     set_flag(args_, "--dp", std::to_string(shape_.dp));
     set_flag(args_, "--tp", std::to_string(shape_.tp));
     set_flag(args_, "--pp", std::to_string(shape_.pp));
-    if (shape_.pp == 1) drop_flag(args_, "--schedule", true);
+    // At pp 1 a schedule means nothing, except pipedream-2bw's: its single-rank reference keeps
+    // the run on the same (asynchronous) recurrence.
+    if (shape_.pp == 1 && flag_value(args_, "--schedule") != std::optional<std::string>("pipedream-2bw"))
+      drop_flag(args_, "--schedule", true);
     drop_flag(args_, "--fail-rank", true);
     drop_flag(args_, "--fail-at-step", true);
   }
