@@ -2,7 +2,8 @@
 // formula from the printed samples per second (computed here, not read from the program), the
 // marked row is the largest goodput, a huge noise scale ranks by throughput and a tiny one picks
 // the smallest batch; --noise-from reads a metrics file's last grad_noise_scale; --layout keeps
-// the layout fixed over the batches; bad input exits 2 with a sentence before planning.
+// the layout fixed over the batches; bad input exits 2 with a sentence before planning. And the
+// trainer's note that an image model's noise scale needs --batch-norm local at dp > 1.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "cli_run.h"
+#include "data/idx_files.h"
 #include "temp_dir.h"
 
 namespace {
@@ -161,6 +163,23 @@ TEST(CliPlanGoodput, BadInputExits2WithASentence) {
     for (const std::string& w : c.words) EXPECT_NE(r.output.find(w), std::string::npos) << c.args << ": " << w << "\n" << r.output;
     EXPECT_EQ(r.output.find("goodput of global batches"), std::string::npos) << "planned before refusing: " << c.args;
     EXPECT_EQ(r.output.find("tried "), std::string::npos) << "planned before refusing: " << c.args;
+  }
+}
+
+// Batch norm synchronised over dp leaves the noise scale undefined on most steps: train says so
+// and names --batch-norm local, and says nothing with it or at dp 1.
+TEST(CliTrainNoiseScale, NotesThatSynchronisedBatchNormNeedsLocalStatistics) {
+  meshtrain::testing::TempDir dir("goodput_bn");
+  meshtrain::testing::write_bar_image_set(dir.path().string(), 64, 16, /*gzip=*/false);
+  const std::string train = "train --model resnet-small --data " + dir.path().string() +
+                            " --steps 1 --batch 8 --eval-every 0 --threads 1 ";
+  auto r = run_cli(train + "--dp 2", 120);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("noise scale needs --batch-norm local"), std::string::npos) << r.output;
+  for (const std::string& quiet : {std::string("--dp 2 --batch-norm local"), std::string("--dp 1")}) {
+    r = run_cli(train + quiet, 120);
+    ASSERT_EQ(r.code, 0) << quiet << "\n" << r.output;
+    EXPECT_EQ(r.output.find("--batch-norm local here"), std::string::npos) << quiet << "\n" << r.output;
   }
 }
 
