@@ -245,9 +245,9 @@ std::pair<double, std::string> goodput_noise_scale(const PlanArgs& a) {
   }
   if (!m)
     throw UsageError("--noise-from " + a.noise_from +
-                     " has no grad_noise_scale: train writes it at --dp 2 or more (not with --exact-sums or a GPT "
-                     "at --pp above 1) once its averages define a scale; give the metrics of such a run or "
-                     "--noise-scale B_NOISE");
+                     " has no grad_noise_scale: train writes it at --dp 2 or more (not with --exact-sums, a GPT "
+                     "at --pp above 1, or an image model without --batch-norm local) once its averages define a "
+                     "scale; give the metrics of such a run or --noise-scale B_NOISE");
   if (!(m->value > 0))
     throw UsageError("--noise-from " + a.noise_from + ": its last grad_noise_scale (step " + std::to_string(m->step) +
                      ") is " + fmt("%g", m->value) + ", not above 0; give --noise-scale B_NOISE");
