@@ -25,6 +25,7 @@
 // (train/outputs.h); with --goodput: no noise scale or both sources, a noise scale not above 0,
 // a metrics file without grad_noise_scale, a --max-batch below 2 B0, a --layout no candidate
 // batch can take; the goodput flags without --goodput.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -342,10 +343,15 @@ void run_goodput(const PlanArgs& a, const model::ModelSpec& spec, const plan::Cl
               best.samples_per_s, r.rows[r.best].efficiency);
   std::printf("best as train flags: %s\n", train_flags(best.layout, spec, a, cluster.cpu()).c_str());
   if (!a.svg.empty()) std::printf("swimlane: %s\n", a.svg.c_str());
-  if (hooks.on_plan_rows) {
+  if (hooks.on_plan_rows) {  // by batch, as the table; `rank` the place by goodput (1: the marked row)
+    std::vector<size_t> order(r.rows.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return r.rows[x].goodput > r.rows[y].goodput; });
+    std::vector<size_t> place(order.size());
+    for (size_t k = 0; k < order.size(); ++k) place[order[k]] = k + 1;
     std::vector<nlohmann::ordered_json> rows;
     for (size_t i = 0; i < r.rows.size(); ++i) {
-      nlohmann::ordered_json row = plan_row(i + 1, r.rows[i].prediction, spec, a, cluster.cpu());
+      nlohmann::ordered_json row = plan_row(place[i], r.rows[i].prediction, spec, a, cluster.cpu());
       row["noise_scale"] = noise;
       row["stat_efficiency"] = r.rows[i].efficiency;
       row["goodput"] = r.rows[i].goodput;
