@@ -252,6 +252,18 @@ def check_plan(path):
     for r in rows:
         assert r["layout"] in out, (r["layout"], out)
     print("plan:", [r["layout"] for r in rows])
+    # --goodput: one row per batch 16, 32, 64, their efficiency (N + 16) / (N + B) by hand, the
+    # best the largest goodput and ranked first.
+    rows = meshtrain.plan(path, cluster=os.path.join(SOURCE, "examples", "clusters", "this-machine.json"),
+                          global_batch=16, goodput=True, noise_scale=40, max_batch=64)
+    assert [r["batch"] for r in rows] == [16, 32, 64], rows
+    for r in rows:
+        e = (40 + 16) / (40 + r["batch"])
+        assert abs(r["stat_efficiency"] - e) < 1e-12 and abs(r["goodput"] - r["samples_per_s"] * e) < 1e-6 * r["goodput"], r
+    best = max(rows, key=lambda r: r["goodput"])
+    assert best["best"] and best["rank"] == 1 and sum(r["best"] for r in rows) == 1, rows
+    assert sorted(r["rank"] for r in rows) == [1, 2, 3], rows
+    print("plan --goodput:", [(r["batch"], round(r["goodput"], 1)) for r in rows])
 
 
 def check_builder():

@@ -11,15 +11,26 @@
 // layout's predicted step as a swimlane (pipeline/svg.h). A progress line goes to stderr when
 // the search takes more than a second.
 //
+// --goodput [--noise-scale B_NOISE | --noise-from METRICS.jsonl] [--max-batch N] ranks global
+// batches instead (plan/goodput.h): --global-batch B0, 2 B0, 4 B0, ... up to --max-batch
+// (default 16 B0), each predicted at its fastest layout that fits (or at --layout), its
+// samples/s times Pollux's efficiency against B0 (train::stat_efficiency, the function the
+// trainer reports with) for the noise scale given or the last `grad_noise_scale` of a run's
+// metrics file; the highest goodput is marked.
+//
 // Bad input exits 2 with one sentence (UsageError): a bad cluster or machine file (the reader
 // names the field; a file of neither kind is named with the kinds plan reads), both or neither
 // of --cluster and --machine, a model that fits no layout (what would make it fit:
 // plan::advise), --top below 1, a missing --global-batch, paths the output policy refuses
-// (train/outputs.h).
+// (train/outputs.h); with --goodput: no noise scale or both sources, a noise scale not above 0,
+// a metrics file without grad_noise_scale, a --max-batch below 2 B0, a --layout no candidate
+// batch can take; the goodput flags without --goodput.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -29,7 +40,9 @@
 #include "meshtrain/cli/options.h"
 #include "meshtrain/pipeline/svg.h"
 #include "meshtrain/plan/cluster.h"
+#include "meshtrain/plan/goodput.h"
 #include "meshtrain/plan/search.h"
+#include "meshtrain/train/noise_scale.h"
 #include "meshtrain/train/outputs.h"
 #include "meshtrain/train/validate.h"
 
@@ -45,7 +58,15 @@ struct PlanArgs {
   bool oversubscribe = false;
   std::string layout;   // --layout: predict this one layout instead of searching
   int64_t devices = 0;  // --devices: use this many of the cluster's devices (whole nodes)
+  // --goodput: rank global batches by predicted goodput (plan/goodput.h)
+  bool goodput = false;
+  double noise_scale = -1;  // --noise-scale (samples); -1: not given
+  std::string noise_from;   // --noise-from: a metrics file's last grad_noise_scale
+  int64_t max_batch = 0;    // --max-batch (0: 16 x --global-batch)
 };
+
+// Global batches --goodput compares by default: the base and 2x, 4x, 8x, 16x it.
+inline constexpr int64_t kGoodputSpan = 16;
 
 // "dp=4 tp=8 pp=12 m=128 1f1b zero=1 recompute" (Layout::describe's words) -> a Layout.
 plan::Layout parse_layout(const std::string& text) {
@@ -212,6 +233,135 @@ void predict_one(const PlanArgs& a, const model::ModelSpec& spec, const plan::Cl
   if (hooks.on_plan_rows) hooks.on_plan_rows({plan_row(1, p, spec, a, cluster.cpu())});
 }
 
+// ---- --goodput ----
+
+// The noise scale --goodput ranks with, and where it came from (for the header line).
+std::pair<double, std::string> goodput_noise_scale(const PlanArgs& a) {
+  if (a.noise_from.empty()) return {a.noise_scale, "given"};
+  std::optional<train::MeasuredNoiseScale> m;
+  try {
+    m = train::last_noise_scale(a.noise_from);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--noise-from: ") + e.what());
+  }
+  if (!m)
+    throw UsageError("--noise-from " + a.noise_from +
+                     " has no grad_noise_scale: train writes it at --dp 2 or more (not with --exact-sums, a GPT "
+                     "at --pp above 1, or an image model without --batch-norm local) once its averages define a "
+                     "scale; give the metrics of such a run or --noise-scale B_NOISE");
+  if (!(m->value > 0))
+    throw UsageError("--noise-from " + a.noise_from + ": its last grad_noise_scale (step " + std::to_string(m->step) +
+                     ") is " + fmt("%g", m->value) + ", not above 0; give --noise-scale B_NOISE");
+  std::string from = "last grad_noise_scale of ";
+  from += a.noise_from;
+  from += ", step ";
+  from += std::to_string(m->step);
+  return {m->value, from};
+}
+
+// One candidate batch's prediction: `layout` at batch b, or the fastest layout that fits at b;
+// why not, when neither fits or the layout cannot take b.
+std::optional<plan::Prediction> predict_at(const PlanArgs& a, const model::ModelSpec& spec, const plan::Cluster& cluster,
+                                           const plan::Cluster& search_cluster, plan::SearchOptions o, int64_t b,
+                                           std::string& why) {
+  const plan::Hardware& hw = cluster.hardware;
+  o.batch = b;
+  if (a.layout.empty()) {
+    const plan::SearchResult r = plan::search_layouts(spec, search_cluster, o);
+    if (r.ranked.empty()) {
+      why = plan::advise(spec, search_cluster, o, r);
+      return std::nullopt;
+    }
+    return plan::predict(spec, r.ranked.front().layout, search_cluster.hardware);
+  }
+  plan::Layout l = parse_layout(a.layout);
+  l.batch = b, l.seq = o.seq, l.optimizer_state = o.optimizer_state;
+  if (l.world() > hw.devices())
+    throw UsageError("--layout " + a.layout + " needs " + std::to_string(l.world()) + " devices; " + cluster.name +
+                     " has " + std::to_string(hw.devices()));
+  if (cluster.cpu()) l.threads = std::max(1, hw.cores / std::max(1, l.world()));
+  try {
+    plan::Prediction p = plan::predict(spec, l, hw);
+    const double need = plan::memory_need(p.memory, p.layout, hw);
+    if (need <= hw.memory_bytes) return p;
+    why = "it needs " + train::format_bytes(need) + " of " + train::format_bytes(hw.memory_bytes);
+  } catch (const std::invalid_argument& e) {
+    why = e.what();
+  }
+  return std::nullopt;
+}
+
+void run_goodput(const PlanArgs& a, const model::ModelSpec& spec, const plan::Cluster& cluster,
+                 const plan::SearchOptions& o, const InProcessHooks& hooks) {
+  const auto [noise, source] = goodput_noise_scale(a);
+  const int64_t max = a.max_batch > 0 ? a.max_batch : kGoodputSpan * o.batch;
+  if (max < 2 * o.batch)
+    throw UsageError("--max-batch " + std::to_string(max) + " leaves no batch to compare with --global-batch " +
+                     std::to_string(o.batch) + "; give at least " + std::to_string(2 * o.batch));
+  plan::Cluster search_cluster = cluster;  // as the search without --goodput: no more ranks than cores
+  if (cluster.cpu() && !a.oversubscribe)
+    search_cluster.hardware.devices_per_node =
+        std::max(1, cluster.hardware.cores / std::max(1, cluster.hardware.nodes));
+  std::fprintf(stderr, "meshtrain plan --goodput: %s on %s, noise scale %s (%s)\n", spec.name().c_str(),
+               cluster.name.c_str(), fmt("%.4g", noise).c_str(), source.c_str());
+  std::vector<plan::Prediction> fit;
+  std::vector<std::pair<int64_t, std::string>> left_out;
+  for (int64_t b : plan::goodput_batches(o.batch, max)) {
+    std::string why;
+    if (auto p = predict_at(a, spec, cluster, search_cluster, o, b, why)) fit.push_back(std::move(*p));
+    else left_out.emplace_back(b, why);
+  }
+  if (fit.empty()) {
+    const auto& [b, why] = left_out.front();
+    throw UsageError(std::string(a.layout.empty() ? "" : "--layout: ") + "no global batch from " +
+                     std::to_string(o.batch) + " to " + std::to_string(max) + " can be planned (at " +
+                     std::to_string(b) + ": " + why + ")");
+  }
+  const plan::GoodputRanking r = plan::rank_goodput(std::move(fit), noise, o.batch, train::stat_efficiency);
+  const plan::Prediction& best = r.rows[r.best].prediction;
+  if (!a.svg.empty()) draw(best, a.svg, spec.name() + " on " + cluster.name);
+
+  const bool tokens = spec.gpt() != nullptr;
+  const char* unit = tokens ? "seq/s" : "images/s";
+  std::printf("%s on %s: goodput of global batches %lld to %lld%s, %s; noise scale %s %s (%s)\n",
+              spec.name().c_str(), cluster.name.c_str(), static_cast<long long>(o.batch), static_cast<long long>(max),
+              tokens ? (", seq " + std::to_string(o.seq)).c_str() : "", a.optimizer.c_str(), fmt("%.4g", noise).c_str(),
+              tokens ? "sequences" : "images", source.c_str());
+  std::printf("efficiency E(B) = (B_noise + %lld) / (B_noise + B) against global batch %lld; goodput = %s x E(B)\n\n",
+              static_cast<long long>(o.batch), static_cast<long long>(o.batch), unit);
+  std::printf("   %7s  %-48s %10s %11s %10s %11s\n", "batch", "layout", "step", unit, "efficiency", "goodput");
+  for (size_t i = 0; i < r.rows.size(); ++i) {
+    const plan::GoodputRow& x = r.rows[i];
+    std::printf("%s %7lld  %-48s %10s %11.1f %10.4f %11.1f\n", i == r.best ? " *" : "  ",
+                static_cast<long long>(x.batch()), x.prediction.layout.describe().c_str(),
+                seconds_text(x.prediction.step_s).c_str(), x.prediction.samples_per_s, x.efficiency, x.goodput);
+  }
+  for (const auto& [b, why] : left_out)
+    std::printf("   %7lld  not planned: %s\n", static_cast<long long>(b), why.c_str());
+  std::printf("\nbest goodput (*): global batch %lld, %.1f %s of %.1f at efficiency %.4f\n",
+              static_cast<long long>(r.rows[r.best].batch()), r.rows[r.best].goodput, unit,
+              best.samples_per_s, r.rows[r.best].efficiency);
+  std::printf("best as train flags: %s\n", train_flags(best.layout, spec, a, cluster.cpu()).c_str());
+  if (!a.svg.empty()) std::printf("swimlane: %s\n", a.svg.c_str());
+  if (hooks.on_plan_rows) {  // by batch, as the table; `rank` the place by goodput (1: the marked row)
+    std::vector<size_t> order(r.rows.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return r.rows[x].goodput > r.rows[y].goodput; });
+    std::vector<size_t> place(order.size());
+    for (size_t k = 0; k < order.size(); ++k) place[order[k]] = k + 1;
+    std::vector<nlohmann::ordered_json> rows;
+    for (size_t i = 0; i < r.rows.size(); ++i) {
+      nlohmann::ordered_json row = plan_row(place[i], r.rows[i].prediction, spec, a, cluster.cpu());
+      row["noise_scale"] = noise;
+      row["stat_efficiency"] = r.rows[i].efficiency;
+      row["goodput"] = r.rows[i].goodput;
+      row["best"] = i == r.best;
+      rows.push_back(std::move(row));
+    }
+    hooks.on_plan_rows(std::move(rows));
+  }
+}
+
 void run_plan(const PlanArgs& a, const InProcessHooks& hooks) {
   // ---- the inputs, refused in words ----
   if (!a.cluster.empty() && !a.machine.empty())
@@ -224,6 +374,17 @@ void run_plan(const PlanArgs& a, const InProcessHooks& hooks) {
   const std::string hardware_file = a.machine.empty() ? a.cluster : a.machine;
   if (a.model.empty() == a.config.empty()) throw UsageError("plan needs one of --model NAME or --config FILE");
   if (a.batch < 1) throw UsageError("plan needs --global-batch B, the samples of one step (at least 1)");
+  if (!a.goodput) {
+    for (const auto& [given, flag] : {std::pair{a.noise_scale >= 0, "--noise-scale"}, {!a.noise_from.empty(), "--noise-from"},
+                                      {a.max_batch > 0, "--max-batch"}})
+      if (given)
+        throw UsageError(std::string(flag) + " is for ranking global batches by goodput; add --goodput or drop " + flag);
+  } else if ((a.noise_scale >= 0) == !a.noise_from.empty()) {
+    throw UsageError(a.noise_from.empty()
+                         ? "plan --goodput needs the gradient noise scale: --noise-scale B_NOISE (samples) or "
+                           "--noise-from METRICS.jsonl (train --dp 2 or more --metrics FILE writes grad_noise_scale)"
+                         : "plan --goodput takes one of --noise-scale and --noise-from, not both");
+  }
   std::shared_ptr<const model::ModelSpec> spec;
   plan::Cluster cluster;
   try {
@@ -232,6 +393,7 @@ void run_plan(const PlanArgs& a, const InProcessHooks& hooks) {
     train::PathPlan paths(a.overwrite);
     paths.input_file(hardware_flag, hardware_file);
     paths.input_file("--config", a.config);
+    paths.input_file("--noise-from", a.noise_from);
     if (cluster.machine_path != hardware_file) paths.input_file("the cluster's machine file", cluster.machine_path);
     paths.output_file("--svg", a.svg, train::OutputKind::svg);
     paths.check();
@@ -261,6 +423,10 @@ void run_plan(const PlanArgs& a, const InProcessHooks& hooks) {
     if (cluster.cpu()) h.cores = h.cores / h.nodes * static_cast<int>(std::max<int64_t>(1, a.devices / h.devices_per_node));
     if (a.devices < h.devices_per_node) h.devices_per_node = static_cast<int>(a.devices), h.nodes = 1;
     else h.nodes = static_cast<int>(a.devices / h.devices_per_node);
+  }
+  if (a.goodput) {
+    run_goodput(a, *spec, cluster, o, hooks);
+    return;
   }
   if (!a.layout.empty()) {
     predict_one(a, *spec, cluster, o, hooks);
@@ -350,6 +516,16 @@ void add_plan_command(CLI::App& app, std::shared_ptr<const InProcessHooks> hooks
       ->check(integer<int64_t>(1));
   c->add_flag("--oversubscribe", a->oversubscribe,
               "A CPU cluster: also try more ranks than cores (threads taking turns on them)");
+  c->add_flag("--goodput", a->goodput,
+              "Rank global batches (--global-batch B, 2B, 4B, ... up to --max-batch) by predicted goodput: "
+              "samples/s x statistical efficiency for the measured noise scale");
+  c->add_option("--noise-scale", a->noise_scale, "--goodput: the gradient noise scale B_noise, in samples")
+      ->check(number(0, 1e15, false));
+  c->add_option("--noise-from", a->noise_from,
+                "--goodput: take the noise scale from this metrics file (its last grad_noise_scale)")
+      ->check(non_empty_path());
+  c->add_option("--max-batch", a->max_batch, "--goodput: the largest global batch to try (default: 16 x --global-batch)")
+      ->check(integer<int64_t>(1));
   c->callback([a, hooks] { run_plan(*a, *hooks); });
 }
 

@@ -15,7 +15,9 @@
 // throughput in samples per second times E(B). The trainer takes B0 = b, one rank's batch.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <string>
 
 namespace meshtrain::train {
 
@@ -51,5 +53,16 @@ class GradNoiseScale {
   double theta_;
   double grad_sq_ = 0, trace_ = 0, weight_ = 0;  // the biased averages and the weight they carry
 };
+
+// The last noise scale a metrics file of `meshtrain train --metrics` holds (its last line with
+// `grad_noise_scale`), for `meshtrain plan --goodput --noise-from`; none when no line has one
+// (a run at dp 1, with --exact-sums, or too short for the averages to define a scale). A last
+// line cut by a kill (no newline, not JSON) is skipped. Throws std::invalid_argument naming the
+// file for a file that cannot be read or another line that is not a JSON object.
+struct MeasuredNoiseScale {
+  double value = 0;
+  int64_t step = 0;  // the line's `step` (0 where it has none)
+};
+std::optional<MeasuredNoiseScale> last_noise_scale(const std::string& metrics_path);
 
 }  // namespace meshtrain::train
