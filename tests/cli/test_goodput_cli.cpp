@@ -179,7 +179,7 @@ TEST(CliTrainNoiseScale, NotesThatSynchronisedBatchNormNeedsLocalStatistics) {
   for (const std::string& quiet : {std::string("--dp 2 --batch-norm local"), std::string("--dp 1")}) {
     r = run_cli(train + quiet, 120);
     ASSERT_EQ(r.code, 0) << quiet << "\n" << r.output;
-    EXPECT_EQ(r.output.find("--batch-norm local here"), std::string::npos) << quiet << "\n" << r.output;
+    EXPECT_EQ(r.output.find("noise scale needs --batch-norm local"), std::string::npos) << quiet << "\n" << r.output;
   }
 }
 

@@ -96,11 +96,9 @@ void RankTrainer::print_header() {
   if (!layout_line_.empty()) std::printf("layout: %s\n", layout_line_.c_str());
   std::printf("%s\n", describe(o_.optim).c_str());
   if (noise_ && !o_.batch_norm_local && !sh_.spec.buffer_shapes().empty())
-    note("the gradient noise scale needs --batch-norm local here: with batch norm synchronised over dp a rank's "
-         "gradient carries the other ranks' rows through the statistics, and what cancels in the all-reduce makes "
-         "the estimate of |G|^2 negative on most steps (resnet-small at dp 2: 295 of 300), so grad_noise_scale is "
-         "rarely defined and means little; --batch-norm local makes each rank's gradient its own rows' (README, "
-         "the gradient noise scale)");
+    note("the gradient noise scale needs --batch-norm local: with batch norm synchronised over dp a rank's "
+         "gradient carries the other ranks' rows, and the estimate of |G|^2 comes out negative on most steps "
+         "(resnet-small at dp 2: 295 of 300), so grad_noise_scale is rarely reported (README, the gradient noise scale)");
   if (o_.precision == kernels::Precision::bf16) {
     const std::string isa = kernels::bf16_isa();
     if (isa == "emulated") note("--precision bf16: " + kernels::bf16_fallback_note());
