@@ -348,7 +348,7 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
   if (o_.schedule == "pipedream-2bw") {  // train/weight_versions.h
     if (o_.pp > 1) {
       versions_ = std::make_unique<WeightVersions>(
-          stage_params(), [this] { finish_local_grads(); }, [this] { zero_grads(); });
+          stage_params(), [this] { finish_local_grads(); }, [this] { zero_grads(); }, ddp_ != nullptr);
       for (auto& r : runners_) r->set_versions(versions_.get());
     } else {
       two_bw_reference_ = true;

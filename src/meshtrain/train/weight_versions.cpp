@@ -6,8 +6,8 @@
 namespace meshtrain::train {
 
 WeightVersions::WeightVersions(std::vector<nn::Param*> params, std::function<void()> finish,
-                               std::function<void()> zero)
-    : params_(std::move(params)), finish_(std::move(finish)), zero_(std::move(zero)) {
+                               std::function<void()> zero, bool views)
+    : params_(std::move(params)), finish_(std::move(finish)), zero_(std::move(zero)), views_(views) {
   for (nn::Param* p : params_) {
     stash_.push_back(p->value.clone());
     ready_.push_back(Tensor::zeros(p->grad.shape()));
@@ -26,8 +26,10 @@ void WeightVersions::swap_stash() {
 void WeightVersions::start_step(int64_t step) {
   if (grad_step_ >= 0) {  // else nothing accumulated since the start or the last flush
     finish_();
-    for (size_t i = 0; i < params_.size(); ++i)
-      std::copy_n(params_[i]->grad.data(), params_[i]->grad.numel(), ready_[i].data());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (views_) std::copy_n(params_[i]->grad.data(), params_[i]->grad.numel(), ready_[i].data());
+      else std::swap(params_[i]->grad, ready_[i]);
+    }
     zero_();
   }
   ready_step_ = grad_step_;
@@ -41,6 +43,10 @@ void WeightVersions::keep_current() {
 
 void WeightVersions::swap_ready() {
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (!views_) {
+      std::swap(params_[i]->grad, ready_[i]);
+      continue;
+    }
     float* g = params_[i]->grad.data();
     std::swap_ranges(g, g + params_[i]->grad.numel(), ready_[i].data());
   }

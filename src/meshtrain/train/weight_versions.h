@@ -25,8 +25,11 @@ namespace meshtrain::train {
 class WeightVersions {
  public:
   // `finish`: makes the accumulated gradients final in Param::grad (the data-parallel sync, or
-  // the exact sums rounded); `zero`: zeroes them for the next step (the trainer's).
-  WeightVersions(std::vector<nn::Param*> params, std::function<void()> finish, std::function<void()> zero);
+  // the exact sums rounded); `zero`: zeroes them for the next step (the trainer's). `views`:
+  // the gradients are views into buffers something else holds (data parallelism's buckets), so
+  // their contents move; otherwise the tensors trade places, which costs no pass over them.
+  WeightVersions(std::vector<nn::Param*> params, std::function<void()> finish, std::function<void()> zero,
+                 bool views);
 
   // Around the backward of a micro-batch of the previous step: values and stash trade places.
   void swap_stash();
@@ -49,6 +52,7 @@ class WeightVersions {
  private:
   std::vector<nn::Param*> params_;
   std::function<void()> finish_, zero_;
+  bool views_;
   std::vector<Tensor> stash_, ready_;
   int64_t grad_step_ = -1;   // the step whose gradient `grad` accumulates (-1: none yet)
   int64_t ready_step_ = -1;  // the step whose gradient `ready` holds (-1: none)
