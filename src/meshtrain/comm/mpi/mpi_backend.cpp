@@ -52,8 +52,15 @@ std::vector<char> g_silent;  // world ranks that missed a deadline of this proce
 int g_world_rank = 0, g_world_size = 1;
 
 // What this process is blocked on, for the SIGTERM handler (double-buffered: the handler reads
-// the slot last published).
-char g_activity[2][384];
+// the slot last published). The fields are stored and the handler formats them: every wait
+// publishes one, so formatting there would cost every small all-reduce its time.
+struct Activity {
+  const char* op;
+  const char* group;  // the communicator's name, alive while it waits
+  unsigned long long seq;
+  int peer;
+};
+Activity g_activity[2];
 std::atomic<int> g_activity_slot{-1};
 
 void on_sigterm(int sig) {
@@ -62,7 +69,9 @@ void on_sigterm(int sig) {
   const int n = std::snprintf(head, sizeof head, "meshtrain: world rank %d terminated by the launcher", g_world_rank);
   if (n > 0) (void)!write(2, head, static_cast<std::size_t>(n));
   if (slot >= 0) {
-    const char* a = g_activity[slot];
+    char a[384];
+    const Activity& w = g_activity[slot];
+    std::snprintf(a, sizeof a, "%s #%llu on group '%s' for rank %d (not heard from)", w.op, w.seq, w.group, w.peer);
     (void)!write(2, " while waiting in ", 18);
     (void)!write(2, a, std::strlen(a));
     (void)!write(2, " (a peer process probably died)", 31);
@@ -212,6 +221,12 @@ int as_int(std::size_t n) {
 // Spin ~50 us on MPI_Test, then yield, then sleep in growing steps up to 200 us.
 template <class Test>
 bool poll_until(Test&& test, Clock::time_point deadline) {
+  for (int i = 0; i < 64; ++i) {  // the peer usually answers within a microsecond: no clock yet
+    if (test()) return true;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
   const auto t0 = Clock::now();
   for (unsigned i = 0;; ++i) {
     if (test()) return true;
@@ -447,8 +462,7 @@ class MpiTransport final : public Transport {
       return;
     }
     const int slot = g_activity_slot.load() == 0 ? 1 : 0;
-    std::snprintf(g_activity[slot], sizeof g_activity[slot], "%s #%llu on group '%s' for rank %d (not heard from)", op,
-                  static_cast<unsigned long long>(seq), group.c_str(), peer);
+    g_activity[slot] = {op, group.c_str(), static_cast<unsigned long long>(seq), peer};
     g_activity_slot.store(slot);
   }
 
