@@ -209,7 +209,7 @@ void check_bench_table(const std::string& op, int world, double bus_factor, int 
     if (!f.empty() && f[0] == "size") {
       columns = true;
       EXPECT_EQ(f, (std::vector<std::string>{"size", "count", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
-                                             "check", "memcpy(GB/s)", "ratio"}));
+                                             "check", "memcpy(GB/s)", "ratio", "copy2/2(GB/s)", "limit"}));
       continue;
     }
     rows.push_back(f);
@@ -221,7 +221,7 @@ void check_bench_table(const std::string& op, int world, double bus_factor, int 
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& f = rows[i];
     SCOPED_TRACE(op + " row " + std::to_string(i) + ": " + r.output);
-    ASSERT_EQ(f.size(), 9u);
+    ASSERT_EQ(f.size(), 11u);
     // The whole buffer of reduce_scatter/all_gather is rounded down to a multiple of the world.
     const size_t count = std::stoul(f[1]);
     EXPECT_EQ(count, sizes[i] / 4 / divisor * divisor);
@@ -234,6 +234,10 @@ void check_bench_table(const std::string& op, int world, double bus_factor, int 
     EXPECT_NEAR(algbw, static_cast<double>(count * 4) / us / 1e3, 0.0015 + 0.01 * algbw);
     EXPECT_NEAR(busbw, algbw * bus_factor, 0.0015 + 0.001 * busbw);
     EXPECT_GT(std::stod(f[7]), 0.0);  // the memcpy peer figure
+    // The memory-traffic limit: half the two threads' copy rate, and busbw against it.
+    const double copy2 = std::stod(f[9]);
+    EXPECT_GT(copy2, 0.0);
+    EXPECT_NEAR(std::stod(f[10]), busbw / copy2, 0.006 + 0.01 * busbw / copy2);
   }
 }
 

@@ -176,11 +176,12 @@ inline void check_p2p(Communicator& c, std::size_t n) {
 }
 
 // ---- the whole matrix for one communicator ----
-// native on mpi only; hier where the group spans two or more hosts of as many ranks each.
+// native on mpi only, shm where the group shares memory; hier where the group spans two or more hosts of as many ranks each.
 inline std::vector<Algorithm> algos(OpKind op, const Communicator& c) {
   std::vector<Algorithm> out{Algorithm::automatic};
   for (Algorithm a : algorithms_for(op)) {
     if (a == Algorithm::native && std::string(c.backend()) != "mpi") continue;
+    if (a == Algorithm::shm && c.shared_memory_limit() == 0) continue;
     if (a == Algorithm::hier && (c.num_hosts() < 2 || c.ranks_per_host() == 0)) continue;
     out.push_back(a);
   }

@@ -102,9 +102,10 @@ TEST(CnnSpatialBytes, OneRankSendsTheAnalyticCountPerStep) {
       const train::TrainResult r = train::train(o);
       const int64_t rows = o.batch / o.microbatches;
       // Plus the trainer's own: the gradient norm's one double, all-reduced over tp every step
-      // by the automatic algorithm (a tree for 8 bytes, comm/select.cpp), whose root, rank 0,
-      // sends it to its log2(p) children in the broadcast half.
-      const uint64_t norm = p == 2 ? 8 : 16;
+      // by the automatic algorithm (shm for 8 bytes on threads, comm/select.cpp), in which the
+      // last rank sums the one element: rank 0 gives it its double once (counted as 8 bytes
+      // sent) and gets the sum back.
+      const uint64_t norm = 8;
       const uint64_t want =
           2 * parallel::cnn_spatial_bytes_per_microbatch(model::cnn_config(model), p, 0, rows) + norm;
       ASSERT_GT(want, 0u);

@@ -3,12 +3,18 @@
 // x (p-1)/p for reduce_scatter, all_gather and all_to_all, x 1 for broadcast and sendrecv;
 // size is the whole buffer (all_reduce, broadcast), the whole input of reduce_scatter, the
 // whole output of all_gather, one rank's buffer for all_to_all, one message for sendrecv.
-// Every result is checked against a serial reference after the timed loop. As a peer figure it
-// prints the single-thread memcpy bandwidth of the same run (threads) or the MPI library's own
-// collective (mpi, `native`), with the ratio.
+// Every result is checked against a serial reference after the timed loop. As peer figures it
+// prints, from the same run, on threads: the single-thread memcpy bandwidth (ratio = busbw /
+// memcpy) and the memory-traffic limit of the machine, two threads copying `size` bytes each at
+// once with their total rate halved, with memcpy or with streaming stores, whichever is faster
+// (limit = busbw / that; an all-reduce at world 2 that reads and writes each byte once moves
+// what such a copy moves); under mpi: the MPI library's own
+// collective (`native`), with the ratio.
 //
-// Time per size: all ranks barrier, run --iters back to back; the slowest rank's mean is one
-// repetition, and the best of --reps repetitions is reported. Float32 only.
+// Time per size: all ranks barrier, then run the operation back to back, --iters times (by
+// default from the size: 256 MiB worth, at least 20 and at most 10000, so small messages are
+// timed over many operations), --reps times. Each iteration's time is that of the slowest rank;
+// the figure is the median over all timed iterations. Float32 only.
 //
 // Hosts (--ranks-per-host K, or mpirun's hosts under mpi): two more columns give the bytes one
 // operation sent to ranks on other hosts, counted by the communicator (CommStats::
@@ -18,8 +24,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <cstdint>
 #include <string>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "meshtrain/cli/commands.h"
 #include "meshtrain/cli/options.h"
@@ -36,7 +47,7 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchArgs {
   std::string backend, op = "all_reduce", sizes = "4K:256M", algo = "auto";
-  int world = 0, iters = 20, warmup = 3, reps = 3;
+  int world = 0, iters = 0, warmup = 3, reps = 3;  // iters 0: iters_for(size)
   int ranks_per_host = 0;
   bool ranks_per_host_given = false;
   std::size_t chunk = 0;
@@ -138,6 +149,11 @@ std::string human(std::size_t b) {
 
 // ---- one operation ----
 
+// Timed iterations per size when --iters is not given: 256 MiB worth, within [20, 10000].
+int iters_for(std::size_t bytes) {
+  return static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / std::max<std::size_t>(bytes, 1), 20, 10000));
+}
+
 // Ops whose buffer is cut into one block per rank: sizes round down to a multiple of the world.
 bool splits(const std::string& op) { return op == "reduce_scatter" || op == "all_gather" || op == "all_to_all"; }
 
@@ -224,20 +240,28 @@ struct OpRun {
     c.all_reduce(v, {.op = mc::ReduceOp::avg});
     return {most[0], v[0]};
   }
-  // The slowest rank's mean seconds per operation over `iters`; the best of `reps` such means
-  // (a shared machine's noise only ever adds time).
+  // Seconds per operation: each iteration's time on the slowest rank (every rank times each of
+  // its iterations; an element-wise max over ranks follows each loop), the median over the
+  // `iters` x `reps` timed iterations.
   double time(mc::Communicator& c, int warmup, int iters, int reps) {
     for (int i = 0; i < warmup; ++i) run(c);
-    double best = 1e30;
+    std::vector<double> all, t(static_cast<std::size_t>(iters));
+    all.reserve(static_cast<std::size_t>(iters) * reps);
     for (int rep = 0; rep < reps; ++rep) {
       c.barrier();
-      const auto t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) run(c);
-      std::vector<double> t{std::chrono::duration<double>(Clock::now() - t0).count() / iters};
+      auto prev = Clock::now();
+      for (int i = 0; i < iters; ++i) {
+        run(c);
+        const auto now = Clock::now();
+        t[static_cast<std::size_t>(i)] = std::chrono::duration<double>(now - prev).count();
+        prev = now;
+      }
       c.all_reduce(t, {.op = mc::ReduceOp::max});
-      best = std::min(best, t[0]);
+      all.insert(all.end(), t.begin(), t.end());
     }
-    return best;
+    const auto mid = all.begin() + static_cast<std::ptrdiff_t>(all.size() / 2);
+    std::nth_element(all.begin(), mid, all.end());
+    return *mid;
   }
 };
 
@@ -254,6 +278,47 @@ double memcpy_seconds(std::size_t bytes, int iters) {
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / iters);
   }
   return best;
+}
+
+// A copy with non-temporal stores (no read-for-ownership of the destination), as glibc's memcpy
+// does above its threshold; the threshold comes from the last-level cache the CPU reports, and a
+// VM can report one larger than the buffers, so memcpy alone may not show what the memory does.
+void stream_copy(char* dst, const char* src, std::size_t bytes) {
+#if defined(__AVX512F__)
+  std::size_t i = 0;
+  for (; i < bytes && reinterpret_cast<std::uintptr_t>(dst + i) % 64 != 0; ++i) dst[i] = src[i];
+  for (; i + 64 <= bytes; i += 64) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
+  for (; i < bytes; ++i) dst[i] = src[i];
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+// The memory-traffic limit: ranks 0 and 1 each copy `bytes` between buffers of their own at once,
+// `iters` times, once with memcpy and once with streaming stores; the slowest of the two ranks
+// gives the time, and the fastest of three loops of each kind counts. Returns one thread's share
+// of the two threads' copy rate (bytes / time), GB/s; 0 at world 1.
+double copy2_half_rate(mc::Communicator& c, std::size_t bytes, int iters) {
+  if (c.size() < 2) return 0;
+  const bool copier = c.rank() < 2;
+  std::vector<char> a(copier ? bytes : 0, 1), b(copier ? bytes : 0, 0);
+  if (copier) std::memcpy(b.data(), a.data(), bytes);
+  double best = 1e30;
+  for (int rep = 0; rep < 6; ++rep) {
+    c.barrier();
+    const auto t0 = Clock::now();
+    if (copier)
+      for (int i = 0; i < iters; ++i) {
+        if (rep % 2) stream_copy(b.data(), a.data(), bytes);
+        else std::memcpy(b.data(), a.data(), bytes);
+        asm volatile("" : : "r"(b.data()) : "memory");
+      }
+    std::vector<double> t{copier ? std::chrono::duration<double>(Clock::now() - t0).count() / iters : 0.0};
+    c.all_reduce(t, {.op = mc::ReduceOp::max});
+    best = std::min(best, t[0]);
+  }
+  return static_cast<double>(bytes) / best / 1e9;
 }
 
 // ---- hosts ----
@@ -289,7 +354,7 @@ void run_bench(const BenchArgs& a) {
   if (backend == mc::Backend::mpi && a.world && a.world != mc::mpi_world()->size())
     throw UsageError("--world " + std::to_string(a.world) + " differs from the " + std::to_string(mc::mpi_world()->size()) +
                      " processes mpirun started (leave --world out under mpirun)");
-  if (a.iters < 1) throw UsageError("--iters must be at least 1");
+  if (a.iters < 0) throw UsageError("--iters must be at least 1");
   if (a.reps < 1) throw UsageError("--reps must be at least 1");
   const auto algo = mc::parse_algorithm(a.algo);
   if (!algo) throw UsageError("--algo: unknown algorithm '" + a.algo + "'");
@@ -323,7 +388,7 @@ void run_bench(const BenchArgs& a) {
   const int local = backend == mc::Backend::threads ? ranks : 1;  // ranks in this process
   const bool native_peer = backend == mc::Backend::mpi && a.op != "sendrecv";
   double need = local * rank_buffer_bytes(a.op, ranks, largest) * (native_peer ? 2 : 1);
-  if (backend == mc::Backend::threads) need += 2.0 * static_cast<double>(largest);  // the memcpy reference
+  if (backend == mc::Backend::threads) need += 6.0 * static_cast<double>(largest);  // the memcpy and copy references
   const train::Machine machine = train::Machine::probe();
   if (machine.memory_bytes > 0 && need > static_cast<double>(machine.memory_bytes))
     throw UsageError("--sizes " + a.sizes + ": the largest size, " + human(largest) + ", needs at least " +
@@ -342,10 +407,19 @@ void run_bench(const BenchArgs& a) {
     if (a.ranks_per_host > 0) c.set_hosts(mc::hosts_in_blocks(p, a.ranks_per_host), c.host_link());
     const bool hosts = c.num_hosts() > 1;
     if (lead) {
-      std::printf("# meshtrain bench comm: op=%s backend=%s world=%d algo=%s iters=%d reps=%d dtype=float32\n",
-                  a.op.c_str(), mc::to_string(backend), p, a.algo.c_str(), a.iters, a.reps);
-      std::printf("# busbw = algbw x %s; time: the slowest rank's mean over --iters, best of --reps\n",
-                  a.op == "all_reduce" ? "2(p-1)/p" : (a.op == "broadcast" || a.op == "sendrecv") ? "1" : "(p-1)/p");
+      const std::string iters = a.iters ? std::to_string(a.iters) : std::string("auto");
+      std::printf("# meshtrain bench comm: op=%s backend=%s world=%d algo=%s iters=%s reps=%d dtype=float32\n",
+                  a.op.c_str(), mc::to_string(backend), p, a.algo.c_str(), iters.c_str(), a.reps);
+      std::printf("# busbw = algbw x %s; time: per iteration the slowest rank's, the median over %s iterations x "
+                  "--reps\n",
+                  a.op == "all_reduce" ? "2(p-1)/p" : (a.op == "broadcast" || a.op == "sendrecv") ? "1" : "(p-1)/p",
+                  a.iters ? "--iters" : "iters (by size: 256 MiB worth, 20 to 10000)");
+      if (!mpi)
+        std::printf("# ratio = busbw / memcpy (one thread alone); limit = busbw / copy2/2, where copy2/2 is half "
+                    "the total rate of two threads copying size bytes each at once (memcpy or streaming stores, "
+                    "the faster)\n");
+      else if (peer_native)
+        std::printf("# native: the MPI library's own collective (MPI_I...), timed the same way; ratio = busbw / native\n");
       if (rounded)
         std::printf("# %s: sizes are rounded down to a multiple of %d ranks x 4 bytes (the size column shows what ran)\n",
                     a.op.c_str(), ranks);
@@ -354,6 +428,7 @@ void run_bench(const BenchArgs& a) {
                     "mean over ranks)\n", c.num_hosts(), c.ranks_per_host());
       std::printf("%10s %11s %7s %11s %11s %11s %6s %12s %7s", "size", "count", "algo", "time(us)", "algbw(GB/s)",
                   "busbw(GB/s)", "check", mpi ? "native(GB/s)" : "memcpy(GB/s)", "ratio");
+      if (!mpi) std::printf(" %14s %7s", "copy2/2(GB/s)", "limit");
       if (hosts) std::printf(" %12s %12s", "xhost(max)", "xhost(mean)");
       std::printf("\n");
     }
@@ -363,27 +438,36 @@ void run_bench(const BenchArgs& a) {
       const std::size_t sz = run.count * sizeof(float);
       const bool ok = run.check(c);
       const auto [xmax, xmean] = hosts ? run.cross_host_bytes(c) : std::pair<double, double>{0, 0};
-      const double t = run.time(c, a.warmup, a.iters, a.reps);
+      const int iters = a.iters ? a.iters : iters_for(sz);
+      const int warmup = a.iters ? a.warmup : std::max(a.warmup, iters / 10);
+      const double t = run.time(c, warmup, iters, a.reps);
       const double algbw = sz / t / 1e9, busbw = algbw * run.bus_factor;
       double peer = 0;
       if (peer_native) {
         OpRun nat{a.op, mc::Algorithm::native, 0, 0, {}, {}, 1.0};
         nat.setup(p, bytes);
-        peer = sz / nat.time(c, a.warmup, a.iters, a.reps) / 1e9 * nat.bus_factor;
-      } else if (!mpi) {
-        if (lead) peer = sz / memcpy_seconds(sz, std::max(3, a.iters)) / 1e9;
+        peer = sz / nat.time(c, warmup, iters, a.reps) / 1e9 * nat.bus_factor;
+      }
+      double limit = 0;
+      if (!mpi) {
+        if (lead) peer = sz / memcpy_seconds(sz, std::max(3, iters)) / 1e9;
         c.barrier();
+        limit = copy2_half_rate(c, sz, std::max(3, iters));
       }
       all_ok = all_ok && ok;
       std::string used = a.op == "sendrecv" ? "p2p" : mc::to_string(*algo);
-      for (auto& [name, kind] : kinds)
-        if (a.op == name && *algo == mc::Algorithm::automatic)
-          used = std::string("auto:") +
-                 mc::to_string(kind == mc::OpKind::all_reduce && hosts ? mc::choose_all_reduce(sz, c.host_layout(), c.backend())
-                                                                       : mc::choose_algorithm(kind, sz, p, c.backend()));
+      for (auto& [name, kind] : kinds) {
+        if (a.op != name || *algo != mc::Algorithm::automatic) continue;
+        mc::Algorithm chosen = kind == mc::OpKind::all_reduce && hosts ? mc::choose_all_reduce(sz, c.host_layout(), c.backend())
+                                                                       : mc::choose_algorithm(kind, sz, p, c.backend());
+        if (const std::size_t lim = c.shared_memory_limit())  // as the communicator does
+          chosen = mc::prefer_shared_memory(kind, chosen, p, sz, lim);
+        used = std::string("auto:") + mc::to_string(chosen);
+      }
       if (lead) {
         std::printf("%10s %11zu %7s %11.2f %11.3f %11.3f %6s %12.3f %7.2f", human(sz).c_str(), run.count,
                     used.c_str(), t * 1e6, algbw, busbw, ok ? "ok" : "WRONG", peer, peer > 0 ? busbw / peer : 0.0);
+        if (!mpi) std::printf(" %14.3f %7.2f", limit, limit > 0 ? busbw / limit : 0.0);
         if (hosts) std::printf(" %12.0f %12.0f", xmax, xmean);
         std::printf("\n");
       }
@@ -405,12 +489,15 @@ void add_bench_comm_command(CLI::App& bench) {
       ->check(integer<int>(1));
   cmd->add_option("--sizes", args->sizes,
                   "bytes, whole multiples of 4 (K, M, G suffixes): a range LO:HI doubling (4K:256M), or a list (4K,64M)");
-  cmd->add_option("--algo", args->algo, "auto, ring, rhd, tree, direct, hier (all_reduce over two or more hosts) or native (mpi)")
-      ->check(CLI::IsMember({"auto", "ring", "rhd", "tree", "direct", "hier", "native"}));
+  cmd->add_option("--algo", args->algo,
+                  "auto, ring, rhd, tree, direct, hier (all_reduce over two or more hosts), shm (all_reduce, ranks on "
+                  "one host) or native (mpi)")
+      ->check(CLI::IsMember({"auto", "ring", "rhd", "tree", "direct", "hier", "shm", "native"}));
   CLI::Option* rph = cmd->add_option("--ranks-per-host", args->ranks_per_host,
                   "ranks per host: ranks [0,K) are host 0, [K,2K) host 1, ... (threads: emulated hosts; mpi: "
                   "overrides mpirun's hosts); adds the bytes sent across hosts to the table");
-  cmd->add_option("--iters", args->iters, "timed iterations per size")->check(integer<int>(1));
+  cmd->add_option("--iters", args->iters, "timed iterations per size (default: 256 MiB worth, 20 to 10000)")
+      ->check(integer<int>(1));
   cmd->add_option("--warmup", args->warmup, "untimed iterations per size")->check(integer<int>(0));
   cmd->add_option("--reps", args->reps, "repetitions of the timed loop; the best is reported")->check(integer<int>(1));
   cmd->add_option("--chunk", args->chunk, "pipelining segment in bytes (0: the backend default)")->check(integer<std::size_t>());

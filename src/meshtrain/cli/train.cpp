@@ -137,7 +137,7 @@ void add_train_command(CLI::App& app, std::shared_ptr<const InProcessHooks> hook
   c->add_option("--allreduce", opt->allreduce,
                 "Algorithm of the data-parallel gradient all-reduce: auto (the cost model's choice), ring, rhd, tree, "
                 "hier (reduce-scatter inside each host, all-reduce across hosts, all-gather inside; needs two or "
-                "more hosts) or native (mpi)")
+                "more hosts), shm (ranks on one host: each sums a block of every rank's data in shared memory) or native (mpi)")
       ->capture_default_str();
   auto ranks_per_host = std::make_shared<int>(0);
   c->add_option("--ranks-per-host", *ranks_per_host,

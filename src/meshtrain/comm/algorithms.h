@@ -36,6 +36,11 @@ void tree_broadcast(OpContext& c, void* buf, std::size_t bytes, int root);
 void tree_reduce(OpContext& c, void* buf, std::size_t count, DType t, ReduceOp op, int root);
 void tree_all_reduce(OpContext& c, void* buf, std::size_t count, DType t, ReduceOp op);
 
+// ---- shm.cpp ----
+// Ranks in one address space (Transport::shared_memory): rank r sums block r of every rank's
+// buffer in the tree's order and writes it into all of them; each byte read and written once.
+void shm_all_reduce(OpContext& c, SharedMemory& m, void* buf, std::size_t count, DType t, ReduceOp op);
+
 // ---- direct_all_to_all.cpp ----
 // in and out hold p blocks of block_bytes; block j of `in` goes to rank j.
 void direct_all_to_all(OpContext& c, const void* in, void* out, std::size_t block_bytes);

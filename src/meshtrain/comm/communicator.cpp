@@ -65,6 +65,11 @@ std::byte* Communicator::scratch(std::size_t bytes) {
   return scratch_.data();
 }
 
+std::size_t Communicator::shared_memory_limit() const {
+  const SharedMemory* m = t_->shared_memory();
+  return m ? m->limit() : 0;
+}
+
 // ---- statistics ----
 CommStats Communicator::stats() const {
   CommStats s;
@@ -142,29 +147,50 @@ struct Communicator::Job {
 };
 
 // ---- executor ----
+// A synchronous call on an idle communicator runs on the caller's thread (no hand-off latency)
+// and, for an operation described by a Call, without wrapping it in a std::function: nothing
+// is allocated on that path.
+Work Communicator::issue_call(const char* op, const Call& c, bool async) {
+  if (!async) {
+    std::unique_lock lk(qm_);
+    if (!busy_ && queue_.empty()) {
+      stats_->ops.fetch_add(1, std::memory_order_relaxed);
+      const std::uint64_t seq = coll_seq_++;
+      run_inline(op, seq, lk, [&](std::uint64_t s) { run_call(c, s); });
+      return Work{};
+    }
+  }
+  return issue(op, c.timeout, [this, c](std::uint64_t s) { run_call(c, s); }, async);
+}
+
+template <class F>
+void Communicator::run_inline(const char* op, std::uint64_t seq, std::unique_lock<std::mutex>& lk, F&& body) {
+  // The whole call counts as blocked.
+  busy_ = true;
+  lk.unlock();
+  const auto t0 = Clock::now();
+  std::exception_ptr err;
+  try {
+    body(seq);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  add_wait(*stats_, t0);
+  if (observer_) observer_(op, seq, t0, Clock::now());
+  lk.lock();
+  busy_ = false;
+  if (!queue_.empty()) qcv_.notify_all();
+  lk.unlock();
+  if (err) std::rethrow_exception(err);
+}
+
 Work Communicator::issue(const char* op, Timeout timeout, Body body, bool async) {
   (void)timeout;
   stats_->ops.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock lk(qm_);
   const std::uint64_t seq = coll_seq_++;
   if (!async && !busy_ && queue_.empty()) {
-    // Idle: run on the caller's thread (no hand-off latency). The whole call counts as blocked.
-    busy_ = true;
-    lk.unlock();
-    const auto t0 = Clock::now();
-    std::exception_ptr err;
-    try {
-      body(seq);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    add_wait(*stats_, t0);
-    if (observer_) observer_(op, seq, t0, Clock::now());
-    lk.lock();
-    busy_ = false;
-    if (!queue_.empty()) qcv_.notify_all();
-    lk.unlock();
-    if (err) std::rethrow_exception(err);
+    run_inline(op, seq, lk, body);
     return Work{};
   }
   auto w = std::make_shared<QueuedWork>(op, name_, seq, stats_);
@@ -222,9 +248,11 @@ void Communicator::run_call(const Call& c, std::uint64_t seq) {
     bytes *= size_;
   }
   Algorithm a = c.algorithm;
-  if (a == Algorithm::automatic)
+  if (a == Algorithm::automatic) {
     a = c.kind == OpKind::all_reduce && num_hosts() > 1 ? choose_all_reduce(bytes, host_layout(), t_->backend())
                                                           : choose_algorithm(c.kind, bytes, size_, t_->backend());
+    if (SharedMemory* m = t_->shared_memory()) a = prefer_shared_memory(c.kind, a, size_, bytes, m->limit());
+  }
   std::size_t chunk = c.chunk_bytes ? c.chunk_bytes : default_chunk_bytes(t_->backend());
   const auto deadline = deadline_for(c.timeout);
   OpContext ctx(*t_, to_string(c.kind), name_, seq, deadline, chunk, *stats_, hosts_.empty() ? nullptr : &hosts_);
@@ -265,6 +293,13 @@ void Communicator::execute(const Call& c, Algorithm a, OpContext& ctx) {
       if (a == Algorithm::ring) ring_all_reduce(ctx, c.out, c.count, c.type, c.op);
       else if (a == Algorithm::rhd) rhd_all_reduce(ctx, c.out, c.count, c.type, c.op);
       else if (a == Algorithm::hier) run_hier(c, ctx);
+      else if (a == Algorithm::shm) {
+        SharedMemory* m = t_->shared_memory();
+        if (!m)
+          ctx.fail(ErrorKind::usage, {}, std::string("algorithm 'shm' needs the ranks on one machine (threads, or mpi "
+                                                     "processes on one host); this ") + t_->backend() + " group has no shared memory");
+        shm_all_reduce(ctx, *m, c.out, c.count, c.type, c.op);
+      }
       else tree_all_reduce(ctx, c.out, c.count, c.type, c.op);
       if (size_ == 1) finish_avg(c.out, c.count, c.type, c.op, 1);
       break;
@@ -319,7 +354,7 @@ Work Communicator::all_reduce_v(ConstView in, MutView out, const AllReduceOption
   if (!supports(OpKind::all_reduce, o.algorithm))
     usage("all_reduce", std::string("algorithm '") + to_string(o.algorithm) + "' does not implement all_reduce (use ring, rhd, tree, hier, native)");
   Call c{OpKind::all_reduce, in.type, o.op, 0, in.data, out.data, in.count, {}, o.algorithm, o.chunk_bytes, o.timeout};
-  return issue("all_reduce", o.timeout, [this, c](std::uint64_t s) { run_call(c, s); }, async);
+  return issue_call("all_reduce", c, async);
 }
 
 Work Communicator::reduce_scatter_v(ConstView in, MutView out, const std::vector<std::size_t>* counts,

@@ -196,6 +196,9 @@ class Communicator {
   const std::vector<int>& hosts() const { return hosts_; }
   int num_hosts() const;       // distinct hosts (1 when none were set)
   int ranks_per_host() const;  // ranks on each host when every host holds as many; 0 otherwise
+  // The most bytes Algorithm::shm can all-reduce in this group: unbounded (SIZE_MAX) on threads,
+  // the shared segment under mpi on one host, 0 where the group shares no memory.
+  std::size_t shared_memory_limit() const;
   std::optional<CostParams> host_link() const { return across_; }
   // The group as hier sees it: hosts, ranks per host, and the links (in_host: the backend's).
   HostLayout host_layout() const;
@@ -249,6 +252,9 @@ class Communicator {
  private:
   using Body = std::function<void(std::uint64_t seq)>;
   Work issue(const char* op, Timeout timeout, Body body, bool async);
+  Work issue_call(const char* op, const Call& c, bool async);  // issue(run_call(c)), allocation-free when inline
+  template <class F>
+  void run_inline(const char* op, std::uint64_t seq, std::unique_lock<std::mutex>& lk, F&& body);
   void run_call(const Call& c, std::uint64_t seq);
   void execute(const Call& c, Algorithm a, OpContext& ctx);
   void progress_loop();

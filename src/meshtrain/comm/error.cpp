@@ -42,12 +42,13 @@ const char* to_string(Algorithm a) {
     case Algorithm::direct: return "direct";
     case Algorithm::native: return "native";
     case Algorithm::hier: return "hier";
+    case Algorithm::shm: return "shm";
   }
   return "?";
 }
 std::optional<Algorithm> parse_algorithm(std::string_view name) {
   for (Algorithm a : {Algorithm::automatic, Algorithm::ring, Algorithm::rhd, Algorithm::tree,
-                      Algorithm::direct, Algorithm::native, Algorithm::hier})
+                      Algorithm::direct, Algorithm::native, Algorithm::hier, Algorithm::shm})
     if (name == to_string(a)) return a;
   return std::nullopt;
 }

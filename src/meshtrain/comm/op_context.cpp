@@ -63,6 +63,37 @@ void OpContext::wait(RequestPtr& r) {
   r.reset();
 }
 
+// ---- shared memory ----
+void OpContext::shm_publish(SharedMemory& m, void* buf) { shm_wait(m, 0, buf); }
+void OpContext::shm_finish(SharedMemory& m) { shm_wait(m, 1, nullptr); }
+void OpContext::count_bytes(std::size_t sent, std::size_t received) {
+  stats_.bytes_sent.fetch_add(sent, std::memory_order_relaxed);
+  stats_.bytes_received.fetch_add(received, std::memory_order_relaxed);
+}
+
+void OpContext::shm_wait(SharedMemory& m, int phase, void* buf) {
+  bool done = false;
+  t_.waiting(op_, group_, seq_, (t_.rank() + 1) % t_.size());  // mpi: what a SIGTERM handler prints
+  struct Clear {
+    Transport& t;
+    ~Clear() { t.waiting(nullptr, {}, 0, -1); }
+  } clear{t_};
+  try {
+    done = phase == 0 ? m.publish(seq_, buf, deadline_) : m.finish(seq_, deadline_);
+  } catch (const PeerFailure& e) {
+    fail(ErrorKind::peer_failed, e.ranks.empty() ? m.missing(seq_, phase) : e.ranks, e.what());
+  }
+  if (done) return;
+  std::vector<int> missing = m.missing(seq_, phase);
+  std::ostringstream why;
+  why << "deadline passed while waiting for rank " << (missing.empty() ? -1 : missing.front())
+      << (phase == 0 ? " to enter the shared-memory exchange" : " to finish the shared-memory exchange");
+  t_.note_silent(missing);
+  CommError e(ErrorKind::timeout, op_, group_, seq_, std::move(missing), why.str());
+  t_.abort(std::string("rank ") + std::to_string(t_.rank()) + " of '" + group_ + "': " + e.what());
+  throw e;
+}
+
 void OpContext::wait_all(std::vector<RequestPtr>& rs) {
   for (auto& r : rs) wait(r);
   rs.clear();

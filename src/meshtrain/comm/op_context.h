@@ -44,12 +44,20 @@ class OpContext {
   RequestPtr irecv(int peer, void* buf, std::size_t bytes, int tag = kTagCollective);
   RequestPtr irecv_reduce(int peer, void* inout, std::size_t count, DType t, ReduceOp op);
 
+  // Shared memory (shm.cpp): SharedMemory::publish and finish for this operation's sequence
+  // number, their failures turned into CommErrors as wait()'s are.
+  void shm_publish(SharedMemory& m, void* buf);
+  void shm_finish(SharedMemory& m);
+  // Counts bytes an algorithm moved without messages (written to and read from other members).
+  void count_bytes(std::size_t sent, std::size_t received);
+
   void wait(RequestPtr& r);                  // throws CommError
   void wait_all(std::vector<RequestPtr>& rs);  // throws CommError; clears rs
 
   [[noreturn]] void fail(ErrorKind kind, std::vector<int> ranks, const std::string& detail) const;
 
  private:
+  void shm_wait(SharedMemory& m, int phase, void* buf);
   Transport& t_;
   const char* op_;
   const std::string& group_;

@@ -17,7 +17,8 @@ namespace meshtrain::comm {
 // exchanges); 32 MiB single-thread reduce and memcpy both ran at 10-12 GB/s per operand.
 // When ranks outnumber cores a step waits for the scheduler, so alpha grows with p / cores.
 CostParams cost_params(std::string_view backend, int p) {
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  // Asked once: hardware_concurrency reads /sys (system calls), and every `auto` call comes here.
+  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const double oversub = std::max(1.0, static_cast<double>(p) / cores);
   if (backend == "mpi") return {6.0e-6 * oversub, 1.0 / 6.0e9, 1.0 / 10.0e9};
   return {5.0e-6 * oversub, 1.0 / 10.0e9, 1.0 / 10.0e9};
@@ -52,6 +53,9 @@ double predicted_seconds(OpKind op, Algorithm a, std::size_t bytes, int p, const
         return 2 * std::log2(P2) * c.alpha + 2 * frac2 * n * c.beta + frac2 * n * c.gamma +
                (fixup ? 2 * c.alpha + 2 * n * c.beta + n * c.gamma : 0.0);
       if (a == Algorithm::tree) return 2 * L * (c.alpha / 2 + n * c.beta) + L * n * c.gamma;
+      // shm: two synchronisations (a quarter of an exchange each); every rank reads and writes
+      // n bytes at once, the reduction hidden under the memory traffic.
+      if (a == Algorithm::shm) return c.alpha / 2 + n * c.beta;
       break;
     case OpKind::reduce_scatter:
       if (a == Algorithm::ring) return (P - 1) * c.alpha + frac * n * (c.beta + c.gamma);
@@ -75,16 +79,23 @@ double predicted_seconds(OpKind op, Algorithm a, std::size_t bytes, int p, const
 }
 
 // ---- choice ----
-std::vector<Algorithm> algorithms_for(OpKind op) {
+std::span<const Algorithm> algorithms_for(OpKind op) {
+  // Static tables: asking allocates nothing (every all_reduce asks).
+  // hier needs the group's hosts (choose_all_reduce), shm shared memory (prefer_shared_memory);
+  // choose_algorithm picks neither.
+  static constexpr Algorithm all_reduce[] = {Algorithm::ring, Algorithm::rhd,    Algorithm::tree,
+                                             Algorithm::hier, Algorithm::shm,    Algorithm::native};
+  static constexpr Algorithm ring[] = {Algorithm::ring, Algorithm::native};
+  static constexpr Algorithm tree[] = {Algorithm::tree, Algorithm::native};
+  static constexpr Algorithm direct[] = {Algorithm::direct, Algorithm::native};
   switch (op) {
-    // hier needs the group's hosts (choose_all_reduce); choose_algorithm never picks it.
-    case OpKind::all_reduce: return {Algorithm::ring, Algorithm::rhd, Algorithm::tree, Algorithm::hier, Algorithm::native};
-    case OpKind::reduce_scatter: return {Algorithm::ring, Algorithm::native};
-    case OpKind::all_gather: return {Algorithm::ring, Algorithm::native};
-    case OpKind::broadcast: return {Algorithm::tree, Algorithm::native};
-    case OpKind::reduce: return {Algorithm::tree, Algorithm::native};
-    case OpKind::all_to_all: return {Algorithm::direct, Algorithm::native};
-    case OpKind::barrier: return {Algorithm::tree, Algorithm::native};
+    case OpKind::all_reduce: return all_reduce;
+    case OpKind::reduce_scatter:
+    case OpKind::all_gather: return ring;
+    case OpKind::broadcast:
+    case OpKind::reduce:
+    case OpKind::barrier: return tree;
+    case OpKind::all_to_all: return direct;
   }
   return {};
 }
@@ -101,11 +112,16 @@ Algorithm choose_algorithm(OpKind op, std::size_t n, int p, std::string_view bac
   Algorithm best = algorithms_for(op).front();
   double best_t = std::numeric_limits<double>::infinity();
   for (Algorithm a : algorithms_for(op)) {
-    if (a == Algorithm::native || a == Algorithm::hier) continue;
+    if (a == Algorithm::native || a == Algorithm::hier || a == Algorithm::shm) continue;
     const double t = predicted_seconds(op, a, n, p, c);
     if (t < best_t) best_t = t, best = a;
   }
   return best;
+}
+
+Algorithm prefer_shared_memory(OpKind op, Algorithm chosen, int p, std::size_t bytes, std::size_t limit) {
+  if (op != OpKind::all_reduce || p < 2 || chosen == Algorithm::hier || bytes > limit) return chosen;
+  return p == 2 || chosen == Algorithm::tree ? Algorithm::shm : chosen;
 }
 
 // ---- hosts ----

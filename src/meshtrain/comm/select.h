@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -56,10 +58,19 @@ Algorithm choose_all_reduce(std::size_t n, const HostLayout& h, std::string_view
 
 // ---- choice ----
 // The algorithms that implement `op` (native only where the backend has one).
-std::vector<Algorithm> algorithms_for(OpKind op);
+std::span<const Algorithm> algorithms_for(OpKind op);
 bool supports(OpKind op, Algorithm a);
-// The cheapest of algorithms_for(op) (excluding native) under cost_params(backend).
+// The cheapest of algorithms_for(op) (excluding native, hier and shm) under cost_params(backend).
 Algorithm choose_algorithm(OpKind op, std::size_t n, int p, std::string_view backend);
+
+// Where the ranks share memory (Transport::shared_memory: threads, or mpi on one host),
+// all_reduce runs shm instead of `chosen` wherever that keeps the bits `chosen` gives: at p = 2
+// (two terms have one sum whatever the order) and where `chosen` is tree (shm adds in the
+// tree's order). Elsewhere (ring or rhd at p >= 3) `chosen` stays, so `auto` never changes a
+// result; shm can still be asked for by name. Other operations: `chosen`.
+// `bytes` above `limit` (the shared segment of an mpi process): `chosen`.
+Algorithm prefer_shared_memory(OpKind op, Algorithm chosen, int p, std::size_t bytes = 0,
+                               std::size_t limit = SIZE_MAX);
 
 // Default pipelining segment of ring and broadcast, per backend.
 std::size_t default_chunk_bytes(std::string_view backend);

@@ -79,12 +79,23 @@ struct Bell {
   std::condition_variable cv;
   std::atomic<int> sleepers{0};
 };
+// One member's announcements for SharedMemory (a cache line each: only its owner writes it).
+struct alignas(64) ShmSlot {
+  std::atomic<std::uint64_t> published{0};  // seq + 1 of the last collective it published
+  std::atomic<void*> buf{nullptr};          // its buffer in that collective
+  std::atomic<std::uint64_t> started{0};    // seq + 1: it saw every buffer and may touch them
+  std::atomic<std::uint64_t> finished{0};   // seq + 1 of the last collective it finished
+  std::atomic<std::uint64_t> withdrawn{0};  // seq + 1: it left that collective on an error
+};
 struct Board {
-  explicit Board(std::vector<int> m) : members(std::move(m)), entered(new std::atomic<std::uint64_t>[members.size()]) {
+  explicit Board(std::vector<int> m)
+      : members(std::move(m)), entered(new std::atomic<std::uint64_t>[members.size()]),
+        shm(new ShmSlot[members.size()]) {
     for (std::size_t i = 0; i < members.size(); ++i) entered[i] = 0;
   }
   std::vector<int> members;  // world ranks
   std::unique_ptr<std::atomic<std::uint64_t>[]> entered;
+  std::unique_ptr<ShmSlot[]> shm;  // per member
 };
 
 // ---- Fabric ----
@@ -343,11 +354,157 @@ class ThreadsRequest final : public Request {
   int owner_, peer_, peer_world_;
 };
 
+// ---- ThreadsShared: SharedMemory over a group's board ----
+// Announcements are sequence numbers in the members' slots (seq_cst stores, acquire loads).
+// A wait spins with pause for the fabric's spin time, then yields, then sleeps on this rank's
+// doorbell (20 ms at most, for deadlines); an announcing rank rings the doorbells of the members
+// that sleep (an atomic load each when none does). A member that returned or threw, or an
+// aborted fabric, ends the wait with PeerFailure.
+//
+// Leaving on an error. The others write into this rank's buffer between their publish and
+// finish, so a rank that leaves the collective early (its wait failed) must not return while
+// one of them may still do so: it marks itself withdrawn, then waits until every member that
+// started (saw all buffers) has finished; that takes no longer than their summing, which never
+// waits. A member that sees all buffers marks itself started and then checks that nobody
+// withdrew (either the leaver sees its start or it sees the withdrawal: both are seq_cst), so
+// none starts after a withdrawal. A finish that sees a withdrawal fails too: the leaver may
+// not have written its block.
+class ThreadsShared final : public SharedMemory {
+ public:
+  ThreadsShared(Fabric& f, Board& b, int rank) : f_(f), b_(b), rank_(rank), p_(static_cast<int>(b.members.size())) {}
+
+  bool publish(std::uint64_t seq, void* buf, Clock::time_point deadline) override {
+    ShmSlot& me = b_.shm[rank_];
+    me.buf.store(buf, std::memory_order_relaxed);
+    me.published.store(seq + 1);  // seq_cst: ordered before wake()'s loads of the sleepers
+    wake();
+    guarded(seq, [&] { return wait(seq, 0, deadline); });
+    if (!ok_) return false;
+    me.started.store(seq + 1);
+    guarded(seq, [&] { return check_withdrawn(seq); });
+    return ok_;
+  }
+  void* buffer(int member) const override { return b_.shm[member].buf.load(std::memory_order_relaxed); }
+  bool finish(std::uint64_t seq, Clock::time_point deadline) override {
+    b_.shm[rank_].finished.store(seq + 1);
+    wake();
+    guarded(seq, [&] { return wait(seq, 1, deadline) && check_withdrawn(seq); });
+    return ok_;
+  }
+  std::vector<int> missing(std::uint64_t seq, int phase) const override {
+    std::vector<int> out;
+    for (int q = 0; q < p_; ++q)
+      if (!arrived(q, seq, phase)) out.push_back(q);
+    return out;
+  }
+
+ private:
+  // Runs a wait; if it fails (false or an exception), withdraws before passing the failure on.
+  template <class W>
+  void guarded(std::uint64_t seq, W&& w) {
+    try {
+      ok_ = w();
+    } catch (...) {
+      withdraw(seq);
+      throw;
+    }
+    if (!ok_) withdraw(seq);
+  }
+  bool check_withdrawn(std::uint64_t seq) {
+    for (int q = 0; q < p_; ++q)
+      if (q != rank_ && b_.shm[q].withdrawn.load() == seq + 1)  // this collective, not a later one
+        throw PeerFailure({q}, "rank " + std::to_string(q) + " left this collective after a failure");
+    return true;
+  }
+  void withdraw(std::uint64_t seq) {
+    ShmSlot& me = b_.shm[rank_];
+    me.withdrawn.store(seq + 1);
+    me.finished.store(seq + 1);  // done with the others' buffers (a failed wait touches none)
+    wake();
+    for (int q = 0; q < p_; ++q) {
+      const ShmSlot& s = b_.shm[q];
+      for (int i = 0; s.started.load() > seq && s.finished.load() <= seq; ++i) {
+        if (i < 1000) cpu_relax();
+        else std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+  bool arrived(int q, std::uint64_t seq, int phase) const {
+    const ShmSlot& s = b_.shm[q];
+    return (phase == 0 ? s.published : s.finished).load(std::memory_order_acquire) > seq;
+  }
+  // The first member not yet arrived at (seq, phase), from `from` on; p_ when all have.
+  int first_missing(std::uint64_t seq, int phase, int from) const {
+    for (int q = from; q < p_; ++q)
+      if (!arrived(q, seq, phase)) return q;
+    return p_;
+  }
+  void wake() {
+    for (int q = 0; q < p_; ++q)
+      if (q != rank_) f_.ring(b_.members[q]);
+  }
+  void check(int q) {
+    if (f_.aborted.load()) f_.throw_aborted();
+    const int st = f_.status[b_.members[q]].load();
+    if (st != 0)
+      throw PeerFailure({q}, "rank " + std::to_string(q) + (st == 1 ? " returned from its function" : " threw") +
+                                 " without entering this collective");
+  }
+  // The first member from q on not yet arrived (p_: all have). With `check`, throws when the
+  // fabric was aborted or that member is gone, unless it arrived before that was seen (the
+  // failure is read first, then the arrivals: a member that finished before a peer failed
+  // counts as arrived).
+  int poll(std::uint64_t seq, int phase, int q, bool check_peers) {
+    q = first_missing(seq, phase, q);
+    if (q == p_ || !check_peers) return q;
+    if (!f_.aborted.load() && f_.status[b_.members[q]].load() == 0) return q;
+    if ((q = first_missing(seq, phase, q)) == p_) return q;
+    check(q);
+    return q;
+  }
+  bool wait(std::uint64_t seq, int phase, Clock::time_point deadline) {
+    int q = first_missing(seq, phase, 0);
+    if (q == p_) return true;
+    struct Blocked {
+      std::atomic<int>& n;
+      explicit Blocked(std::atomic<int>& c) : n(c) { n.fetch_add(1); }
+      ~Blocked() { n.fetch_sub(1); }
+    } blocked(f_.blocked[b_.members[rank_]]);
+    const auto t0 = Clock::now();
+    const auto spin_end = t0 + f_.spin, yield_end = t0 + f_.yield;
+    for (unsigned i = 1;; ++i) {
+      if ((q = poll(seq, phase, q, (i & 63) == 0)) == p_) return true;
+      if ((i & 63) == 0 && Clock::now() >= spin_end) break;
+      cpu_relax();
+    }
+    while (Clock::now() < yield_end) {
+      if ((q = poll(seq, phase, q, true)) == p_) return true;
+      std::this_thread::yield();
+    }
+    Bell& bell = f_.bells[b_.members[rank_]];
+    for (;;) {
+      if ((q = poll(seq, phase, q, true)) == p_) return true;
+      const auto now = Clock::now();
+      if (now >= deadline) return false;
+      std::unique_lock lk(bell.m);
+      bell.sleepers.fetch_add(1);
+      if (!arrived(q, seq, phase) && !f_.aborted.load() && f_.status[b_.members[q]].load() == 0)
+        bell.cv.wait_until(lk, std::min(deadline, now + std::chrono::milliseconds(20)));
+      bell.sleepers.fetch_sub(1);
+    }
+  }
+
+  Fabric& f_;
+  Board& b_;
+  int rank_, p_;
+  bool ok_ = false;
+};
+
 // ---- ThreadsTransport ----
 class ThreadsTransport final : public Transport {
  public:
   ThreadsTransport(std::shared_ptr<Fabric> f, int ctx, std::shared_ptr<Board> board, int rank)
-      : f_(std::move(f)), ctx_(ctx), board_(std::move(board)), rank_(rank) {}
+      : f_(std::move(f)), ctx_(ctx), board_(std::move(board)), rank_(rank), shared_(*f_, *board_, rank_) {}
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(board_->members.size()); }
   const char* backend() const override { return "threads"; }
@@ -415,6 +572,7 @@ class ThreadsTransport final : public Transport {
     return out;
   }
   void abort(const std::string& reason) override { f_->abort(reason, {}); }
+  SharedMemory* shared_memory() override { return &shared_; }
 
  private:
   int me() const { return board_->members[rank_]; }
@@ -433,6 +591,7 @@ class ThreadsTransport final : public Transport {
   int ctx_;
   std::shared_ptr<Board> board_;
   int rank_;
+  ThreadsShared shared_;
 };
 
 std::string what_of(std::exception_ptr e) {

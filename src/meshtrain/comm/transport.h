@@ -60,6 +60,33 @@ struct NativeCall {
   const std::vector<std::size_t>* counts;
 };
 
+// ---- shared memory ----
+// The members of a group on one machine can read and write each other's data while all of
+// them are inside the same collective, which lets an all-reduce touch each byte the minimum
+// number of times (shm.cpp). On threads (one address space) the data are the callers' own
+// buffers; on mpi each process has a segment of memory shared with the others, stage(), of
+// limit() bytes, into which the caller copies its data first and from which it copies the
+// result. The protocol, per collective `seq` (the communicator's sequence number, equal on
+// every member):
+// - publish(seq, buf): announce this member's buffer (its stage() where it has one), wait until
+//   every member announced its own; buffer(q) is then member q's buffer for this collective;
+// - finish(seq): announce that this member is done with the others' buffers, wait until every
+//   member said the same (after which each may use its own buffer again).
+// Waits spin, then yield, then sleep on a doorbell, and return false at the deadline; they
+// throw PeerFailure when a member returned or threw, or the job was aborted. Neither call
+// allocates, and while the members answer within the spin neither makes a system call.
+class SharedMemory {
+ public:
+  virtual ~SharedMemory() = default;
+  virtual void* stage() { return nullptr; }  // nullptr: the callers' buffers are shared as they are
+  virtual std::size_t limit() const { return SIZE_MAX; }  // the most bytes one collective can exchange
+  virtual bool publish(std::uint64_t seq, void* buf, Clock::time_point deadline) = 0;
+  virtual void* buffer(int member) const = 0;
+  virtual bool finish(std::uint64_t seq, Clock::time_point deadline) = 0;
+  // Diagnostics: the members that have not yet published (phase 0) or finished (phase 1) `seq`.
+  virtual std::vector<int> missing(std::uint64_t seq, int phase) const = 0;
+};
+
 // ---- Transport ----
 class Transport {
  public:
@@ -102,6 +129,9 @@ class Transport {
   // The members that did not answer by a deadline (called before abort). A backend that gives
   // the others time to report before it ends the job (mpi) need not wait for these.
   virtual void note_silent(const std::vector<int>& ranks) { (void)ranks; }
+
+  // The group's shared memory, where the members share an address space (nullptr otherwise).
+  virtual SharedMemory* shared_memory() { return nullptr; }
 
   // The backend's own collective (Algorithm::native); `unsupported` where it has none.
   enum class NativeResult { done, timeout, unsupported };

@@ -37,7 +37,7 @@ const char* to_string(ReduceOp op);
 // `native` calls the MPI library's own collective (mpi backend only). `hier` (all_reduce only)
 // knows hosts: reduce-scatter inside each host, all-reduce across hosts, all-gather inside each
 // host (hier.cpp; the group's hosts come from Communicator::set_hosts).
-enum class Algorithm : std::uint8_t { automatic, ring, rhd, tree, direct, native, hier };
+enum class Algorithm : std::uint8_t { automatic, ring, rhd, tree, direct, native, hier, shm };
 const char* to_string(Algorithm a);
 std::optional<Algorithm> parse_algorithm(std::string_view name);  // "auto", "ring", ...
 

@@ -464,7 +464,7 @@ void check_hosts(const TrainOptions& o) {
   if (o.ranks_per_host != 0) check_ranks_per_host(o.ranks_per_host, world);
   const auto algo = comm::parse_algorithm(o.allreduce);
   if (!algo || *algo == comm::Algorithm::direct)
-    bad("--allreduce must be auto, ring, rhd, tree, hier or native, not '" + o.allreduce + "'");
+    bad("--allreduce must be auto, ring, rhd, tree, hier, shm or native, not '" + o.allreduce + "'");
   if (*algo == comm::Algorithm::automatic) return;
   if (o.dp < 2 || o.ps_servers > 0)
     bad("--allreduce chooses how the data-parallel gradients are all-reduced; it needs --dp 2 or more and no "

@@ -16,7 +16,7 @@ expect 2 "--zero 2 reduce-scatters them instead; use --zero 0 or 1" -- \
   "$MT" "${T[@]}" --dp 4 --ranks-per-host 2 --allreduce hier --zero 2
 expect 2 "--comm-dtype bf16 exchanges bf16 slices with an all-to-all instead; drop one of them" -- \
   "$MT" "${T[@]}" --dp 4 --ranks-per-host 2 --allreduce hier --comm-dtype bf16
-expect 2 "--allreduce must be auto, ring, rhd, tree, hier or native, not 'bogus'" -- "$MT" "${T[@]}" --dp 2 --allreduce bogus
+expect 2 "--allreduce must be auto, ring, rhd, tree, hier, shm or native, not 'bogus'" -- "$MT" "${T[@]}" --dp 2 --allreduce bogus
 expect 2 "--allreduce is empty" -- "$MT" "${T[@]}" --dp 2 --allreduce ""
 expect 2 "--allreduce chooses how the data-parallel gradients are all-reduced; it needs --dp 2 or more" -- \
   "$MT" "${T[@]}" --allreduce ring

@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -51,8 +52,15 @@ std::vector<char> g_silent;  // world ranks that missed a deadline of this proce
 int g_world_rank = 0, g_world_size = 1;
 
 // What this process is blocked on, for the SIGTERM handler (double-buffered: the handler reads
-// the slot last published).
-char g_activity[2][384];
+// the slot last published). The fields are stored and the handler formats them: every wait
+// publishes one, so formatting there would cost every small all-reduce its time.
+struct Activity {
+  const char* op;
+  const char* group;  // the communicator's name, alive while it waits
+  unsigned long long seq;
+  int peer;
+};
+Activity g_activity[2];
 std::atomic<int> g_activity_slot{-1};
 
 void on_sigterm(int sig) {
@@ -61,7 +69,9 @@ void on_sigterm(int sig) {
   const int n = std::snprintf(head, sizeof head, "meshtrain: world rank %d terminated by the launcher", g_world_rank);
   if (n > 0) (void)!write(2, head, static_cast<std::size_t>(n));
   if (slot >= 0) {
-    const char* a = g_activity[slot];
+    char a[384];
+    const Activity& w = g_activity[slot];
+    std::snprintf(a, sizeof a, "%s #%llu on group '%s' for rank %d (not heard from)", w.op, w.seq, w.group, w.peer);
     (void)!write(2, " while waiting in ", 18);
     (void)!write(2, a, std::strlen(a));
     (void)!write(2, " (a peer process probably died)", 31);
@@ -211,6 +221,12 @@ int as_int(std::size_t n) {
 // Spin ~50 us on MPI_Test, then yield, then sleep in growing steps up to 200 us.
 template <class Test>
 bool poll_until(Test&& test, Clock::time_point deadline) {
+  for (int i = 0; i < 64; ++i) {  // the peer usually answers within a microsecond: no clock yet
+    if (test()) return true;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
   const auto t0 = Clock::now();
   for (unsigned i = 0;; ++i) {
     if (test()) return true;
@@ -296,12 +312,99 @@ class MpiRequest final : public Request {
   std::shared_ptr<Pool> pool_;
 };
 
+// ---- shared memory on one host ----
+// A group whose processes are all on one host (the hosts of mpi_hosts) gets, when its transport
+// is made, an MPI-3 shared window: per process a 128-byte header (two announcements, a cache
+// line each) and a stage of kStageBytes, which shm.cpp copies its data into, exchanges through
+// and copies the result out of. The waits poll the headers as poll_until polls MPI_Test (with
+// the abort notices and the deadline). The window is never freed before MPI_Finalize:
+// MPI_Win_free synchronises the group, and processes may drop their communicators in different
+// orders (or fail). MESHTRAIN_COMM_MPI_SHM=0 turns it off.
+std::vector<int> g_hosts;  // host of each world rank, set before the world's transport is made
+constexpr std::size_t kStageBytes = std::size_t{1} << 20;
+constexpr std::size_t kHeaderBytes = 128;
+
+class MpiShared final : public SharedMemory {
+ public:
+  MpiShared(MPI_Comm comm, int rank, int size) : rank_(rank), size_(size), segs_(static_cast<std::size_t>(size)) {
+    std::lock_guard g(g_mpi);
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    char* mine = nullptr;
+    MPI_Win_allocate_shared(static_cast<MPI_Aint>(kHeaderBytes + kStageBytes), 1, info, comm, &mine, &win_);
+    MPI_Info_free(&info);
+    for (int q = 0; q < size; ++q) {
+      MPI_Aint bytes = 0;
+      int unit = 0;
+      void* at = nullptr;
+      MPI_Win_shared_query(win_, q, &bytes, &unit, &at);
+      segs_[static_cast<std::size_t>(q)] = static_cast<char*>(at);
+    }
+    new (mine) std::atomic<std::uint64_t>(0);
+    new (mine + 64) std::atomic<std::uint64_t>(0);
+    MPI_Barrier(comm);  // every header is initialised before anyone reads one
+  }
+  void* stage() override { return segs_[static_cast<std::size_t>(rank_)] + kHeaderBytes; }
+  std::size_t limit() const override { return kStageBytes; }
+  bool publish(std::uint64_t seq, void*, Clock::time_point deadline) override {
+    flag(rank_, 0).store(seq + 1);
+    return poll_until([&] { return all(seq, 0); }, deadline);
+  }
+  void* buffer(int member) const override { return segs_[static_cast<std::size_t>(member)] + kHeaderBytes; }
+  bool finish(std::uint64_t seq, Clock::time_point deadline) override {
+    flag(rank_, 1).store(seq + 1);
+    return poll_until([&] { return all(seq, 1); }, deadline);
+  }
+  std::vector<int> missing(std::uint64_t seq, int phase) const override {
+    std::vector<int> out;
+    for (int q = 0; q < size_; ++q)
+      if (flag(q, phase).load() <= seq) out.push_back(q);
+    return out;
+  }
+
+ private:
+  std::atomic<std::uint64_t>& flag(int q, int phase) const {
+    return *reinterpret_cast<std::atomic<std::uint64_t>*>(segs_[static_cast<std::size_t>(q)] + 64 * phase);
+  }
+  bool all(std::uint64_t seq, int phase) const {
+    for (int q = 0; q < size_; ++q)
+      if (flag(q, phase).load(std::memory_order_acquire) <= seq) return false;
+    return true;
+  }
+
+  int rank_, size_;
+  std::vector<char*> segs_;
+  MPI_Win win_ = MPI_WIN_NULL;
+};
+
+// Whether every process of `comm` is on one host (false when the hosts are not known).
+bool on_one_host(MPI_Comm comm, int size) {
+  if (g_hosts.empty() || size < 2) return false;
+  if (const char* s = std::getenv("MESHTRAIN_COMM_MPI_SHM"); s && std::strcmp(s, "0") == 0) return false;
+  std::lock_guard g(g_mpi);
+  MPI_Group mine, world;
+  MPI_Comm_group(comm, &mine);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> in(static_cast<std::size_t>(size)), out(static_cast<std::size_t>(size), MPI_UNDEFINED);
+  for (int i = 0; i < size; ++i) in[static_cast<std::size_t>(i)] = i;
+  MPI_Group_translate_ranks(mine, size, in.data(), world, out.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+  for (int w : out)
+    if (w < 0 || w >= static_cast<int>(g_hosts.size()) || g_hosts[static_cast<std::size_t>(w)] != g_hosts[static_cast<std::size_t>(out[0])])
+      return false;
+  return true;
+}
+
 // ---- MpiTransport ----
 class MpiTransport final : public Transport {
  public:
+  // Collective over `comm` (the shared window).
   explicit MpiTransport(MPI_Comm comm) : comm_(comm), pool_(std::make_shared<Pool>()) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    if (on_one_host(comm_, size_)) shared_ = std::make_unique<MpiShared>(comm_, rank_, size_);
   }
   ~MpiTransport() override {
     int finalized = 0;
@@ -359,8 +462,7 @@ class MpiTransport final : public Transport {
       return;
     }
     const int slot = g_activity_slot.load() == 0 ? 1 : 0;
-    std::snprintf(g_activity[slot], sizeof g_activity[slot], "%s #%llu on group '%s' for rank %d (not heard from)", op,
-                  static_cast<unsigned long long>(seq), group.c_str(), peer);
+    g_activity[slot] = {op, group.c_str(), static_cast<unsigned long long>(seq), peer};
     g_activity_slot.store(slot);
   }
 
@@ -368,6 +470,7 @@ class MpiTransport final : public Transport {
     g_failed = true;
     send_notice(reason);
   }
+  SharedMemory* shared_memory() override { return shared_.get(); }
 
   void note_silent(const std::vector<int>& ranks) override {
     std::lock_guard g(g_mpi);
@@ -433,6 +536,7 @@ class MpiTransport final : public Transport {
   int rank_ = 0, size_ = 1;
   std::shared_ptr<Pool> pool_;
   std::vector<int> ints_, displs_;
+  std::unique_ptr<MpiShared> shared_;  // all members on one host
 };
 
 }  // namespace
@@ -477,10 +581,11 @@ bool have_mpi() { return true; }
 std::shared_ptr<Communicator> mpi_world(const Communicator::Config& cfg) {
   ensure_init();
   static std::shared_ptr<Communicator> world = [&] {
+    std::vector<int> hosts = mpi_hosts();
+    g_hosts = hosts;
     MPI_Comm dup;
     MPI_Comm_dup(MPI_COMM_WORLD, &dup);
     auto w = std::make_shared<Communicator>(std::make_shared<MpiTransport>(dup), "world", cfg);
-    std::vector<int> hosts = mpi_hosts();
     if (std::count(hosts.begin(), hosts.end(), 0) != static_cast<long>(hosts.size()))
       w->set_hosts(std::move(hosts), kTcpLink);
     return w;
