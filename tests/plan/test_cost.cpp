@@ -303,3 +303,28 @@ TEST(MemoryModel, PredictsACnnsPeakTensorMemory) {
       }
     }
 }
+
+// PipeDream-2BW's prediction is its steady step: the three unrolled steps' time less one
+// flushed 1F1B step, halved. Without the flush nothing waits in the steady state but for the
+// slowest stage, so the step is that stage's work (its busy time over the unrolled steps, a
+// third), which 1F1B's fill and drain exceed; its memory adds a copy of the stage's weights and
+// of its gradients.
+TEST(CostModel, PipeDream2BWPredictsTheSteadyStepWithoutTheFlush) {
+  const auto spec = model::model_spec("gpt-small");
+  plan::Layout l;
+  l.pp = 4, l.microbatches = 4, l.batch = 16, l.seq = 256, l.threads = 1;
+  l.schedule = "1f1b";
+  const plan::Prediction sync = plan::predict(*spec, l, device());
+  l.schedule = "pipedream-2bw";
+  const plan::Prediction async = plan::predict(*spec, l, device());
+  double slowest = 0;
+  for (double b : async.timeline.busy) slowest = std::max(slowest, b / 3);
+  EXPECT_NEAR(async.compute_s, slowest, 0.05 * slowest);
+  EXPECT_GT(sync.compute_s, 1.2 * async.compute_s) << "1F1B's fill and drain are missing";
+  const auto ms = plan::predict_memory(*spec, [&] { auto s = l; s.schedule = "1f1b"; return s; }());
+  const auto ma = plan::predict_memory(*spec, l);
+  for (size_t r = 0; r < ma.size(); ++r) {
+    EXPECT_DOUBLE_EQ(ma[r].params, 2 * ms[r].params) << "rank " << r;
+    EXPECT_DOUBLE_EQ(ma[r].grads, 2 * ms[r].grads) << "rank " << r;
+  }
+}
