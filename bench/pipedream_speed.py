@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""PipeDream-2BW against 1F1B on this machine, in one run: the same model, pipeline depth and
-micro-batches, --schedule 1f1b and --schedule pipedream-2bw one after the other (order reversed
-on odd reps). Per run: the median step time of the steps after the first WARMUP; the ratio
-(1F1B's step time over 2BW's: the throughput gain) is taken within each rep and the median over
-the reps reported. The loss of each at a few steps shows what the one step of staleness costs.
+"""The asynchronous pipelines (PipeDream-2BW, PipeDream) against 1F1B on this machine, in one
+run: the same model, pipeline depth and micro-batches, --schedule 1f1b and each of --schedules
+one after the other (order rotated from rep to rep). Per run: the median step time of the steps
+after the first WARMUP; each ratio (1F1B's step time over the schedule's: the throughput gain)
+is taken within a rep and the median over the reps reported. The loss of each at a few steps
+shows what the staleness costs.
 
   python3 bench/pipedream_speed.py [--reps 3] [--steps 40] [--pp 2] [--microbatches 4]
+                                   [--schedules pipedream-2bw,pipedream]
                                    [--models gpt-tiny,resnet-small] [--data FILE] [--images DIR]
 """
 import argparse
@@ -25,6 +27,7 @@ ap.add_argument("--pp", type=int, default=2)
 ap.add_argument("--microbatches", type=int, default=4)
 ap.add_argument("--steps", type=int, default=40)
 ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--schedules", default="pipedream-2bw", help="compared with 1f1b, comma-separated")
 args = ap.parse_args()
 if args.steps < 8 or args.reps < 1 or args.pp < 2 or args.microbatches < args.pp:
     sys.exit("pipedream_speed.py: --steps at least 8, --reps at least 1, --pp at least 2, --microbatches at least --pp")
@@ -49,22 +52,26 @@ def run(model, schedule):
 
 print(f"# pp {args.pp}, {args.microbatches} micro-batches, {args.steps} steps, {args.reps} reps; "
       f"cpu: {os.cpu_count()} cores")
+SCHEDULES = ["1f1b"] + args.schedules.split(",")
 for model in args.models.split(","):
-    ratios, ms = [], {"1f1b": [], "pipedream-2bw": []}
+    ratios = {s: [] for s in SCHEDULES[1:]}
+    ms = {s: [] for s in SCHEDULES}
     losses = {}
     for rep in range(args.reps):
-        order = ["1f1b", "pipedream-2bw"] if rep % 2 == 0 else ["pipedream-2bw", "1f1b"]
+        order = SCHEDULES[rep % len(SCHEDULES):] + SCHEDULES[:rep % len(SCHEDULES)]
         got = {}
         for s in order:
             got[s], losses[s] = run(model, s)
             ms[s].append(got[s])
-        ratios.append(got["1f1b"] / got["pipedream-2bw"])
-        print(f"{model} rep {rep}: 1f1b {got['1f1b']:.2f} ms, pipedream-2bw {got['pipedream-2bw']:.2f} ms, "
-              f"ratio {ratios[-1]:.3f}", flush=True)
-    print(f"{model}: step ms median 1f1b {statistics.median(ms['1f1b']):.2f}, pipedream-2bw "
-          f"{statistics.median(ms['pipedream-2bw']):.2f}; throughput 2BW / 1F1B median {statistics.median(ratios):.3f} "
-          f"(reps {', '.join(f'{r:.3f}' for r in ratios)})")
+        for s in SCHEDULES[1:]:
+            ratios[s].append(got["1f1b"] / got[s])
+        print(f"{model} rep {rep}: " + ", ".join(f"{s} {got[s]:.2f} ms" for s in SCHEDULES) + "; ratios " +
+              ", ".join(f"{s} {ratios[s][-1]:.3f}" for s in SCHEDULES[1:]), flush=True)
+    for s in SCHEDULES[1:]:
+        print(f"{model}: step ms median 1f1b {statistics.median(ms['1f1b']):.2f}, {s} "
+              f"{statistics.median(ms[s]):.2f}; throughput {s} / 1F1B median {statistics.median(ratios[s]):.3f} "
+              f"(reps {', '.join(f'{r:.3f}' for r in ratios[s])})")
     at = sorted(s for s in {0, 1, 2, 5, 10, args.steps // 2, args.steps - 1} if s < args.steps)
     print(f"{model} loss by step    " + " ".join(f"{s:>7d}" for s in at))
-    for s in ("1f1b", "pipedream-2bw"):
+    for s in SCHEDULES:
         print(f"{model} {s:<15s} " + " ".join(f"{losses[s][i]:7.4f}" for i in at))

@@ -163,7 +163,7 @@ TEST(PipelineGenerators, RefusesShapesAScheduleCannotRun) {
   EXPECT_NE(message("1f1b", {2, 4, 2}).find("one chunk per rank"), std::string::npos);
   EXPECT_NE(message("gpipe", {0, 4, 1}).find("at least 1 rank"), std::string::npos);
   EXPECT_NE(message("gpipe", {2, 0, 1}).find("at least 1 micro-batch"), std::string::npos);
-  const std::string unknown = message("pipedream", {2, 2, 1});
-  EXPECT_NE(unknown.find("'pipedream'"), std::string::npos) << unknown;
+  const std::string unknown = message("chimera", {2, 2, 1});
+  EXPECT_NE(unknown.find("'chimera'"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("zb-h1"), std::string::npos) << unknown;
 }

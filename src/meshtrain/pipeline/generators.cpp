@@ -26,8 +26,10 @@ RankLists naive_schedule(const ScheduleShape& s) {
   RankLists out(s.pp);
   for (int r = 0; r < s.pp; ++r)
     for (int k = 0; k < s.microbatches; ++k) {
-      out[r].push_back(compute(s, r, 0, Kind::F, k));
-      out[r].push_back(compute(s, r, 0, Kind::B, k));
+      // Several chunks on a rank (only at pp 1: --schedule pipedream's reference, all stages on
+      // one rank): the micro-batch forward through them in order, then backward in reverse.
+      for (int c = 0; c < s.chunks; ++c) out[r].push_back(compute(s, r, c, Kind::F, k));
+      for (int c = s.chunks - 1; c >= 0; --c) out[r].push_back(compute(s, r, c, Kind::B, k));
     }
   return out;
 }
@@ -147,10 +149,18 @@ RankLists zb_h1_schedule(const ScheduleShape& s) {
 // last backward on a rank comes before the step after next begins there.
 RankLists pipedream_2bw_schedule(const ScheduleShape& s) { return one_f_one_b_schedule(s); }
 
+// ---- PipeDream ----
+// PipeDream's own order (Harlap et al. 2018) is the same 1F1B without a flush; what differs is
+// the update: each stage applies every micro-batch's gradient right after its backward, and a
+// micro-batch's backward runs on the weights its forward used (train/weight_stash.h). Stage s of
+// p then runs forward on weights p - 1 - s updates old. Needs m >= pp as 2BW does, for the
+// windows the executor cuts (one step's micro-batches in flight at most).
+RankLists pipedream_schedule(const ScheduleShape& s) { return one_f_one_b_schedule(s); }
+
 // ---- the table ----
 namespace {
 
-constexpr std::array<GeneratorInfo, 6> kGenerators{{
+constexpr std::array<GeneratorInfo, 7> kGenerators{{
     {"naive", naive_schedule, false, false, false, "one micro-batch at a time through all stages"},
     {"gpipe", gpipe_schedule, false, false, false, "all forwards, then all backwards (GPipe)"},
     {"1f1b", one_f_one_b_schedule, false, false, false,
@@ -161,6 +171,8 @@ constexpr std::array<GeneratorInfo, 6> kGenerators{{
      "1F1B with backward split into I and W, W deferred into the bubble (zero bubble H1)"},
     {"pipedream-2bw", pipedream_2bw_schedule, false, false, true,
      "1F1B without a flush between steps, one step of weight staleness (PipeDream-2BW); m >= pp"},
+    {"pipedream", pipedream_schedule, false, false, true,
+     "1F1B without a flush, an update after every micro-batch, stashed weights (PipeDream); m >= pp"},
 }};
 
 }  // namespace

@@ -41,7 +41,7 @@ struct Schedule {
   ScheduleShape shape;
   bool has_comm = false;   // true once add_send_recv ran: F/B then need their RECVs
   RankLists ranks;         // ranks[r]: rank r's actions in the order it performs them
-  // Asynchronous schedules (pipedream-2bw): the micro-batches of one step. 0 for the others,
+  // Asynchronous schedules (pipedream-2bw, pipedream): the micro-batches of one step. 0 for the others,
   // which flush every step. An asynchronous schedule's lists hold kUnrolledSteps steps one after
   // another without a flush (shape.microbatches = kUnrolledSteps * period, step k's micro-batches
   // k period .. (k + 1) period - 1), so the passes, the simulator and the drawings see what runs;
@@ -82,5 +82,7 @@ RankLists zb_h1_schedule(const ScheduleShape& shape);
 // PipeDream-2BW's order: 1F1B over the micro-batches of consecutive steps (shape.microbatches
 // of them) with no flush between steps.
 RankLists pipedream_2bw_schedule(const ScheduleShape& shape);
+// PipeDream's order: the same, with an update after every micro-batch (train/weight_stash.h).
+RankLists pipedream_schedule(const ScheduleShape& shape);
 
 }  // namespace meshtrain::pipeline

@@ -275,7 +275,10 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
     if (l.bf16) m.buffers += 2 * elems;
     // PipeDream-2BW (train/weight_versions.h): the stashed weight version and the previous
     // step's gradient, waiting for its update, beside the current ones.
-    if (sched.period > 0) m.params += 4 * elems, m.grads += 4 * elems;
+    // PipeDream (train/weight_stash.h): stage s of p stashes the p - 1 - s versions its
+    // micro-batches in flight ran forward on; its gradient is applied after each micro-batch.
+    if (l.schedule == "pipedream") m.params += 4 * elems * static_cast<double>(spans.size() - 1 - s);
+    else if (sched.period > 0) m.params += 4 * elems, m.grads += 4 * elems;
     const int f = std::max(1, in_flight[s % static_cast<size_t>(l.pp)]);
     m.in_flight = f;
     const double saved = model::total_saved_bytes(ops);
@@ -445,6 +448,12 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
     p.optimizer_s = (bw_update > 0 ? update / bw_update : 0) + (bw > 0 ? other / bw : 0) +
                     static_cast<double>(stage_tensors) * 3 * call_overhead(hw);
     if (shared) p.optimizer_s *= std::max(1.0, demand);
+  }
+  if (l.schedule == "pipedream") {
+    // An update after every micro-batch, each after its own gradient all-reduce (inside the
+    // pipeline: an approximation that puts them beside it rather than simulating them in it).
+    p.optimizer_s *= l.microbatches;
+    p.dp_comm_s *= l.microbatches;
   }
   p.step_s = p.compute_s + p.dp_comm_s + p.optimizer_s;
   const double pp_comm = costs.transfer * 2 * l.microbatches;

@@ -16,7 +16,13 @@
 
 namespace meshtrain::train {
 
+bool pipedream_reference(const TrainOptions& o) { return o.schedule == "pipedream" && o.pp == 1 && o.chunks > 1; }
+
 pipeline::Schedule make_pipeline_schedule(const TrainOptions& o) {
+  if (pipedream_reference(o)) {  // the stages of a pp P run on one rank, each micro-batch through all in turn
+    const pipeline::ScheduleShape shape{1, o.microbatches, o.chunks};
+    return pipeline::add_send_recv(pipeline::Schedule{"naive", shape, false, pipeline::naive_schedule(shape)});
+  }
   const std::string name = o.pp == 1 ? "naive" : o.schedule == "zb" ? "zb-h1" : o.schedule;
   try {
     return pipeline::add_send_recv(pipeline::make_schedule(name, {o.pp, o.microbatches, o.pp == 1 ? 1 : o.chunks}));
@@ -103,6 +109,11 @@ plan::Layout by_flops(const TrainOptions& o, int64_t seq) {
 
 std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model::GPTConfig& cfg,
                                               const StageCosts* measured) {
+  if (pipedream_reference(o)) {  // cut as a pp P run is
+    TrainOptions cut = o;
+    cut.pp = o.chunks, cut.chunks = 1;
+    return stage_layers(cut, cfg, measured);
+  }
   const int chunks = o.pp == 1 ? 1 : o.chunks;
   const int stages = o.pp * chunks;
   const bool by_cost = o.pp_balance.empty() || o.pp_balance == "flops" || o.pp_balance == "profile";
@@ -124,6 +135,11 @@ std::vector<pipeline::LayerSpan> stage_layers(const TrainOptions& o, const model
 }
 
 std::vector<pipeline::LayerSpan> stage_units(const TrainOptions& o, const model::CNNConfig& cfg) {
+  if (pipedream_reference(o)) {  // cut as a pp P run is
+    TrainOptions cut = o;
+    cut.pp = o.chunks, cut.chunks = 1;
+    return stage_units(cut, cfg);
+  }
   const int chunks = o.pp == 1 ? 1 : o.chunks;
   const int stages = o.pp * chunks;
   const int64_t units = model::cnn_num_units(cfg);

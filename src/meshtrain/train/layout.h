@@ -18,6 +18,10 @@ struct TrainOptions;
 // named schedule (--schedule; `zb` is zb-h1) over pp ranks x --chunks, with its communication.
 // Throws std::invalid_argument with a sentence for a shape the schedule cannot run.
 pipeline::Schedule make_pipeline_schedule(const TrainOptions& o);
+// --schedule pipedream at --pp 1 --chunks P: one rank holds the P stages of a pp P run (cut the
+// same way) and computes their asynchronous recurrence, micro-batch by micro-batch: the
+// reference the pipelines are checked against (train/weight_stash.h).
+bool pipedream_reference(const TrainOptions& o);
 
 // What balancing weighs: per block, the embedding and the head (any unit).
 struct StageCosts {

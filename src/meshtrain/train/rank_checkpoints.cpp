@@ -111,7 +111,7 @@ static std::string shared_message(comm::Communicator& world, int root, const std
 // save's timings) goes into the checkpoint's state, so a resume can write it back when a kill
 // came between the commit and the metrics file (train/metrics.h, trim_metrics_for_resume).
 void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
-  flush_two_bw();  // pipedream-2bw: a checkpoint holds no step in flight
+  flush_pipeline();  // asynchronous pipelines: a checkpoint holds no step in flight
   comm::Communicator& world = mesh_.world();
   const std::string& dir = o_.checkpoint_dir;
   const std::string folder = dir + "/" + step_folder_name(step);

@@ -20,7 +20,7 @@ void RankTrainer::heartbeat() {
 
 // Evaluation batches run through the executor in chunks of kEvalChunk (a heartbeat between).
 std::pair<float, std::optional<float>> RankTrainer::evaluate() {
-  flush_two_bw();  // pipedream-2bw: evaluate the weights of the recurrence, nothing in flight
+  flush_pipeline();  // asynchronous pipelines: evaluate the weights of the recurrence, nothing in flight
   const int64_t B = o_.batch, T = o_.seq, rows = B / o_.dp, r0 = mesh_.coord().dp * rows;
   if (images()) {
     // The test split in order, batches of B (the last padded with uncounted rows): the loss and
@@ -69,7 +69,7 @@ std::pair<float, std::optional<float>> RankTrainer::evaluate() {
 }
 
 // This rank's rows of the step's batch. Token models: the rank's B / dp rows, cut into its
-// micro-batches. Image models: train/stage_runner.h's image_rows (micro-batch k is rows
+// micro-batches (under --schedule pipedream, micro-batch k's rows split over dp, as images'). Image models: train/stage_runner.h's image_rows (micro-batch k is rows
 // [k B / M, (k+1) B / M) of the global batch split over the dp ranks, so batch norm synchronised
 // over dp sees the single rank's micro-batch k, whatever the layout).
 void RankTrainer::fill_batch(int64_t step) {
@@ -81,9 +81,12 @@ void RankTrainer::fill_batch(int64_t step) {
     return;
   }
   tok_.resize(M * rows * T), tgt_.resize(M * rows * T), first_rows_.resize(M);
+  // PipeDream updates after every micro-batch, so micro-batch k must be the same rows whatever
+  // the dp layout: rows [k B / M, (k+1) B / M) split over the dp ranks, as for images.
+  const bool per_microbatch = !stashes_.empty();
   const int64_t rank_row0 = d * (B / o_.dp);
   for (int64_t mb = 0; mb < M; ++mb) {
-    const int64_t r0 = first_rows_[mb] = rank_row0 + mb * rows;
+    const int64_t r0 = first_rows_[mb] = per_microbatch ? mb * (B / M) + d * rows : rank_row0 + mb * rows;
     sh_.tokens->batch(Split::train, o_.data_order, o_.seed, step, B, T, r0, r0 + rows, tok_.data() + mb * rows * T,
                       tgt_.data() + mb * rows * T);
   }

@@ -34,6 +34,7 @@
 #include "meshtrain/train/noise_scale.h"
 #include "meshtrain/train/stage_runner.h"
 #include "meshtrain/train/trainer.h"
+#include "meshtrain/train/weight_stash.h"
 #include "meshtrain/train/weight_versions.h"
 
 namespace meshtrain::train::detail {
@@ -98,6 +99,12 @@ class RankTrainer {
   // recurrence on one rank, computed directly (the reference the pipelines are checked against).
   void update_two_bw(StepResult& out);
   void flush_two_bw();
+  // --schedule pipedream (train/weight_stash.h): chunk c's update after each of its micro-batches'
+  // backward, on the stage's own gradient norm; a flush drains the pipeline (nothing in flight)
+  // and lets the next micro-batches start from the newest weights.
+  void update_pipedream(size_t c, int64_t k);
+  // Every asynchronous schedule's flush (before an evaluation, a checkpoint, at the start and the end).
+  void flush_pipeline();
   void measure_noise(StepResult& out, double sq_big);  // the gradient noise scale, under dp
   // ---- rank_hooks.cpp: around the step, in the order run() calls them ----
   int64_t begin_run();  // returns the first step
@@ -207,6 +214,11 @@ class RankTrainer {
   std::unique_ptr<WeightVersions> versions_;  // pipedream-2bw at pp > 1
   bool two_bw_reference_ = false;             // pipedream-2bw at pp 1
   std::vector<Tensor> reference_prev_;        // pp 1: the weights the next step computes its gradient at
+  std::vector<std::unique_ptr<WeightStash>> stashes_;  // pipedream: one per chunk
+  std::vector<Optimizer*> stage_optimizers_;            // pipedream: chunk c's (optimizer_ at one chunk)
+  std::vector<std::unique_ptr<Optimizer>> owned_stage_optimizers_;  // the reference's (--pp 1 --chunks P)
+  int64_t pipedream_step_ = 0;     // the step whose window runs
+  double pipedream_norm_ = 0;      // this rank's last update's gradient norm
   int64_t pending_step_ = -1;                 // pipedream-2bw: the step whose gradient a flush applies  // dp > 1 where the local norms are measured (trainer.cpp)
   // For each of the optimizer's parameters, the index of its origin in model_params() (the same
   // order on every rank of its dp and tp groups): where reduce_param_sq adds its sums.

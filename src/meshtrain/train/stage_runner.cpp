@@ -1,7 +1,10 @@
 #include "meshtrain/train/stage_runner.h"
 
+#include <utility>
+
 #include "meshtrain/data/images.h"
 #include "meshtrain/train/trainer.h"
+#include "meshtrain/train/weight_stash.h"
 #include "meshtrain/train/weight_versions.h"
 
 namespace meshtrain::train {
@@ -39,6 +42,18 @@ model::MicroBatch StageDriver::micro_batch(int mb) const {
 }
 
 Tensor StageDriver::forward(nn::Context& ctx, int mb, const Tensor& input, nn::Portal& portal) {
+  if (!stash_ || !ctx.training) return run_forward(ctx, mb, input, portal);
+  const int64_t k = b_.step * per_step_ + mb;  // PipeDream: on the version the recurrence names
+  stash_->begin_forward(k);
+  struct Back {
+    WeightStash& s;
+    int64_t k;
+    ~Back() { s.end_forward(k); }
+  } back{*stash_, k};
+  return run_forward(ctx, mb, input, portal);
+}
+
+Tensor StageDriver::run_forward(nn::Context& ctx, int mb, const Tensor& input, nn::Portal& portal) {
   ctx.hooks = hooks_;
   ctx.step = b_.step;
   ctx.first_sample = b_.first_sample ? b_.first_sample[mb] : 0;
@@ -65,6 +80,22 @@ Tensor StageDriver::forward(nn::Context& ctx, int mb, const Tensor& input, nn::P
 }
 
 Tensor StageDriver::backward(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal) {
+  if (stash_) {  // PipeDream: backward on the forward's version, then this micro-batch's update
+    const int64_t k = b_.step * per_step_ + mb;
+    stash_->begin_backward(k);
+    Tensor dx;
+    {
+      struct Back {
+        WeightStash& s;
+        int64_t k;
+        ~Back() { s.end_backward(k); }
+      } back{*stash_, k};
+      if (set_sync_) set_sync_(true);
+      dx = stage_.backward(ctx, dy, 1.f, &portal);
+    }
+    update_(k);
+    return dx;
+  }
   if (versions_ && mb == 0) versions_->start_step(b_.step);
   if (versions_ && mb < 0) {  // the previous step's micro-batch: on the weights its forward used
     struct Stashed {

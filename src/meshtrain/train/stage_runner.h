@@ -28,6 +28,7 @@ namespace meshtrain::train {
 
 struct TrainOptions;
 class WeightVersions;
+class WeightStash;
 
 // The arrays of one run's micro-batches: micro-batch k holds samples [k rows, (k+1) rows).
 // Token models: tokens and targets (n * rows, T). Image models: images (n * rows, C, H, W)
@@ -78,6 +79,16 @@ class StageDriver : public pipeline::StageRunner {
   // (mb < 0) runs on the stashed weights; the step's first backward (mb 0) sets the previous
   // step's gradient aside.
   void set_versions(WeightVersions* v) { versions_ = v; }
+  // PipeDream (train/weight_stash.h): every forward and backward on the stash's version for
+  // the micro-batch (numbered across steps: step x `per_step` + mb), each micro-batch's
+  // gradient unscaled by the micro-batch count (it is an update of its own), and `update(k)`
+  // right after micro-batch k's backward. Data parallelism syncs every backward's gradients.
+  void set_stash(WeightStash* stash, std::function<void(int64_t)> update, int64_t per_step) {
+    stash_ = stash, update_ = std::move(update), per_step_ = per_step;
+  }
+  // The step the micro-batches are numbered from, without new arrays: a drain's backwards
+  // (-m .. -1) belong to the step before `step`, as the executor numbers them.
+  void set_step(int64_t step) { b_.step = step; }
   // The skip connection's stages, when it crosses stages.
   void set_portal_stages(int to, int from) { portal_to_ = to, portal_from_ = from; }
   int portal_to() const override { return portal_to_; }
@@ -85,11 +96,15 @@ class StageDriver : public pipeline::StageRunner {
 
  private:
   model::MicroBatch micro_batch(int mb) const;
+  Tensor run_forward(nn::Context& ctx, int mb, const Tensor& input, nn::Portal& portal);
   model::Stage& stage_;
   nn::Hooks* hooks_;
   std::function<void(bool)> set_sync_;
   bool recompute_;
   WeightVersions* versions_ = nullptr;
+  WeightStash* stash_ = nullptr;
+  std::function<void(int64_t)> update_;
+  int64_t per_step_ = 1;
   int portal_to_ = -1, portal_from_ = -1;
   BatchArrays b_;
   float grad_scale_ = 1.f;

@@ -54,12 +54,13 @@ StepResult RankTrainer::train_step(int64_t step) {
   StepResult out;
   // 1. Zero the gradients: parameter gradients accumulate (+=) over the micro-batches. (The
   //    asynchronous pipeline's gradients are set aside and zeroed by each step's first backward.)
-  if (!versions_ || pending_step_ < 0) zero_grads();
+  if (stashes_.empty() && (!versions_ || pending_step_ < 0)) zero_grads();  // pipedream: zeroed by each update
   // 2. This rank's rows of the step's batch, micro-batch by micro-batch.
   fill_batch(step);
   // 3. Forward and backward of every micro-batch, in the pipeline schedule's order. Under dp a
   //    bucket's all-reduce starts as soon as backward has finished its gradients.
   exec_->set_weights_epoch(step);
+  pipedream_step_ = step;
   if (two_bw_reference_) {  // the gradient at the weights before the last update
     std::vector<nn::Param*> params = stage_params();
     for (size_t i = 0; i < reference_prev_.size(); ++i) {
@@ -75,6 +76,15 @@ StepResult RankTrainer::train_step(int64_t step) {
       params[i]->drop_bf16();
       std::copy_n(params[i]->value.data(), params[i]->value.numel(), reference_prev_[i].data());
     }
+  }
+  if (!stashes_.empty()) {  // pipedream: the updates ran after each backward
+    out.loss = dp_mean(pipeline_loss(o_.microbatches));
+    record(out.stats);
+    if (images()) out.accuracy = batch_accuracy();
+    if (o_.pp > 1) out.pipeline = gather_pipeline_figures(out.stats);
+    if (!std::isfinite(out.loss)) diverged(step, "loss", out.loss);
+    out.grad_norm = pipedream_norm_;
+    return out;
   }
   if (versions_) {
     pending_step_ = step;
@@ -163,6 +173,44 @@ void RankTrainer::flush_two_bw() {
   pending_step_ = -1;
 }
 
+// PipeDream's update of chunk c, right after a micro-batch's backward there: the micro-batch's
+// gradient (synced over dp), clipped by the stage's own norm (over its tp group: the stages
+// update at different moments, so no norm spans the pipeline), applied to the current weights
+// once the stash has kept what micro-batches in flight still run on. The learning rate is that
+// of the micro-batch's step (k / m); the optimizer counts every update.
+void RankTrainer::update_pipedream(size_t c, int64_t k) {
+  const int64_t step = k / o_.microbatches;  // the micro-batch's own step (its learning rate)
+  trace::Recorder::Span span(sh_.recorder, mesh_.rank(), trace::Track::compute, "optimizer", "optimizer");
+  finish_local_grads();
+  std::vector<nn::Param*> params;
+  stages_[c]->collect_params(params);
+  std::array<double, 1> sq{0};
+  for (const nn::Param* p : params)
+    if (p->shard.counted_on(mesh_.coord().tp)) sq[0] += kernels::sum_squares(p->grad.data(), p->grad.numel(), o_.threads);
+  if (o_.tp > 1) mesh_.tp_group().all_reduce(sq);
+  stashes_[c]->begin_update();
+  const double norm = stage_optimizers_[c]->step_with_grad_sq(step, sq[0]);
+  if (ddp_) ddp_->finish_optimizer_step();
+  stashes_[c]->end_update();
+  if (ddp_) ddp_->begin_step();
+  else stages_[c]->zero_grad();
+  if (o_.exact_sums > 0)
+    for (nn::Param* p : params) std::fill(p->grad_exact.begin(), p->grad_exact.end(), 0.0);
+  if (!std::isfinite(norm)) diverged(step, "gradient norm", norm);
+  pipedream_norm_ = norm;
+}
+
+void RankTrainer::flush_pipeline() {
+  flush_two_bw();
+  if (stashes_.empty()) return;
+  if (o_.pp > 1 && exec_->in_flight()) {  // each backward updates its stage
+    for (auto& r : runners_) r->set_step(pipedream_step_ + 1);
+    record(exec_->drain());
+  }
+  for (auto& s : stashes_) s->flush((pipedream_step_ + 1) * o_.microbatches);
+  zero_grads();
+}
+
 void RankTrainer::zero_grads() {
   if (ddp_) ddp_->begin_step();
   else
@@ -207,7 +255,8 @@ void RankTrainer::run() {
   // Tensor parallelism's activations on the wire (tp_regions.h), for this rank thread.
   const parallel::TPWireScope tp_wire(o_.comm_dtype == kernels::Precision::bf16);
   const int64_t start = begin_run();  // --resume, the header, the metrics file
-  flush_two_bw();                     // pipedream-2bw: the first gradient at the (restored) weights
+  pipedream_step_ = start - 1;
+  flush_pipeline();                   // asynchronous pipelines: start from the (restored) weights
   int stopped = 0;                    // the signal a stop was agreed on (train/stop.h)
   for (int64_t step = start; step < o_.steps && !stopped; ++step) {
     inject_fault(step);                        // --fail-rank, --fail-at-step
@@ -220,7 +269,7 @@ void RankTrainer::run() {
     stopped = checkpoint_or_stop(step, line);  // a stop agreed by every rank; the step's checkpoint
     if (lead_) report_step(r, line);           // the metrics file, the progress line, the heartbeat
   }
-  flush_two_bw();              // pipedream-2bw: nothing left in flight, the last gradient applied
+  flush_pipeline();            // asynchronous pipelines: nothing left in flight, every gradient applied
   finish_run(start, stopped);  // the final evaluation, the result, the summary
 }
 
@@ -355,6 +404,16 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
       for (nn::Param* p : stage_params()) reference_prev_.push_back(p->value.clone());
     }
   }
+  if (o_.schedule == "pipedream") {  // train/weight_stash.h
+    const int stages = schedule.shape.stages();
+    for (size_t c = 0; c < stages_.size(); ++c) {
+      std::vector<nn::Param*> own;
+      stages_[c]->collect_params(own);
+      const int st = schedule.shape.stage_of(pp_rank, static_cast<int>(c));
+      stashes_.push_back(std::make_unique<WeightStash>(own, stages - 1 - st, /*strict=*/o_.pp > 1));
+      runners_[c]->set_stash(stashes_.back().get(), [this, c](int64_t k) { update_pipedream(c, k); }, o_.microbatches);
+    }
+  }
   if (o_.pp > 1 && gpt) {
     // The tied token table: the first stage's copy and the last stage's sum their gradients
     // over this group (one pair per (dp, tp) position). Models without a tied parameter
@@ -364,11 +423,21 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
                        "embedding");
   }
   optimizer_ = make_optimizer(params, o_.optim, o_.threads);
+  if (!stashes_.empty()) {  // pipedream: an optimizer per stage (the reference holds several on its one rank)
+    if (stages_.size() == 1) stage_optimizers_.push_back(optimizer_.get());
+    for (size_t c = 0; stages_.size() > 1 && c < stages_.size(); ++c) {
+      std::vector<nn::Param*> own;
+      stages_[c]->collect_params(own);
+      owned_stage_optimizers_.push_back(make_optimizer(own, o_.optim, o_.threads));
+      stage_optimizers_.push_back(owned_stage_optimizers_.back().get());
+    }
+  }
   // The gradient noise scale under dp: each bucket's local squared norm as its all-reduce
   // starts. Left out with exact sums (the float64 totals bypass the float32 buckets) and with
   // a token table tied across pipeline stages (its local gradient is split over two ranks, and
   // the squared norm of the sum would need their dot product).
-  if (ddp_ && o_.dp > 1 && o_.exact_sums == 0 && !emb_ && o_.schedule != "pipedream-2bw") {
+  if (ddp_ && o_.dp > 1 && o_.exact_sums == 0 && !emb_ && o_.schedule != "pipedream-2bw" &&
+      o_.schedule != "pipedream") {
     ddp_->measure_local_grad_sq([wte = wte_copy(), tp = mesh_.coord().tp](const nn::Param* p) {
       return p != wte && p->shard.counted_on(tp);
     });

@@ -164,10 +164,10 @@ void check_ranges(const TrainOptions& o, const model::GPTConfig& cfg) {
 void check_layout(const TrainOptions& o) {
   if (o.dp < 1 || o.tp < 1 || o.pp < 1) bad("--dp, --tp and --pp must each be at least 1");
   if (o.microbatches < 1) bad("--microbatches must be at least 1");
-  static const char* schedules[] = {"naive", "gpipe", "1f1b", "interleaved", "zb", "zb-h1", "pipedream-2bw"};
+  static const char* schedules[] = {"naive", "gpipe", "1f1b", "interleaved", "zb", "zb-h1", "pipedream-2bw", "pipedream"};
   if (std::find_if(std::begin(schedules), std::end(schedules),
                    [&](const char* s) { return o.schedule == s; }) == std::end(schedules))
-    bad("--schedule must be naive, gpipe, 1f1b, interleaved, zb or pipedream-2bw, not '" + o.schedule + "'");
+    bad("--schedule must be naive, gpipe, 1f1b, interleaved, zb, pipedream-2bw or pipedream, not '" + o.schedule + "'");
   if (o.schedule == "pipedream-2bw") {  // train/weight_versions.h
     if (o.ps_servers > 0)
       bad("--schedule pipedream-2bw is a pipeline's own asynchrony; the parameter server has its own (--staleness): "
@@ -178,6 +178,26 @@ void check_layout(const TrainOptions& o) {
     if (o.recompute)
       bad("--schedule pipedream-2bw runs a step's last backwards during the next step, whose batch has replaced the "
           "inputs --recompute would run the forward on again; drop --recompute");
+  }
+  if (o.schedule == "pipedream") {  // train/weight_stash.h
+    if (o.ps_servers > 0)
+      bad("--schedule pipedream is a pipeline's own asynchrony; the parameter server has its own (--staleness): "
+          "drop one of them");
+    if (o.zero > 0)
+      bad("--schedule pipedream updates every stage after each micro-batch, and --zero " + std::to_string(o.zero) +
+          " would gather the weights after each of those updates; use --zero 0 (or --schedule pipedream-2bw, "
+          "which runs with --zero 1)");
+    if (o.recompute)
+      bad("--schedule pipedream runs a step's last backwards during the next step, whose batch has replaced the "
+          "inputs --recompute would run the forward on again; drop --recompute");
+    if (o.pp > 1 && o.chunks > 1)
+      bad("--schedule pipedream runs one model chunk per pipeline rank; drop --chunks");
+    if (o.pp == 1 && o.chunks > 1 && (o.dp > 1 || o.tp > 1))
+      bad("--schedule pipedream at --pp 1 --chunks " + std::to_string(o.chunks) + " is the single-rank reference of a "
+          "pp " + std::to_string(o.chunks) + " pipeline; it runs on one rank: drop --dp and --tp");
+    if (!o.checkpoint_dir.empty())
+      bad("--schedule pipedream does not save checkpoints yet (a stage's stashed weight versions are not in one); "
+          "drop --checkpoint-dir, or use --schedule pipedream-2bw");
   }
   if (o.chunks < 1) bad("--chunks must be at least 1 (model chunks per pipeline rank)");
   if (o.zero < 0 || o.zero > 3) bad("--zero must be 0, 1, 2 or 3");
@@ -214,7 +234,7 @@ void check_layout(const TrainOptions& o) {
   if (o.sequence_parallel && o.tp == 1) bad("--sequence-parallel needs --tp 2 or more");
   if (o.pp > 1 && o.schedule == "interleaved" && o.chunks < 2)
     bad("--schedule interleaved runs several model chunks per pipeline rank; add --chunks 2 (or more)");
-  if (o.chunks > 1 && (o.pp == 1 || o.schedule != "interleaved"))
+  if (o.chunks > 1 && (o.pp == 1 || o.schedule != "interleaved") && !(o.pp == 1 && o.schedule == "pipedream"))
     bad("--chunks " + std::to_string(o.chunks) + " needs --schedule interleaved and --pp 2 or more; drop --chunks");
   if (!o.pp_balance.empty() && o.pp == 1) bad("--pp-balance gives blocks per pipeline stage; it needs --pp 2 or more");
   if (o.batch % o.dp != 0)
