@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""The asynchronous pipelines (PipeDream-2BW, PipeDream) against 1F1B on this machine, in one
-run: the same model, pipeline depth and micro-batches, --schedule 1f1b and each of --schedules
+"""Pipeline schedules (the asynchronous PipeDream-2BW and PipeDream, the bidirectional Chimera)
+against 1F1B on this machine, in one run: the same model, pipeline depth and micro-batches, --schedule 1f1b and each of --schedules
 one after the other (order rotated from rep to rep). Per run: the median step time of the steps
 after the first WARMUP; each ratio (1F1B's step time over the schedule's: the throughput gain)
 is taken within a rep and the median over the reps reported. The loss of each at a few steps
-shows what the staleness costs.
+shows what the staleness costs; the bubble (the executor's idle share of each rank's step, mean
+over ranks, median over the steps) what the schedule leaves idle.
 
   python3 bench/pipedream_speed.py [--reps 3] [--steps 40] [--pp 2] [--microbatches 4]
                                    [--schedules pipedream-2bw,pipedream]
@@ -47,12 +48,15 @@ def run(model, schedule):
     if r.returncode:
         sys.exit(f"failed: {' '.join(cmd)}\n{r.stderr}")
     lines = [json.loads(l) for l in open(metrics) if '"step_ms"' in l]
+    bubble = statistics.median(statistics.mean(l["bubble"]) for l in lines[WARMUP:])
+    bubbles.setdefault((model, schedule), []).append(bubble)
     return statistics.median(l["step_ms"] for l in lines[WARMUP:]), [l["loss"] for l in lines]
 
 
 print(f"# pp {args.pp}, {args.microbatches} micro-batches, {args.steps} steps, {args.reps} reps; "
       f"cpu: {os.cpu_count()} cores")
 SCHEDULES = ["1f1b"] + args.schedules.split(",")
+bubbles = {}
 for model in args.models.split(","):
     ratios = {s: [] for s in SCHEDULES[1:]}
     ms = {s: [] for s in SCHEDULES}
@@ -71,6 +75,8 @@ for model in args.models.split(","):
         print(f"{model}: step ms median 1f1b {statistics.median(ms['1f1b']):.2f}, {s} "
               f"{statistics.median(ms[s]):.2f}; throughput {s} / 1F1B median {statistics.median(ratios[s]):.3f} "
               f"(reps {', '.join(f'{r:.3f}' for r in ratios[s])})")
+    print(f"{model} bubble (median over reps): " +
+          ", ".join(f"{s} {statistics.median(bubbles[(model, s)]):.3f}" for s in SCHEDULES))
     at = sorted(s for s in {0, 1, 2, 5, 10, args.steps // 2, args.steps - 1} if s < args.steps)
     print(f"{model} loss by step    " + " ".join(f"{s:>7d}" for s in at))
     for s in SCHEDULES:

@@ -142,6 +142,7 @@ TEST(PipelineSimulate, MeasuredActionTimesOverrideTheirKind) {
 TEST(PipelineSimulate, TimelineKeepsEachRanksOrderAndTheDependencies) {
   const mp::Costs c{.F = 1, .B = 2, .I = 1, .W = 1, .send = 0.25, .transfer = 0.5};
   for (const auto& g : mp::generators()) {
+    if (g.name == "chimera") continue;  // an even pp only; tests/train/test_chimera.cpp simulates it
     const mp::Schedule s = mp::add_send_recv(mp::make_schedule(g.name, {3, 6, g.multi_chunk ? 2 : 1}));
     const mp::Timeline t = mp::simulate(s, c);
     ASSERT_FALSE(t.deadlock) << g.name;

@@ -94,7 +94,7 @@ plan::Layout parse_layout(const std::string& text) {
       else if (k == "v") l.chunks = number(w, v);
       else throw UsageError("--layout: unknown '" + k + "=' in '" + text + "' (dp=, tp=, pp=, m=, zero=, v=)");
     } else if (w == "gpipe" || w == "1f1b" || w == "interleaved" || w == "zb" || w == "naive" || w == "pipedream-2bw" ||
-               w == "pipedream") {
+               w == "pipedream" || w == "chimera") {
       l.schedule = w;
       if (w == "interleaved" && l.chunks == 1) l.chunks = 2;
     } else if (w == "recompute") {

@@ -123,7 +123,7 @@ void add_train_command(CLI::App& app, std::shared_ptr<const InProcessHooks> hook
   c->add_flag("--sequence-parallel", opt->sequence_parallel, "With --tp: split layernorm and residual regions along the sequence");
   c->add_flag("--pad-vocab", opt->pad_vocab, "With --tp: split a vocabulary tp does not divide by padding it (left out of the loss)");
   c->add_option("--microbatches", opt->microbatches, "Micro-batches per step (gradient accumulation)")->check(integer<int>(1))->capture_default_str();
-  c->add_option("--schedule", opt->schedule, "Pipeline schedule with --pp > 1: naive, gpipe, 1f1b, interleaved, zb (ZB-H1: backward split into input and weight gradients), pipedream-2bw (no flush between steps, one step of weight staleness; at --pp 1 its single-rank reference), pipedream (an update after every micro-batch, stage s of p on weights p-1-s updates old; --pp 1 --chunks P is the single-rank reference of a pp P run)")->capture_default_str();
+  c->add_option("--schedule", opt->schedule, "Pipeline schedule with --pp > 1: naive, gpipe, 1f1b, interleaved, zb (ZB-H1: backward split into input and weight gradients), pipedream-2bw (no flush between steps, one step of weight staleness; at --pp 1 its single-rank reference), pipedream (an update after every micro-batch, stage s of p on weights p-1-s updates old; --pp 1 --chunks P is the single-rank reference of a pp P run), chimera (two pipelines in opposite directions over the same ranks; even --pp and --microbatches)")->capture_default_str();
   c->add_option("--chunks", opt->chunks, "Model chunks per pipeline rank (--schedule interleaved: 2 or more)")->check(integer<int>(1))->capture_default_str();
   c->add_flag("--recompute", opt->recompute, "Keep each pipeline stage's input only and recompute its forward inside backward (less activation memory, one more forward)");
   c->add_option("--pp-cuts", opt->pp_cuts, "The layers the pipeline stages after the first begin at, comma-separated: blocks of a transformer (h.2) or layers of a graph that begin a unit (model show lists them)");
@@ -217,7 +217,8 @@ void add_train_command(CLI::App& app, std::shared_ptr<const InProcessHooks> hook
         throw std::invalid_argument("--model and --config both choose the model; give one of them (--config FILE "
                                     "for a model of your own, --model NAME for a named one)");
       const bool known_schedule = o.schedule == "naive" || o.schedule == "gpipe" || o.schedule == "1f1b" ||
-                                  o.schedule == "interleaved" || o.schedule == "zb" || o.schedule == "zb-h1";
+                                  o.schedule == "interleaved" || o.schedule == "zb" || o.schedule == "zb-h1" ||
+                                  o.schedule == "chimera";
       // An unknown name: validation names it. pipedream-2bw and pipedream at pp 1 are their single-rank references.
       if (given("--schedule") && o.pp == 1 && known_schedule)
         throw std::invalid_argument("--schedule chooses the pipeline schedule; it needs --pp 2 or more (drop "

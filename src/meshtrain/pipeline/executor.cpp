@@ -128,7 +128,6 @@ StepStats Executor::drain() {
 StepStats Executor::run_list(const std::vector<Action>& list, int64_t batch, bool last_window) {
   const ScheduleShape& s = schedule_.shape;
   const int64_t base = batch * (schedule_.period > 0 ? schedule_.period : 0);  // micro-batch 0's number
-  const int last_stage = s.stages() - 1;
   const auto t_step = Clock::now();
   auto us = [&](Clock::time_point t) { return std::chrono::duration<double, std::micro>(t - t_step).count(); };
 
@@ -139,11 +138,11 @@ StepStats Executor::run_list(const std::vector<Action>& list, int64_t batch, boo
     const Key k{a.stage, base + a.microbatch};
     if (a.kind == Kind::RECV_F) {
       Tensor buf = Tensor::empty(chunks_[a.chunk]->input_shape());
-      recv_f[k] = pp_->irecv(span_of(buf), s.rank_of(a.stage - 1), {.tag = tag(a.stage - 1, k.second, Msg::activation)});
+      recv_f[k] = pp_->irecv(span_of(buf), s.rank_of(s.prev(a.stage)), {.tag = tag(s.prev(a.stage), k.second, Msg::activation)});
       act_in[k] = buf;
     } else if (a.kind == Kind::RECV_B) {
       Tensor buf = Tensor::empty(chunks_[a.chunk]->output_shape());
-      recv_b[k] = pp_->irecv(span_of(buf), s.rank_of(a.stage + 1), {.tag = tag(a.stage + 1, k.second, Msg::gradient)});
+      recv_b[k] = pp_->irecv(span_of(buf), s.rank_of(s.next(a.stage)), {.tag = tag(s.next(a.stage), k.second, Msg::gradient)});
       grad_in[k] = buf;
     }
   }
@@ -206,17 +205,17 @@ StepStats Executor::run_list(const std::vector<Action>& list, int64_t batch, boo
       case Kind::RECV_B: recv_b.at(k).wait(); break;
       case Kind::SEND_F: {
         Tensor t = take(act_out, k, a);
-        sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(a.stage + 1), {.tag = tag(a.stage, k.second, Msg::activation)}), t);
+        sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(s.next(a.stage)), {.tag = tag(a.stage, k.second, Msg::activation)}), t);
         break;
       }
       case Kind::SEND_B: {
         Tensor t = take(grad_out, k, a);
-        sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(a.stage - 1), {.tag = tag(a.stage, k.second, Msg::gradient)}), t);
+        sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(s.prev(a.stage)), {.tag = tag(a.stage, k.second, Msg::gradient)}), t);
         break;
       }
       case Kind::F: {
         Tensor input;  // received, or the previous stage's output on this rank
-        if (a.stage > 0) input = act_in.count(k) ? take(act_in, k, a) : take(act_out, {a.stage - 1, k.second}, a);
+        if (s.prev(a.stage) >= 0) input = act_in.count(k) ? take(act_in, k, a) : take(act_out, {s.prev(a.stage), k.second}, a);
         StageRunner& c = *chunks_[a.chunk];
         nn::Portal portal;
         if (c.portal_from() >= 0) {
@@ -228,7 +227,7 @@ StepStats Executor::run_list(const std::vector<Action>& list, int64_t batch, boo
         ctx->grad_slices = grad_slices_;
         ctx->kernel_span = kernel_spans_;
         Tensor out = c.forward(*ctx, a.microbatch, input, portal);
-        if (a.stage < last_stage) act_out[k] = std::move(out);
+        if (s.next(a.stage) >= 0) act_out[k] = std::move(out);
         if (c.portal_to() >= 0) ship(portal.out, a.stage, c.portal_to(), k.second, Msg::portal, portal_in);
         int64_t saved = 0;
         for (auto& [key, c] : live) saved += c->saved_bytes();
@@ -239,7 +238,7 @@ StepStats Executor::run_list(const std::vector<Action>& list, int64_t batch, boo
       case Kind::B:
       case Kind::I: {
         Tensor dy;  // received, or the next stage's input gradient on this rank
-        if (a.stage < last_stage) dy = grad_in.count(k) ? take(grad_in, k, a) : take(grad_out, {a.stage + 1, k.second}, a);
+        if (s.next(a.stage) >= 0) dy = grad_in.count(k) ? take(grad_in, k, a) : take(grad_out, {s.next(a.stage), k.second}, a);
         auto it = live.find(k);
         if (it == live.end()) throw std::logic_error("pipeline executor: " + to_string(a) + " before its forward");
         StageRunner& c = *chunks_[a.chunk];
@@ -255,7 +254,7 @@ StepStats Executor::run_list(const std::vector<Action>& list, int64_t batch, boo
         } else {  // the context waits for its W
           dx = c.backward_input(*it->second, a.microbatch, dy, is_last(i), portal);
         }
-        if (a.stage > 0) grad_out[k] = std::move(dx);
+        if (s.prev(a.stage) >= 0) grad_out[k] = std::move(dx);
         if (c.portal_from() >= 0)
           ship(portal.out, a.stage, c.portal_from(), k.second, Msg::portal_grad, portal_grad_in);
         break;
@@ -308,17 +307,17 @@ Shape StageRunner::boundary_shape() const {
 
 void Executor::forward_only(int microbatches) {
   const ScheduleShape& s = schedule_.shape;
-  const int last_stage = s.stages() - 1;
   Sends sends;
   std::map<Key, Tensor> skips;  // skip tensors made for a later stage of this rank
   for (int mb = 0; mb < microbatches; ++mb) {
     Tensor x;
-    for (int c = 0; c < s.chunks; ++c) {
+    // Bidirectional (Chimera): the down pipeline alone (it holds every model stage once).
+    for (int c = 0; c < (s.bidirectional ? 1 : s.chunks); ++c) {
       const int stage = s.stage_of(rank_, c);
       StageRunner& r = *chunks_[c];
-      if (stage > 0 && s.rank_of(stage - 1) != rank_) {
+      if (s.prev(stage) >= 0 && s.rank_of(s.prev(stage)) != rank_) {
         x = Tensor::empty(r.input_shape());
-        pp_->recv(span_of(x), s.rank_of(stage - 1), {.tag = tag(stage - 1, mb, Msg::activation)});
+        pp_->recv(span_of(x), s.rank_of(s.prev(stage)), {.tag = tag(s.prev(stage), mb, Msg::activation)});
       }
       nn::Portal portal;
       if (r.portal_from() >= 0) {
@@ -332,8 +331,8 @@ void Executor::forward_only(int microbatches) {
       }
       nn::Context ctx(threads_, /*training=*/false, precision_);
       x = r.forward(ctx, mb, x, portal);
-      if (stage < last_stage && s.rank_of(stage + 1) != rank_)
-        sends.emplace_back(pp_->isend(cspan_of(x), s.rank_of(stage + 1), {.tag = tag(stage, mb, Msg::activation)}), x);
+      if (s.next(stage) >= 0 && s.rank_of(s.next(stage)) != rank_)
+        sends.emplace_back(pp_->isend(cspan_of(x), s.rank_of(s.next(stage)), {.tag = tag(stage, mb, Msg::activation)}), x);
       if (r.portal_to() >= 0) {
         if (s.rank_of(r.portal_to()) == rank_) skips[{r.portal_to(), mb}] = portal.out;
         else

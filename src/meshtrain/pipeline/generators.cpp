@@ -4,6 +4,7 @@
 // simulator (simulate.h) replays them to measure bubbles.
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <stdexcept>
 
 #include "meshtrain/pipeline/schedule.h"
@@ -157,10 +158,67 @@ RankLists pipedream_2bw_schedule(const ScheduleShape& s) { return one_f_one_b_sc
 // windows the executor cuts (one step's micro-batches in flight at most).
 RankLists pipedream_schedule(const ScheduleShape& s) { return one_f_one_b_schedule(s); }
 
+// ---- Chimera ----
+// Li & Hoefler, "Chimera: Efficiently Training Large-Scale Neural Networks with Bidirectional
+// Pipelines" (SC'21). Two pipelines over the same pp ranks in opposite directions
+// (ScheduleShape::bidirectional): rank r holds stage r of the down pipeline and stage pp-1-r of
+// the up one, and each pipeline takes half the micro-batches. While one pipeline fills (its
+// first stages busy, its last ones waiting), the other fills from the opposite end, so each
+// rank's idle slots of one pipeline take the other's work.
+// The order on each rank is found by running both pipelines on unit costs (F and B 1, as the
+// paper counts them; transfers free) and letting each idle rank take, of what is ready, a backward first (the oldest
+// micro-batch), else a forward (the lowest index within its pipeline, down before up) while
+// its stage holds fewer than pp - s micro-batches in flight (1F1B's bound for model stage s).
+// Any list taken from such a run is deadlock-free: each action's inputs ran earlier in it.
+RankLists chimera_schedule(const ScheduleShape& s) {
+  if (!s.bidirectional || s.chunks != 2)
+    throw std::invalid_argument("chimera runs two pipelines over the ranks: a bidirectional shape of 2 chunks");
+  const int pp = s.pp, m = s.microbatches, half = m / 2, stages = s.stages();
+  struct Cell {
+    int f_end = -1, b_end = -1;  // completion times (-1: not yet)
+  };
+  std::vector<std::vector<Cell>> at(static_cast<size_t>(stages), std::vector<Cell>(static_cast<size_t>(m)));
+  std::vector<int> busy_until(static_cast<size_t>(pp), 0), in_flight(static_cast<size_t>(stages), 0);
+  RankLists out(static_cast<size_t>(pp));
+  auto cell = [&](int st, int mb) -> Cell& { return at[static_cast<size_t>(st)][static_cast<size_t>(mb)]; };
+  int left = 2 * pp * m;  // each pipeline: pp stages x m/2 micro-batches x (F, B)
+  for (int t = 0; left > 0; ++t) {
+    if (t > 100 * (pp + m) * 3) throw std::logic_error("chimera: the generator made no progress");
+    for (int r = 0; r < pp; ++r) {
+      if (busy_until[static_cast<size_t>(r)] > t) continue;
+      std::optional<Action> pick;
+      int best = 0;
+      for (int c = 0; c < 2; ++c) {
+        const int st = s.stage_of(r, c), lo = c == 0 ? 0 : half;
+        for (int mb = lo; mb < lo + half; ++mb) {
+          const Cell& x = cell(st, mb);
+          const int nxt = s.next(st), prv = s.prev(st);
+          const bool b_ready = x.f_end >= 0 && x.f_end <= t && x.b_end < 0 &&
+                               (nxt < 0 || (cell(nxt, mb).b_end >= 0 && cell(nxt, mb).b_end <= t));
+          const bool f_ready = x.f_end < 0 && (prv < 0 || (cell(prv, mb).f_end >= 0 && cell(prv, mb).f_end <= t)) &&
+                               in_flight[static_cast<size_t>(st)] < pp - s.model_stage(st);
+          // Rank of a choice: backwards first, by micro-batch; then forwards by index in their pipeline.
+          const int score = b_ready ? mb : f_ready ? 4 * m + 2 * (mb - lo) + c : -1;
+          if (score >= 0 && (!pick || score < best)) pick = Action{st, b_ready ? Kind::B : Kind::F, mb, c}, best = score;
+        }
+      }
+      if (!pick) continue;
+      Cell& x = cell(pick->stage, pick->microbatch);
+      const int cost = 1;
+      if (pick->kind == Kind::F) x.f_end = t + cost, ++in_flight[static_cast<size_t>(pick->stage)];
+      else x.b_end = t + cost, --in_flight[static_cast<size_t>(pick->stage)];
+      busy_until[static_cast<size_t>(r)] = t + cost;
+      out[static_cast<size_t>(r)].push_back(*pick);
+      --left;
+    }
+  }
+  return out;
+}
+
 // ---- the table ----
 namespace {
 
-constexpr std::array<GeneratorInfo, 7> kGenerators{{
+constexpr std::array<GeneratorInfo, 8> kGenerators{{
     {"naive", naive_schedule, false, false, false, "one micro-batch at a time through all stages"},
     {"gpipe", gpipe_schedule, false, false, false, "all forwards, then all backwards (GPipe)"},
     {"1f1b", one_f_one_b_schedule, false, false, false,
@@ -173,6 +231,8 @@ constexpr std::array<GeneratorInfo, 7> kGenerators{{
      "1F1B without a flush between steps, one step of weight staleness (PipeDream-2BW); m >= pp"},
     {"pipedream", pipedream_schedule, false, false, true,
      "1F1B without a flush, an update after every micro-batch, stashed weights (PipeDream); m >= pp"},
+    {"chimera", chimera_schedule, false, false, false,
+     "two pipelines in opposite directions over the same ranks, half the micro-batches each (Chimera); pp and m even"},
 }};
 
 }  // namespace
@@ -202,6 +262,17 @@ Schedule make_schedule(std::string_view name, const ScheduleShape& shape) {
   if (!g.multi_chunk && shape.chunks != 1)
     throw std::invalid_argument("schedule " + std::string(g.name) + " runs one chunk per rank (got " +
                                 std::to_string(shape.chunks) + "); use interleaved for several.");
+  if (name == "chimera") {
+    if (shape.pp < 2 || shape.pp % 2 != 0)
+      throw std::invalid_argument("schedule chimera pairs rank r with rank pp-1-r; it needs an even pp of 2 or more (got " +
+                                  std::to_string(shape.pp) + ")");
+    if (shape.microbatches % 2 != 0)
+      throw std::invalid_argument("schedule chimera gives each of its two pipelines half the micro-batches; use an even "
+                                  "number (got " + std::to_string(shape.microbatches) + ")");
+    ScheduleShape two = shape;
+    two.chunks = 2, two.bidirectional = true;
+    return Schedule{std::string(g.name), two, false, g.generate(two)};
+  }
   if (g.asynchronous) {
     if (shape.microbatches < shape.pp)
       throw std::invalid_argument("schedule " + std::string(g.name) + " needs at least as many micro-batches as " +

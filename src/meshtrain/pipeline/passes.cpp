@@ -14,13 +14,13 @@ Schedule add_send_recv(const Schedule& schedule) {
   Schedule out = schedule;
   if (schedule.has_comm) return out;
   const ScheduleShape& s = schedule.shape;
-  const int last = s.stages() - 1;
   for (int r = 0; r < static_cast<int>(schedule.ranks.size()); ++r) {
     std::vector<Action> list;
     for (const Action& a : schedule.ranks[r]) {
       auto with = [&](Kind k) { return Action{a.stage, k, a.microbatch, a.chunk}; };
-      const bool prev_remote = a.stage > 0 && s.rank_of(a.stage - 1) != r;
-      const bool next_remote = a.stage < last && s.rank_of(a.stage + 1) != r;
+      const int prv = s.prev(a.stage), nxt = s.next(a.stage);
+      const bool prev_remote = prv >= 0 && s.rank_of(prv) != r;
+      const bool next_remote = nxt >= 0 && s.rank_of(nxt) != r;
       if (a.kind == Kind::F) {
         if (prev_remote) list.push_back(with(Kind::RECV_F));
         list.push_back(a);
@@ -101,7 +101,7 @@ class Checker {
 
   std::string check_cell(int r, int p) const {
     const Action& a = sched_.ranks[r][p];
-    const int stages = shape_.stages(), last = stages - 1, mb = a.microbatch, st = a.stage;
+    const int stages = shape_.stages(), mb = a.microbatch, st = a.stage;
     if (st < 0 || st >= stages)
       return "stage " + std::to_string(st) + " does not exist (the schedule has " +
              std::to_string(stages) + " stages)";
@@ -113,18 +113,21 @@ class Checker {
     if (mb < 0 || mb >= shape_.microbatches)
       return "micro-batch " + std::to_string(mb) + " does not exist (the schedule has " +
              std::to_string(shape_.microbatches) + ")";
+    if (!shape_.runs(st, mb))
+      return "micro-batch " + std::to_string(mb) + " belongs to the other pipeline, not stage " + std::to_string(st) + "'s";
     const Cell first = cells(a.kind, st, mb).front();
     if (first != Cell{r, p})
       return "duplicate of the same action at rank " + std::to_string(first.first) + ", position " +
              std::to_string(first.second);
-    const bool prev_local = st > 0 && shape_.rank_of(st - 1) == r;
-    const bool next_local = st < last && shape_.rank_of(st + 1) == r;
+    const int prv = shape_.prev(st), nxt = shape_.next(st);
+    const bool prev_local = prv >= 0 && shape_.rank_of(prv) == r;
+    const bool next_local = nxt >= 0 && shape_.rank_of(nxt) == r;
     const bool comm = sched_.has_comm;
     switch (a.kind) {
       case Kind::F:
-        if (prev_local && !earlier(Kind::F, st - 1, mb, r, p))
-          return "its input " + name(st - 1, Kind::F, mb) + " does not come before it";
-        if (st > 0 && !prev_local && comm && !earlier(Kind::RECV_F, st, mb, r, p))
+        if (prev_local && !earlier(Kind::F, prv, mb, r, p))
+          return "its input " + name(prv, Kind::F, mb) + " does not come before it";
+        if (prv >= 0 && !prev_local && comm && !earlier(Kind::RECV_F, st, mb, r, p))
           return "its input " + name(st, Kind::RECV_F, mb) + " does not come before it";
         return "";
       case Kind::B:
@@ -133,9 +136,9 @@ class Checker {
         const Kind other = a.kind == Kind::B ? Kind::I : Kind::B;
         if (exists(other, st, mb))
           return "the schedule also has " + name(st, other, mb) + "; use B or I + W, not both";
-        if (next_local && !earlier(Kind::B, st + 1, mb, r, p) && !earlier(Kind::I, st + 1, mb, r, p))
-          return "its gradient input " + name(st + 1, Kind::B, mb) + " (or I) does not come before it";
-        if (st < last && !next_local && comm && !earlier(Kind::RECV_B, st, mb, r, p))
+        if (next_local && !earlier(Kind::B, nxt, mb, r, p) && !earlier(Kind::I, nxt, mb, r, p))
+          return "its gradient input " + name(nxt, Kind::B, mb) + " (or I) does not come before it";
+        if (nxt >= 0 && !next_local && comm && !earlier(Kind::RECV_B, st, mb, r, p))
           return "its gradient input " + name(st, Kind::RECV_B, mb) + " does not come before it";
         return "";
       }
@@ -144,20 +147,20 @@ class Checker {
           return "its input gradient " + name(st, Kind::I, mb) + " does not come before it";
         return "";
       case Kind::SEND_F:
-        if (st == last || next_local) return "stage " + std::to_string(st) + " has no next stage on another rank";
+        if (nxt < 0 || next_local) return "stage " + std::to_string(st) + " has no next stage on another rank";
         if (!earlier(Kind::F, st, mb, r, p)) return "the forward it sends, " + name(st, Kind::F, mb) + ", does not come before it";
-        return match(Kind::RECV_F, st + 1, mb, "receive");
+        return match(Kind::RECV_F, nxt, mb, "receive");
       case Kind::RECV_F:
-        if (st == 0 || prev_local) return "stage " + std::to_string(st) + " has no previous stage on another rank";
-        return match(Kind::SEND_F, st - 1, mb, "send");
+        if (prv < 0 || prev_local) return "stage " + std::to_string(st) + " has no previous stage on another rank";
+        return match(Kind::SEND_F, prv, mb, "send");
       case Kind::SEND_B:
-        if (st == 0 || prev_local) return "stage " + std::to_string(st) + " has no previous stage on another rank";
+        if (prv < 0 || prev_local) return "stage " + std::to_string(st) + " has no previous stage on another rank";
         if (!earlier(Kind::B, st, mb, r, p) && !earlier(Kind::I, st, mb, r, p))
           return "the gradient it sends, " + name(st, Kind::B, mb) + " (or I), does not come before it";
-        return match(Kind::RECV_B, st - 1, mb, "receive");
+        return match(Kind::RECV_B, prv, mb, "receive");
       case Kind::RECV_B:
-        if (st == last || next_local) return "stage " + std::to_string(st) + " has no next stage on another rank";
-        return match(Kind::SEND_B, st + 1, mb, "send");
+        if (nxt < 0 || next_local) return "stage " + std::to_string(st) + " has no next stage on another rank";
+        return match(Kind::SEND_B, nxt, mb, "send");
     }
     return "";
   }
@@ -165,6 +168,7 @@ class Checker {
   std::optional<Fault> check_complete() const {
     for (int st = 0; st < shape_.stages(); ++st)
       for (int mb = 0; mb < shape_.microbatches; ++mb) {
+        if (!shape_.runs(st, mb)) continue;
         const int r = shape_.rank_of(st);
         const int end = static_cast<int>(sched_.ranks[r].size());
         const auto missing = [&](Kind k, const std::string& why) {

@@ -26,14 +26,33 @@ namespace meshtrain::pipeline {
 using RankLists = std::vector<std::vector<Action>>;  // [rank][position]
 
 // What a generator is asked for: pp ranks, m micro-batches, v chunks per rank.
+// Stages are numbered 0 .. pp v - 1; stage s is chunk s / pp of rank s % pp and hands its output
+// to stage s + 1 (one pipeline, looping over the ranks v times).
+// Bidirectional (Chimera): two pipelines over the same ranks in opposite directions, v = 2.
+// Stages 0 .. pp-1 are the "down" pipeline (stage s on rank s, chunk 0) and pp .. 2pp-1 the "up"
+// one (stage pp + s holds the model's stage s on rank pp-1-s, chunk 1); each pipeline runs half
+// the micro-batches (down 0 .. m/2-1, up m/2 .. m-1), and its first stage reads the inputs.
 struct ScheduleShape {
   int pp = 1;
   int microbatches = 1;
   int chunks = 1;
+  bool bidirectional = false;
   int stages() const { return pp * chunks; }
-  int rank_of(int stage) const { return stage % pp; }
+  int rank_of(int stage) const { return bidirectional && stage >= pp ? 2 * pp - 1 - stage : stage % pp; }
   int chunk_of(int stage) const { return stage / pp; }
-  int stage_of(int rank, int chunk) const { return chunk * pp + rank; }
+  int stage_of(int rank, int chunk) const {
+    return bidirectional && chunk == 1 ? 2 * pp - 1 - rank : chunk * pp + rank;
+  }
+  // The stage whose output this one takes (-1: a pipeline's first stage) and the one it feeds
+  // (-1: a pipeline's last stage, which computes the loss).
+  int prev(int stage) const { return bidirectional ? (stage % pp == 0 ? -1 : stage - 1) : stage - 1; }
+  int next(int stage) const {
+    return bidirectional ? (stage % pp == pp - 1 ? -1 : stage + 1) : (stage + 1 < stages() ? stage + 1 : -1);
+  }
+  // The model's stage a stage holds (bidirectional: both pipelines hold every model stage).
+  int model_stage(int stage) const { return bidirectional ? stage % pp : stage; }
+  // Whether micro-batch mb passes through the stage (bidirectional: its pipeline's half).
+  bool runs(int stage, int mb) const { return !bidirectional || (stage < pp) == (mb < microbatches / 2); }
 };
 
 struct Schedule {
@@ -84,5 +103,7 @@ RankLists zb_h1_schedule(const ScheduleShape& shape);
 RankLists pipedream_2bw_schedule(const ScheduleShape& shape);
 // PipeDream's order: the same, with an update after every micro-batch (train/weight_stash.h).
 RankLists pipedream_schedule(const ScheduleShape& shape);
+// Chimera's: two pipelines in opposite directions (shape.bidirectional, chunks 2).
+RankLists chimera_schedule(const ScheduleShape& shape);
 
 }  // namespace meshtrain::pipeline

@@ -85,27 +85,27 @@ class Replay {
   // The inputs of `a` other than its matching send (for receives) or receive (rendezvous
   // sends), as (what, ready time); the ready time is empty while the input is missing.
   std::vector<std::pair<Action, std::optional<double>>> inputs(int r, const Action& a) const {
-    const int st = a.stage, mb = a.microbatch, last = shape_.stages() - 1;
+    const int st = a.stage, mb = a.microbatch, prv = shape_.prev(st), nxt = shape_.next(st);
     const bool comm = sched_.has_comm;
     switch (a.kind) {
       case Kind::F:
-        if (st == 0) return {};
-        if (comm && remote(st - 1, r)) return {{named(st, Kind::RECV_F, mb), done(Kind::RECV_F, st, mb)}};
-        return {{named(st - 1, Kind::F, mb), done(Kind::F, st - 1, mb)}};
+        if (prv < 0) return {};
+        if (comm && remote(prv, r)) return {{named(st, Kind::RECV_F, mb), done(Kind::RECV_F, st, mb)}};
+        return {{named(prv, Kind::F, mb), done(Kind::F, prv, mb)}};
       case Kind::B:
       case Kind::I: {
         std::vector<std::pair<Action, std::optional<double>>> in{{named(st, Kind::F, mb), done(Kind::F, st, mb)}};
-        if (st < last) {
-          if (comm && remote(st + 1, r)) in.push_back({named(st, Kind::RECV_B, mb), done(Kind::RECV_B, st, mb)});
-          else in.push_back({named(st + 1, Kind::B, mb), grad_done(st + 1, mb)});
+        if (nxt >= 0) {
+          if (comm && remote(nxt, r)) in.push_back({named(st, Kind::RECV_B, mb), done(Kind::RECV_B, st, mb)});
+          else in.push_back({named(nxt, Kind::B, mb), grad_done(nxt, mb)});
         }
         return in;
       }
       case Kind::W: return {{named(st, Kind::I, mb), done(Kind::I, st, mb)}};
       case Kind::SEND_F: return {{named(st, Kind::F, mb), done(Kind::F, st, mb)}};
       case Kind::SEND_B: return {{named(st, Kind::B, mb), grad_done(st, mb)}};
-      case Kind::RECV_F: return {{named(st - 1, Kind::SEND_F, mb), posted(Kind::SEND_F, st - 1, mb)}};
-      case Kind::RECV_B: return {{named(st + 1, Kind::SEND_B, mb), posted(Kind::SEND_B, st + 1, mb)}};
+      case Kind::RECV_F: return {{named(prv, Kind::SEND_F, mb), posted(Kind::SEND_F, prv, mb)}};
+      case Kind::RECV_B: return {{named(nxt, Kind::SEND_B, mb), posted(Kind::SEND_B, nxt, mb)}};
     }
     return {};
   }
@@ -116,8 +116,8 @@ class Replay {
   }
   // The receive matching a send.
   Action matching_recv(const Action& a) const {
-    return a.kind == Kind::SEND_F ? named(a.stage + 1, Kind::RECV_F, a.microbatch)
-                                  : named(a.stage - 1, Kind::RECV_B, a.microbatch);
+    return a.kind == Kind::SEND_F ? named(shape_.next(a.stage), Kind::RECV_F, a.microbatch)
+                                  : named(shape_.prev(a.stage), Kind::RECV_B, a.microbatch);
   }
 
   std::string waits_for(int r, const Action& a) const {

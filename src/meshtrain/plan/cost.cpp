@@ -262,8 +262,15 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
   const model::CostQuery q{rows, std::max<int64_t>(1, l.seq), l.tp, l.sequence_parallel};
   const double dp = l.dp;
   std::vector<RankMemory> out(static_cast<size_t>(l.pp));
+  // Where each model stage lives: stage s on rank s % pp; under Chimera also on rank pp-1-s (the
+  // up pipeline's copy), each rank then holding two stages.
+  std::vector<std::pair<size_t, size_t>> placed;  // (model stage, rank)
   for (size_t s = 0; s < spans.size(); ++s) {
-    RankMemory& m = out[s % static_cast<size_t>(l.pp)];
+    placed.emplace_back(s, s % static_cast<size_t>(l.pp));
+    if (sched.shape.bidirectional) placed.emplace_back(s, static_cast<size_t>(l.pp) - 1 - s);
+  }
+  for (const auto& [s, rank] : placed) {
+    RankMemory& m = out[rank];
     const model::StageSpec st = stage_spec(spans, s);
     const double elems = spec.stage_param_elements(st, l.tp);
     const std::vector<model::OpCost> ops = spec.op_costs(st, q);
@@ -279,13 +286,13 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
     // micro-batches in flight ran forward on; its gradient is applied after each micro-batch.
     if (l.schedule == "pipedream") m.params += 4 * elems * static_cast<double>(spans.size() - 1 - s);
     else if (sched.period > 0) m.params += 4 * elems, m.grads += 4 * elems;
-    const int f = std::max(1, in_flight[s % static_cast<size_t>(l.pp)]);
+    const int f = std::max(1, in_flight[rank]);
     m.in_flight = f;
     const double saved = model::total_saved_bytes(ops);
     // Several chunks share the rank's in-flight count: charge each chunk its share. One
     // micro-batch is in backward (its saved bytes plus its transients, backward_peak_bytes);
     // the others hold what they saved (with recomputation: their stage input only).
-    const double share = static_cast<double>(f) / (l.pp > 1 ? l.chunks : 1);
+    const double share = static_cast<double>(f) / (l.pp > 1 ? sched.shape.chunks : 1);
     const double held = l.recompute ? spec.boundary_bytes(st.first_layer, rows, q.T, 1) : saved;
     m.activations += share * held;
     // The executor posts every receive of the step at its start (pipeline/executor.cpp): a
@@ -379,12 +386,14 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
       const double exposed = shared && demand >= 1 ? all : std::max(0.0, first);
       F += exposed, B += exposed, I += exposed;
     }
-    for (int mb = 0; mb < p.schedule.shape.microbatches; ++mb) {  // an asynchronous schedule's: all unrolled steps
-      costs.measured[{pipeline::Kind::F, static_cast<int>(s), mb}] = F;
-      costs.measured[{pipeline::Kind::B, static_cast<int>(s), mb}] = B;
-      costs.measured[{pipeline::Kind::I, static_cast<int>(s), mb}] = I;
-      costs.measured[{pipeline::Kind::W, static_cast<int>(s), mb}] = W;
-    }
+    for (int mb = 0; mb < p.schedule.shape.microbatches; ++mb)  // an asynchronous schedule's: all unrolled steps
+      for (int v = static_cast<int>(s); v < p.schedule.shape.stages(); v += l.pp) {  // Chimera: both pipelines' copies
+        if (p.schedule.shape.model_stage(v) != static_cast<int>(s)) continue;
+        costs.measured[{pipeline::Kind::F, v, mb}] = F;
+        costs.measured[{pipeline::Kind::B, v, mb}] = B;
+        costs.measured[{pipeline::Kind::I, v, mb}] = I;
+        costs.measured[{pipeline::Kind::W, v, mb}] = W;
+      }
     worst_tp = std::max(worst_tp, tp_s * l.microbatches);
     worst_b = std::max(worst_b, B);
     // The pp rank with the most parameters decides the data-parallel and optimizer times.

@@ -39,8 +39,8 @@ std::pair<float, std::optional<float>> RankTrainer::evaluate() {
                         .rows = rows, .T = 1},
                        1.f);
       exec_->forward_only(static_cast<int>(k));
-      if (stages_.back()->last())
-        for (const model::StageResult& r : runners_.back()->results())
+      if (stages_[eval_chunk()]->last())
+        for (const model::StageResult& r : runners_[eval_chunk()]->results())
           a[0] += static_cast<double>(r.loss) * static_cast<double>(r.counted), a[1] += static_cast<double>(r.correct),
               a[2] += static_cast<double>(r.counted);
       heartbeat();
@@ -61,8 +61,8 @@ std::pair<float, std::optional<float>> RankTrainer::evaluate() {
       r->set_batches({.tokens = tok.data() + j0 * rows * T, .targets = tgt.data() + j0 * rows * T, .rows = rows, .T = T},
                      1.f);
     exec_->forward_only(static_cast<int>(k));
-    if (stages_.back()->last())
-      for (const model::StageResult& r : runners_.back()->results()) sum += r.loss;
+    if (stages_[eval_chunk()]->last())
+      for (const model::StageResult& r : runners_[eval_chunk()]->results()) sum += r.loss;
     heartbeat();
   }
   return {static_cast<float>(dp_mean(pp_sum(sum) / static_cast<double>(n))), std::nullopt};

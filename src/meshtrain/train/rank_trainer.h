@@ -94,6 +94,7 @@ class RankTrainer {
   void finish_grad_sync();     // finish_local_grads, then sync_tied_grad
   void finish_local_grads();  // the dp sync finished, or the exact sums rounded
   void sync_tied_grad();      // the tied token table's two copies summed
+  void sync_replicas();       // Chimera: each model stage's two copies summed over their pair
   // --schedule pipedream-2bw (train/weight_versions.h): the step's update applies the previous
   // step's gradient; a flush drains the pipeline and applies the current one. At pp 1 the same
   // recurrence on one rank, computed directly (the reference the pipelines are checked against).
@@ -131,9 +132,21 @@ class RankTrainer {
   }
   std::vector<nn::Param*> model_params() { return ddp_ ? ddp_->params() : stage_params(); }
   // The last stage's copy of the tied token table (pp > 1), which the norm counts once.
+  // Chimera: of the down pipeline's stage (chunk 0), the only one norm_params holds.
   const nn::Param* wte_copy() {
-    return stages_.back()->tied_copy() ? stages_.back()->tied_param() : nullptr;
+    const auto& s = replica_ ? stages_.front() : stages_.back();
+    return s->tied_copy() ? s->tied_param() : nullptr;
   }
+  // The parameters the global norm counts: every stage's, except under Chimera the up
+  // pipeline's copies (chunk 1), which equal the down pipeline's on the pair rank.
+  std::vector<nn::Param*> norm_params() {
+    if (!replica_) return stage_params();
+    std::vector<nn::Param*> out;
+    stages_.front()->collect_params(out);
+    return out;
+  }
+  // The chunk an evaluation's last stage is (Chimera evaluates on the down pipeline alone).
+  size_t eval_chunk() const { return replica_ ? 0 : stages_.size() - 1; }
   double global_grad_sq();
   void reduce_param_sq(std::span<double> sq, size_t per_param);
   double pp_sum(double v) {
@@ -145,16 +158,18 @@ class RankTrainer {
   // Runs micro-batch losses through the pipeline: the mean over them, on every rank.
   double pipeline_loss(int64_t n) {
     double sum = 0;
-    if (stages_.back()->last())
-      for (const model::StageResult& r : runners_.back()->results()) sum += r.loss / static_cast<double>(n);
+    for (size_t c = 0; c < stages_.size(); ++c)  // Chimera: both pipelines' last stages
+      if (stages_[c]->last())
+        for (const model::StageResult& r : runners_[c]->results()) sum += r.loss / static_cast<double>(n);
     return pp_sum(sum);
   }
   // A classifier's share of the last run's samples predicted right, over dp and pp.
   float batch_accuracy() {
     std::array<double, 2> a{0, 0};  // correct, counted
-    if (stages_.back()->last())
-      for (const model::StageResult& r : runners_.back()->results())
-        a[0] += static_cast<double>(r.correct), a[1] += static_cast<double>(r.counted);
+    for (size_t c = 0; c < stages_.size(); ++c)
+      if (stages_[c]->last())
+        for (const model::StageResult& r : runners_[c]->results())
+          a[0] += static_cast<double>(r.correct), a[1] += static_cast<double>(r.counted);
     if (o_.dp > 1) mesh_.dp_group().all_reduce(a);
     if (o_.pp > 1) mesh_.pp_group().all_reduce(a);
     return static_cast<float>(a[0] / std::max(1.0, a[1]));
@@ -209,6 +224,7 @@ class RankTrainer {
   std::vector<std::unique_ptr<StageDriver>> runners_;
   std::unique_ptr<pipeline::Executor> exec_;
   std::shared_ptr<comm::Communicator> emb_;  // pp > 1: first and last stage, for the tied wte
+  std::shared_ptr<comm::Communicator> replica_;  // Chimera: ranks r and pp-1-r
   std::unique_ptr<Optimizer> optimizer_;
   std::optional<GradNoiseScale> noise_;
   std::unique_ptr<WeightVersions> versions_;  // pipedream-2bw at pp > 1

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <stdexcept>
 #include <tuple>
 
@@ -223,8 +224,30 @@ void RankTrainer::zero_grads() {
 // or reduce-scatter); on one rank with --exact-sums the float64 totals rounded once; then the tied
 // token table of the first and last stage summed over the two (under ZeRO-2/3 their equal slices).
 void RankTrainer::finish_grad_sync() {
+  if (o_.exact_sums > 0) sync_replicas();  // Chimera: the float64 totals, before they are rounded
   finish_local_grads();
+  if (o_.exact_sums == 0) sync_replicas();
   sync_tied_grad();
+}
+
+// Chimera: each model stage's two copies (this rank's chunk and its pair's other chunk) sum
+// their gradients, in model-stage order on both ranks, so the pair computes the same sums.
+void RankTrainer::sync_replicas() {
+  if (!replica_) return;
+  std::vector<size_t> order(stages_.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  const pipeline::ScheduleShape& shape = exec_->schedule().shape;
+  auto ms = [&](size_t c) { return shape.model_stage(shape.stage_of(mesh_.coord().pp, static_cast<int>(c))); };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ms(a) < ms(b); });
+  if (ms(order[0]) == ms(order[1])) return;  // unreachable: pp is even
+  for (size_t c : order) {
+    std::vector<nn::Param*> params;
+    stages_[c]->collect_params(params);
+    for (nn::Param* p : params) {
+      if (o_.exact_sums > 0) replica_->all_reduce(std::span<double>(p->grad_exact));
+      else replica_->all_reduce(std::span<float>(p->grad.data(), static_cast<size_t>(p->grad.numel())));
+    }
+  }
 }
 
 void RankTrainer::finish_local_grads() {
@@ -239,6 +262,16 @@ void RankTrainer::finish_local_grads() {
 }
 
 void RankTrainer::sync_tied_grad() {
+  if (replica_) {  // Chimera: ranks 0 and pp-1 hold both ends of the tied token table
+    nn::Param *first = nullptr, *copy = nullptr;
+    for (auto& stage : stages_)
+      if (nn::Param* t = stage->tied_param()) (stage->first() ? first : copy) = t;
+    if (!first || !copy) return;
+    float* a = first->grad.data();
+    float* b = copy->grad.data();
+    for (int64_t i = 0; i < first->grad.numel(); ++i) a[i] += b[i], b[i] = a[i];
+    return;
+  }
   if (emb_) {
     nn::Param& wte = *(stages_[0]->tied_param() ? stages_[0] : stages_.back())->tied_param();
     emb_->all_reduce(ddp_ ? ddp_->synced_grad(&wte)
@@ -331,6 +364,8 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
   spans_ = gpt ? stage_layers(o_, sh.cfg, profiled_ ? &*profiled_ : nullptr) : stage_units(o_, *sh.spec.cnn());
   const auto& spans = spans_;
   const int stages = schedule.shape.stages(), pp_rank = mesh_.coord().pp;
+  const bool chimera = schedule.shape.bidirectional;  // each rank: a model stage of each pipeline
+  const int model_stages = chimera ? o_.pp : stages;
   // An image graph cut inside a residual block: the skip crosses the cut in a portal (refused,
   // on every rank alike, where the stages would need more portals than the executor carries).
   model::SkipPortals portals;
@@ -341,9 +376,15 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
     portals = model::skip_portals(*cnn.graph, model::infer_shapes(*cnn.graph, {cnn.channels, cnn.height, cnn.width}),
                                   first_unit);
   }
+  if (chimera) {  // a skip tensor would cross between the two pipelines' copies; not carried
+    const bool crosses = gpt ? sh.cfg.has_skip() : std::any_of(portals.to.begin(), portals.to.end(), [](int t) { return t >= 0; });
+    if (crosses)
+      throw bad("--schedule chimera cannot carry a skip connection across pipeline stages yet; cut the model where none "
+                "crosses (--pp-cuts), or use --schedule 1f1b");
+  }
   for (int c = 0; c < schedule.shape.chunks; ++c) {
-    const int st = schedule.shape.stage_of(pp_rank, c);
-    model::StageSpec spec{spans[st].first, spans[st].end, st == 0, st == stages - 1};
+    const int ms = schedule.shape.model_stage(schedule.shape.stage_of(pp_rank, c));
+    model::StageSpec spec{spans[ms].first, spans[ms].end, ms == 0, ms == model_stages - 1};
     stages_.push_back(sh.spec.make_stage(spec, o_.seed, factories));
     std::string init_source;
     if (const auto* w = initial_weights(o_, sh.spec, &init_source)) model::load_initial(*stages_.back(), *w, init_source);
@@ -383,7 +424,7 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
       const int from = stage_of_block(sh.cfg.skip_from), to = stage_of_block(sh.cfg.skip_to);
       const int here = schedule.shape.stage_of(pp_rank, static_cast<int>(runners_.size()) - 1);
       if (from != to) runners_.back()->set_portal_stages(here == from ? to : -1, here == to ? from : -1);
-    } else if (!portals.to.empty()) {
+    } else if (!portals.to.empty() && !chimera) {  // (Chimera refused any portal above)
       const size_t here = static_cast<size_t>(schedule.shape.stage_of(pp_rank, static_cast<int>(runners_.size()) - 1));
       runners_.back()->set_portal_stages(portals.to[here], portals.from[here]);
     }
@@ -414,7 +455,13 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
       runners_[c]->set_stash(stashes_.back().get(), [this, c](int64_t k) { update_pipedream(c, k); }, o_.microbatches);
     }
   }
-  if (o_.pp > 1 && gpt) {
+  if (chimera) {
+    // The two copies of each model stage (rank r's down stage and rank pp-1-r's up stage) sum
+    // their gradients over this pair; the token table's two ends are then both on ranks 0 and
+    // pp-1 (sync_tied_grad sums them there, with no group).
+    replica_ = world.split(mesh_.coord().dp * o_.tp * o_.pp + mesh_.coord().tp * o_.pp + std::min(pp_rank, o_.pp - 1 - pp_rank),
+                           pp_rank, "chimera pair");
+  } else if (o_.pp > 1 && gpt) {
     // The tied token table: the first stage's copy and the last stage's sum their gradients
     // over this group (one pair per (dp, tp) position). Models without a tied parameter
     // (the CNNs) need no such group.
@@ -512,7 +559,7 @@ StateBytes RankTrainer::state_bytes() {
 double RankTrainer::global_grad_sq() {
   const bool sliced = ddp_ && o_.zero >= 1;
   double here = 0;
-  for (nn::Param* q : sliced ? ddp_->optimizer_params() : stage_params()) {
+  for (nn::Param* q : sliced ? ddp_->optimizer_params() : norm_params()) {
     const nn::Param* p = sliced ? ddp_->origin(q) : q;
     if (p == wte_copy() || !p->shard.counted_on(mesh_.coord().tp)) continue;
     here += kernels::sum_squares(q->grad.data(), q->grad.numel(), o_.threads);

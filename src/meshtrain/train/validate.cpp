@@ -164,10 +164,11 @@ void check_ranges(const TrainOptions& o, const model::GPTConfig& cfg) {
 void check_layout(const TrainOptions& o) {
   if (o.dp < 1 || o.tp < 1 || o.pp < 1) bad("--dp, --tp and --pp must each be at least 1");
   if (o.microbatches < 1) bad("--microbatches must be at least 1");
-  static const char* schedules[] = {"naive", "gpipe", "1f1b", "interleaved", "zb", "zb-h1", "pipedream-2bw", "pipedream"};
+  static const char* schedules[] = {"naive", "gpipe", "1f1b", "interleaved", "zb", "zb-h1", "pipedream-2bw", "pipedream", "chimera"};
   if (std::find_if(std::begin(schedules), std::end(schedules),
                    [&](const char* s) { return o.schedule == s; }) == std::end(schedules))
-    bad("--schedule must be naive, gpipe, 1f1b, interleaved, zb, pipedream-2bw or pipedream, not '" + o.schedule + "'");
+    bad("--schedule must be naive, gpipe, 1f1b, interleaved, zb, pipedream-2bw, pipedream or chimera, not '" + o.schedule +
+        "'");
   if (o.schedule == "pipedream-2bw") {  // train/weight_versions.h
     if (o.ps_servers > 0)
       bad("--schedule pipedream-2bw is a pipeline's own asynchrony; the parameter server has its own (--staleness): "
@@ -198,6 +199,22 @@ void check_layout(const TrainOptions& o) {
     if (!o.checkpoint_dir.empty())
       bad("--schedule pipedream does not save checkpoints yet (a stage's stashed weight versions are not in one); "
           "drop --checkpoint-dir, or use --schedule pipedream-2bw");
+  }
+  if (o.schedule == "chimera" && o.pp > 1) {  // pipeline/generators.cpp, chimera_schedule
+    if (o.pp % 2 != 0)
+      bad("--schedule chimera pairs pipeline rank r with rank pp-1-r, each holding the other's stage of the opposite "
+          "pipeline; use an even --pp (got " + std::to_string(o.pp) + ")");
+    if (o.microbatches % 2 != 0)
+      bad("--schedule chimera gives each of its two pipelines half the micro-batches; use an even --microbatches (got " +
+          std::to_string(o.microbatches) + ")");
+    if (o.dp > 1 || o.zero > 0 || o.ps_servers > 0)
+      bad("--schedule chimera runs without data parallelism yet (each rank's two model copies would need their own "
+          "buckets); drop --dp, --zero and --ps-servers");
+    if (o.recompute) bad("--schedule chimera runs without --recompute yet; drop --recompute");
+    if (o.chunks > 1) bad("--schedule chimera places two model chunks on each rank itself; drop --chunks");
+    if (!o.checkpoint_dir.empty())
+      bad("--schedule chimera does not save checkpoints yet (each rank holds two copies of model stages); drop "
+          "--checkpoint-dir");
   }
   if (o.chunks < 1) bad("--chunks must be at least 1 (model chunks per pipeline rank)");
   if (o.zero < 0 || o.zero > 3) bad("--zero must be 0, 1, 2 or 3");
