@@ -326,13 +326,14 @@ constexpr std::size_t kHeaderBytes = 128;
 
 class MpiShared final : public SharedMemory {
  public:
-  MpiShared(MPI_Comm comm, int rank, int size) : rank_(rank), size_(size), segs_(static_cast<std::size_t>(size)) {
+  MpiShared(MPI_Comm comm, int rank, int size, std::size_t stage_bytes)
+      : rank_(rank), size_(size), stage_bytes_(stage_bytes), segs_(static_cast<std::size_t>(size)) {
     std::lock_guard g(g_mpi);
     MPI_Info info;
     MPI_Info_create(&info);
     MPI_Info_set(info, "alloc_shared_noncontig", "true");
     char* mine = nullptr;
-    MPI_Win_allocate_shared(static_cast<MPI_Aint>(kHeaderBytes + kStageBytes), 1, info, comm, &mine, &win_);
+    MPI_Win_allocate_shared(static_cast<MPI_Aint>(kHeaderBytes + stage_bytes_), 1, info, comm, &mine, &win_);
     MPI_Info_free(&info);
     for (int q = 0; q < size; ++q) {
       MPI_Aint bytes = 0;
@@ -346,7 +347,7 @@ class MpiShared final : public SharedMemory {
     MPI_Barrier(comm);  // every header is initialised before anyone reads one
   }
   void* stage() override { return segs_[static_cast<std::size_t>(rank_)] + kHeaderBytes; }
-  std::size_t limit() const override { return kStageBytes; }
+  std::size_t limit() const override { return stage_bytes_; }
   bool publish(std::uint64_t seq, void*, Clock::time_point deadline) override {
     flag(rank_, 0).store(seq + 1);
     return poll_until([&] { return all(seq, 0); }, deadline);
@@ -374,6 +375,7 @@ class MpiShared final : public SharedMemory {
   }
 
   int rank_, size_;
+  std::size_t stage_bytes_;
   std::vector<char*> segs_;
   MPI_Win win_ = MPI_WIN_NULL;
 };
@@ -401,10 +403,10 @@ bool on_one_host(MPI_Comm comm, int size) {
 class MpiTransport final : public Transport {
  public:
   // Collective over `comm` (the shared window).
-  explicit MpiTransport(MPI_Comm comm) : comm_(comm), pool_(std::make_shared<Pool>()) {
+  explicit MpiTransport(MPI_Comm comm, std::size_t stage_bytes = kStageBytes) : comm_(comm), pool_(std::make_shared<Pool>()) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    if (on_one_host(comm_, size_)) shared_ = std::make_unique<MpiShared>(comm_, rank_, size_);
+    if (on_one_host(comm_, size_)) shared_ = std::make_unique<MpiShared>(comm_, rank_, size_, stage_bytes);
   }
   ~MpiTransport() override {
     int finalized = 0;
@@ -443,7 +445,11 @@ class MpiTransport final : public Transport {
     return r;
   }
 
-  std::unique_ptr<Transport> split(const std::vector<int>& members, int color, std::uint64_t) override {
+  std::unique_ptr<Transport> split(const std::vector<int>& members, int color, std::uint64_t id) override {
+    return split_shared(members, color, id, kStageBytes);
+  }
+  std::unique_ptr<Transport> split_shared(const std::vector<int>& members, int color, std::uint64_t,
+                                          std::size_t stage_bytes) override {
     int key = 0;
     for (std::size_t i = 0; i < members.size(); ++i)
       if (members[i] == rank_) key = static_cast<int>(i);
@@ -453,7 +459,7 @@ class MpiTransport final : public Transport {
       MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child);
     }
     if (color < 0) return nullptr;
-    return std::make_unique<MpiTransport>(child);
+    return std::make_unique<MpiTransport>(child, std::max(stage_bytes, kStageBytes));
   }
 
   void waiting(const char* op, const std::string& group, std::uint64_t seq, int peer) override {
