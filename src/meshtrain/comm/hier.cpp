@@ -16,24 +16,27 @@
 // from the flat ring's by round-off (exact for integers and when K = 1 or H = 1).
 //
 // Sliced and over shared memory (hier_sliced below). Where the K ranks of a host share memory
-// (threads; mpi processes on one host: an MPI-3 shared window) and the message is larger than
-// one slice (MESHTRAIN_COMM_HIER_SLICE_BYTES, default 4 MiB; 0 turns slicing off), block k is
-// cut into pieces of q elements and the phases run as a pipeline of steps: step t is one
-// shared-memory exchange among the host's ranks that reduce-scatters piece t of every block
-// (rank k sums piece t of block k from the K buffers) and all-gathers piece t-2 (rank k copies
-// piece t-2 of block j from rank j), while a worker thread of this rank runs the ring across
-// hosts on piece t-1 of block k. So the link between hosts carries piece after piece while the
-// in-host work of the neighbouring pieces runs beside it, and nothing of the in-host phases
-// crosses TCP. Each step is one publish and one finish (two synchronisations of the host's
-// ranks); no allocation per call (the worker, its hand-over and the shared segment are made
-// on first use). Bits: piece t of block k is summed in the in-host ring's order (x_{k+1},
-// then + x_{k+2}, ..., + x_k, as ring_reduce_scatter accumulates block k), and each piece goes
-// through the same ring across hosts; so at H = 2 the result is bit for bit the unsliced
-// hier's. At H > 2 the ring across hosts assigns each element of a piece to a sub-block of the
-// piece instead of the shard, which changes the order in which the H host sums are added:
-// deterministic (the same for the same slice size), equal to the unsliced result within
+// (threads; mpi processes on one host: the segments of mpi_backend.cpp) and the message spans
+// more than one slice (MESHTRAIN_COMM_HIER_SLICE_BYTES, default 2 MiB, so the data-parallel
+// buckets of 4 MiB are sliced too; 0 turns slicing off), block k is cut into pieces of
+// slice / K bytes (whole 64-byte units, H of them) and the phases run as a pipeline: step t is
+// one shared-memory exchange among the host's ranks that reduce-scatters piece t of every
+// block (rank k sums piece t of block k from the K buffers) and all-gathers piece t-2 (rank k
+// copies piece t-2 of block j from rank j), while a worker thread of this rank runs the ring
+// across hosts on piece t-1 of block k. So the link between hosts carries piece after piece
+// while the in-host work of the neighbouring pieces runs beside it, and nothing of the in-host
+// phases goes through messages. Each step is one publish and one finish (two synchronisations
+// of the host's ranks). Memory: the worker, its hand-over and the shared segments are made on
+// the first hier call; a call allocates what the unsliced one does (its layout; the ring's
+// requests, one a message as before, since the ring cuts messages at chunk_bytes either way),
+// plus a ring call's two request lists and layout per piece on the worker. Bits: piece t of block k is summed in the in-host
+// ring's order (x_{k+1}, then + x_{k+2}, ..., + x_k, as ring_reduce_scatter accumulates block
+// k), and each piece goes through the same ring across hosts; so at H = 2 the result is bit for
+// bit the unsliced hier's. At H > 2 the ring across hosts assigns each element to a sub-block
+// of its piece instead of the shard, which changes the order in which the H host sums are
+// added: deterministic (the same for the same slice), equal to the unsliced result within
 // round-off. Bytes across hosts: each piece's ring sends 2 (H-1)/H of the piece, so the total
-// is the unsliced formula (exactly, where the pieces divide evenly by H).
+// is the unsliced formula (per rank exactly where n divides by H K, as unsliced).
 //
 // Limits: every host holds as many ranks of the group (hier refuses otherwise); all_reduce only.
 #include <algorithm>
@@ -75,7 +78,7 @@ namespace {
 
 std::size_t slice_bytes_setting() {
   const char* s = std::getenv("MESHTRAIN_COMM_HIER_SLICE_BYTES");
-  return s && *s ? static_cast<std::size_t>(std::strtoull(s, nullptr, 10)) : std::size_t{4} << 20;
+  return s && *s ? static_cast<std::size_t>(std::strtoull(s, nullptr, 10)) : std::size_t{2} << 20;
 }
 bool times_setting() {
   const char* s = std::getenv("MESHTRAIN_COMM_HIER_TIMES");
