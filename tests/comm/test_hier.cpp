@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -13,6 +15,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "checks.h"
@@ -412,4 +415,61 @@ TEST(HierSliced, SlicesWhereTheMessageSpansTwoSlicesOrMore) {
     EXPECT_NE(err.find(line), std::string::npos) << err;
   }
   EXPECT_NE(err.find(", 10 pieces of 2048 B a block"), std::string::npos) << err;
+}
+
+TEST(HierSliced, RankThatThrowsFailsTheOthersPromptly) {
+  // Rank 3 throws instead of entering a sliced all-reduce: its host peer fails in the shared-
+  // memory exchange, the other host's ranks in the ring across hosts or their exchange; every
+  // one of them reports all_reduce #1, long before the deadline, and the workers let go.
+  SliceBytes s(kSlice);
+  std::vector<std::string> errors(4);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    mc::run_threads(4, [&](Communicator& c) {
+      c.set_hosts(mc::hosts_in_blocks(4, 2));
+      std::vector<float> x(20000, 1.0f);
+      c.all_reduce(x, {.algorithm = Algorithm::hier});
+      if (c.rank() == 3) throw std::runtime_error("boom in rank 3");
+      try {
+        c.all_reduce(x, {.algorithm = Algorithm::hier});
+      } catch (const mc::CommError& e) {
+        errors[static_cast<std::size_t>(c.rank())] = e.what();
+        throw;
+      }
+    }, {.timeout = std::chrono::seconds(60)});
+  } catch (const std::exception&) {
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  for (int r : {0, 1, 2})
+    EXPECT_NE(errors[static_cast<std::size_t>(r)].find("all_reduce #1 on group 'world'"), std::string::npos)
+        << "rank " << r << ": " << errors[static_cast<std::size_t>(r)];
+}
+
+TEST(HierSliced, RankThatNeverCallsTimesOut) {
+  SliceBytes s(kSlice);
+  std::vector<std::string> errors(4);
+  std::atomic<bool> release{false};
+  try {
+    mc::run_threads(4, [&](Communicator& c) {
+      c.set_hosts(mc::hosts_in_blocks(4, 2));
+      std::vector<float> x(20000, 1.0f);
+      c.all_reduce(x, {.algorithm = Algorithm::hier});
+      if (c.rank() == 1) {
+        while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return;
+      }
+      try {
+        c.all_reduce(x, {.algorithm = Algorithm::hier, .timeout = std::chrono::milliseconds(500)});
+      } catch (const mc::CommError& e) {
+        errors[static_cast<std::size_t>(c.rank())] = e.what();
+        release = true;
+        throw;
+      }
+    }, {.timeout = std::chrono::seconds(60)});
+  } catch (const std::exception&) {
+  }
+  release = true;
+  for (int r : {0, 2, 3})
+    EXPECT_NE(errors[static_cast<std::size_t>(r)].find("all_reduce #1 on group 'world'"), std::string::npos)
+        << "rank " << r << ": " << errors[static_cast<std::size_t>(r)];
 }
