@@ -411,14 +411,17 @@ void Communicator::run_hier(const Call& c, OpContext& ctx) {
   HostGroups& g = *host_groups_;
   OpContext across(g.across, to_string(c.kind), name_, ctx.seq(), ctx.deadline(), ctx.chunk_bytes(), *stats_,
                    &g.across_hosts);
-  // Sliced where the host's ranks share memory and the message spans two slices or more.
+  // Sliced where the host's ranks share memory and the message spans two slices or more (and,
+  // under mpi, a step's K + 1 pieces fit the stage).
   const std::size_t es = dtype_size(c.type), slice = slice_bytes_setting();
-  if (g.shared && slice > 0 && c.count * es > slice) {
-    SharedMemory& m = *g.shared->shared_memory();
-    // Pieces of whole 64-byte units, H of them: the ring across hosts splits a piece evenly.
-    const std::size_t unit = std::max<std::size_t>(1, 64 / es) * static_cast<std::size_t>(size_ / K);
-    std::size_t piece = std::max<std::size_t>(1, slice / K / es / unit) * unit;
-    if (m.limit() != SIZE_MAX) piece = std::min(piece, std::max<std::size_t>(1, m.limit() / (K + 1) / es / unit) * unit);
+  SharedMemory* shared = g.shared ? g.shared->shared_memory() : nullptr;
+  // Pieces of whole 64-byte units, H of them: the ring across hosts splits a piece evenly.
+  const std::size_t unit = std::max<std::size_t>(1, 64 / es) * static_cast<std::size_t>(H);
+  std::size_t piece = std::max<std::size_t>(1, slice / K / es / unit) * unit;
+  if (shared && shared->limit() != SIZE_MAX)
+    piece = std::min(piece, std::max<std::size_t>(1, shared->limit() / (K + 1) / es / unit) * unit);
+  if (shared && slice > 0 && c.count * es > slice && (K + 1) * piece * es <= shared->limit()) {
+    SharedMemory& m = *shared;
     OpContext in_host(*g.shared, to_string(c.kind), name_, ctx.seq(), ctx.deadline(), ctx.chunk_bytes(), *stats_,
                       &g.in_host_hosts);
     if (!g.worker) g.worker = std::make_unique<AcrossWorker>();
