@@ -14,6 +14,12 @@ if(MESHTRAIN_HAVE_MPI)
     set_tests_properties(comm_mpi_checks_np${np} PROPERTIES TIMEOUT 600 LABELS comm
         PASS_REGULAR_EXPRESSION "RESULT rank=0 checks passed")
   endforeach()
+  # hier sliced over the shared window of each (emulated) host's ranks: 2 and 3 hosts of 2.
+  foreach(np 4 6)
+    add_test(NAME comm_mpi_hier_np${np} COMMAND ${_mpirun} -np ${np} $<TARGET_FILE:test_comm_mpi_runner> hier)
+    set_tests_properties(comm_mpi_hier_np${np} PROPERTIES TIMEOUT 600 LABELS comm
+        PASS_REGULAR_EXPRESSION "RESULT rank=0 hier sliced equals unsliced")
+  endforeach()
   foreach(np 2 3)
     math(EXPR last "${np} - 1")
     add_test(NAME comm_mpi_fault_exit_np${np} COMMAND ${_mpirun} -np ${np} $<TARGET_FILE:test_comm_mpi_runner> exit)

@@ -5,11 +5,17 @@
 // otherwise); `auto` picks hier only when the links between hosts are slower.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "checks.h"
@@ -236,4 +242,234 @@ TEST(HierChooser, AutoRunsHierOnACommunicatorToldItsHostLinksAreSlower) {
   });
   for (int r = 0; r < 4; ++r) EXPECT_EQ(got[r], hier_cross(n, h, r, 4)) << "rank " << r;
   EXPECT_NE(plain, got);
+}
+
+// ---- sliced over shared memory (hier.cpp, hier_sliced) ----
+// On threads the ranks of an emulated host share memory, so hier runs as a pipeline of pieces
+// once a message spans more than MESHTRAIN_COMM_HIER_SLICE_BYTES (set small here: many pieces).
+namespace {
+
+struct SliceBytes {  // sets the slice for a scope (no rank thread runs while it changes)
+  explicit SliceBytes(std::size_t b) { setenv("MESHTRAIN_COMM_HIER_SLICE_BYTES", std::to_string(b).c_str(), 1); }
+  ~SliceBytes() { unsetenv("MESHTRAIN_COMM_HIER_SLICE_BYTES"); }
+};
+constexpr std::size_t kSlice = 4096;  // bytes: pieces of 2048 / K bytes a block
+
+// hier.cpp's piece: slice / K bytes, rounded down to whole 64-byte units times H.
+std::size_t piece_elems(const Hosts& h, std::size_t es) {
+  const std::size_t unit = std::max<std::size_t>(1, 64 / es) * h.H;
+  return std::max<std::size_t>(1, kSlice / h.K / es / unit) * unit;
+}
+// Bytes across hosts of the sliced hier: each piece of block k goes through its own ring.
+std::uint64_t sliced_cross(std::size_t n, const Hosts& h, int r, std::size_t es) {
+  const mc::Layout l = mc::even_layout(n, h.K);
+  const std::size_t m = l.count(r % h.K), q = piece_elems(h, es);
+  std::uint64_t sum = 0;
+  for (std::size_t first = 0; first < m; first += q) sum += ring_sent(std::min(q, m - first), h.H, r / h.K, es);
+  return sum;
+}
+
+// Every rank's result of one all-reduce of `input` with hier (after `warm` earlier calls).
+template <class T>
+std::vector<std::vector<T>> hier_results(const Hosts& h, std::size_t n, mc::ReduceOp op, bool integers,
+                                         std::vector<std::uint64_t>* cross = nullptr) {
+  std::vector<std::vector<T>> out(static_cast<std::size_t>(h.p()));
+  if (cross) cross->assign(static_cast<std::size_t>(h.p()), 0);
+  mc::run_threads(h.p(), [&](Communicator& c) {
+    c.set_hosts(mc::hosts_in_blocks(c.size(), h.K));
+    const std::vector<T> in = input<T>(c.rank(), n, integers);
+    std::vector<T> v(n);
+    c.reset_stats();
+    c.all_reduce(in, v, {.op = op, .algorithm = Algorithm::hier, .chunk_bytes = 1024});
+    if (cross) (*cross)[static_cast<std::size_t>(c.rank())] = c.stats().bytes_sent_cross_host;
+    out[static_cast<std::size_t>(c.rank())] = std::move(v);
+  });
+  return out;
+}
+
+template <class T>
+void sliced_equals_unsliced(const Hosts& h, std::size_t n, mc::ReduceOp op, bool integers) {
+  std::vector<std::vector<T>> sliced, whole;
+  {
+    SliceBytes s(kSlice);
+    sliced = hier_results<T>(h, n, op, integers);
+  }
+  {
+    SliceBytes s(0);  // slicing off: the three phases one after the other
+    whole = hier_results<T>(h, n, op, integers);
+  }
+  for (int r = 0; r < h.p(); ++r)
+    for (std::size_t i = 0; i < n; ++i)
+      if (std::memcmp(&sliced[r][i], &whole[r][i], sizeof(T)) != 0) {
+        ADD_FAILURE() << h.str() << " n=" << n << " rank " << r << " element " << i << ": " << sliced[r][i]
+                      << " sliced, " << whole[r][i] << " unsliced";
+        return;
+      }
+}
+
+}  // namespace
+
+TEST(HierSliced, CountedCrossHostBytesEqualTheSlicedFormula) {
+  SliceBytes s(kSlice);
+  for (const Hosts& h : {Hosts{2, 2}, Hosts{2, 3}, Hosts{3, 2}, Hosts{2, 4}})
+    for (std::size_t n : {std::size_t{12000}, std::size_t{65543}, std::size_t{100003}}) {
+      std::vector<std::uint64_t> cross;
+      hier_results<float>(h, n, mc::ReduceOp::sum, true, &cross);
+      std::uint64_t total = 0;
+      for (int r = 0; r < h.p(); ++r) {
+        EXPECT_EQ(cross[r], sliced_cross(n, h, r, 4)) << h.str() << " n=" << n << " rank " << r;
+        total += cross[r];
+      }
+      EXPECT_EQ(total, 2u * (h.H - 1) * n * 4) << h.str() << " n=" << n;
+    }
+}
+
+TEST(HierSliced, DivisibleSizesGiveTheClosedForm) {
+  // n divisible by K x H: every piece splits evenly across hosts, so 2 (H-1)/H x n/K per rank,
+  // as unsliced.
+  SliceBytes s(kSlice);
+  const std::size_t n = 12000;
+  for (const Hosts& h : {Hosts{2, 2}, Hosts{2, 3}, Hosts{3, 2}}) {
+    std::vector<std::uint64_t> cross;
+    hier_results<float>(h, n, mc::ReduceOp::sum, true, &cross);
+    ASSERT_GT(n / h.K, piece_elems(h, 4)) << "several pieces";
+    for (int r = 0; r < h.p(); ++r) {
+      EXPECT_EQ(cross[r], 2 * (h.H - 1) * (n * 4 / h.K) / h.H) << h.str() << " rank " << r;
+      EXPECT_EQ(cross[r], hier_cross(n, h, r, 4)) << h.str() << " rank " << r;
+    }
+  }
+}
+
+TEST(HierSliced, TwoHostsGiveTheUnslicedBitsExactly) {
+  // At H = 2 the sliced pipeline adds in the unsliced order: bit for bit the same, whatever
+  // the type, the reduction, or a size that leaves a short last piece.
+  for (const Hosts& h : {Hosts{2, 2}, Hosts{2, 3}, Hosts{2, 4}})
+    for (std::size_t n : {std::size_t{4097}, std::size_t{65543}}) {
+      sliced_equals_unsliced<float>(h, n, mc::ReduceOp::sum, false);
+      sliced_equals_unsliced<float>(h, n, mc::ReduceOp::avg, false);
+      sliced_equals_unsliced<float>(h, n, mc::ReduceOp::max, false);
+      sliced_equals_unsliced<double>(h, n, mc::ReduceOp::sum, false);
+      sliced_equals_unsliced<std::int64_t>(h, n, mc::ReduceOp::sum, true);
+      sliced_equals_unsliced<std::int64_t>(h, n, mc::ReduceOp::avg, true);
+    }
+}
+
+TEST(HierSliced, ThreeHostsAreDeterministicAndEqualTheRingWithinRoundOff) {
+  // At H = 3 the order of the three host sums depends on where an element falls in its piece:
+  // deterministic, exact for integers, within round-off of the flat ring for floats.
+  SliceBytes s(kSlice);
+  const Hosts h{3, 2};
+  const std::size_t n = 65543;
+  const auto a = hier_results<float>(h, n, mc::ReduceOp::sum, false);
+  const auto b = hier_results<float>(h, n, mc::ReduceOp::sum, false);
+  EXPECT_EQ(a, b);
+  compare_with_ring<float>(h, n, mc::ReduceOp::sum, false);
+  compare_with_ring<float>(h, n, mc::ReduceOp::sum, true);
+  compare_with_ring<double>(h, n, mc::ReduceOp::avg, false);
+  compare_with_ring<std::int64_t>(h, n, mc::ReduceOp::sum, true);
+}
+
+TEST(HierSliced, ManyCallsSyncAndAsyncMixedWithSmallOnes) {
+  // Sliced and unsliced calls in turn, async ones queued behind each other, and a sub-group:
+  // the exchanges' numbers and the worker's hand-over carry from call to call.
+  SliceBytes s(kSlice);
+  const Hosts h{2, 2};
+  mc::run_threads(h.p(), [&](Communicator& c) {
+    c.set_hosts(mc::hosts_in_blocks(c.size(), h.K));
+    for (int round = 0; round < 3; ++round) {
+      std::vector<float> big(20000 + round, float(c.rank() + 1)), small(100, 1.0f), big2(30001, 2.0f);
+      c.all_reduce(big, {.algorithm = Algorithm::hier});
+      c.all_reduce(small, {.algorithm = Algorithm::hier});
+      mc::Work w1 = c.all_reduce_async(big2, {.algorithm = Algorithm::hier});
+      mc::Work w2 = c.all_reduce_async(big, {.algorithm = Algorithm::hier});
+      w1.wait();
+      w2.wait();
+      EXPECT_EQ(big.front(), 40.0f);  // (1+2+3+4) x 4
+      EXPECT_EQ(big.back(), 40.0f);
+      EXPECT_EQ(small[99], 4.0f);
+      EXPECT_EQ(big2[30000], 8.0f);
+    }
+  });
+}
+
+TEST(HierSliced, SlicesWhereTheMessageSpansTwoSlicesOrMore) {
+  // MESHTRAIN_COMM_HIER_TIMES prints one line per rank for each sliced call (its phases' times):
+  // the lines show which calls were sliced, and how many steps they took.
+  SliceBytes s(kSlice);
+  setenv("MESHTRAIN_COMM_HIER_TIMES", "1", 1);
+  ::testing::internal::CaptureStderr();
+  mc::run_threads(4, [&](Communicator& c) {
+    c.set_hosts(mc::hosts_in_blocks(4, 2));
+    std::vector<float> one_slice(kSlice / 4, 1.0f), many(kSlice / 4 * 10, 1.0f);
+    c.all_reduce(one_slice, {.algorithm = Algorithm::hier});
+    c.all_reduce(many, {.algorithm = Algorithm::hier});
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  unsetenv("MESHTRAIN_COMM_HIER_TIMES");
+  // #0 (one slice) was not sliced; #1 (10 slices) was, each block (20480 bytes) in 10 pieces of 2048.
+  EXPECT_EQ(err.find("#0 rank"), std::string::npos) << err;
+  for (int k = 0; k < 2; ++k) {
+    std::string line = "hier threads #1 rank ";
+    line += std::to_string(k);
+    line += "/2: ";
+    EXPECT_NE(err.find(line), std::string::npos) << err;
+  }
+  EXPECT_NE(err.find(", 10 pieces of 2048 B a block"), std::string::npos) << err;
+}
+
+TEST(HierSliced, RankThatThrowsFailsTheOthersPromptly) {
+  // Rank 3 throws instead of entering a sliced all-reduce: its host peer fails in the shared-
+  // memory exchange, the other host's ranks in the ring across hosts or their exchange; every
+  // one of them reports all_reduce #1, long before the deadline, and the workers let go.
+  SliceBytes s(kSlice);
+  std::vector<std::string> errors(4);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    mc::run_threads(4, [&](Communicator& c) {
+      c.set_hosts(mc::hosts_in_blocks(4, 2));
+      std::vector<float> x(20000, 1.0f);
+      c.all_reduce(x, {.algorithm = Algorithm::hier});
+      if (c.rank() == 3) throw std::runtime_error("boom in rank 3");
+      try {
+        c.all_reduce(x, {.algorithm = Algorithm::hier});
+      } catch (const mc::CommError& e) {
+        errors[static_cast<std::size_t>(c.rank())] = e.what();
+        throw;
+      }
+    }, {.timeout = std::chrono::seconds(60)});
+  } catch (const std::exception&) {
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  for (int r : {0, 1, 2})
+    EXPECT_NE(errors[static_cast<std::size_t>(r)].find("all_reduce #1 on group 'world'"), std::string::npos)
+        << "rank " << r << ": " << errors[static_cast<std::size_t>(r)];
+}
+
+TEST(HierSliced, RankThatNeverCallsTimesOut) {
+  SliceBytes s(kSlice);
+  std::vector<std::string> errors(4);
+  std::atomic<bool> release{false};
+  try {
+    mc::run_threads(4, [&](Communicator& c) {
+      c.set_hosts(mc::hosts_in_blocks(4, 2));
+      std::vector<float> x(20000, 1.0f);
+      c.all_reduce(x, {.algorithm = Algorithm::hier});
+      if (c.rank() == 1) {
+        while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return;
+      }
+      try {
+        c.all_reduce(x, {.algorithm = Algorithm::hier, .timeout = std::chrono::milliseconds(500)});
+      } catch (const mc::CommError& e) {
+        errors[static_cast<std::size_t>(c.rank())] = e.what();
+        release = true;
+        throw;
+      }
+    }, {.timeout = std::chrono::seconds(60)});
+  } catch (const std::exception&) {
+  }
+  release = true;
+  for (int r : {0, 2, 3})
+    EXPECT_NE(errors[static_cast<std::size_t>(r)].find("all_reduce #1 on group 'world'"), std::string::npos)
+        << "rank " << r << ": " << errors[static_cast<std::size_t>(r)];
 }

@@ -64,14 +64,12 @@ void OpContext::wait(RequestPtr& r) {
 }
 
 // ---- shared memory ----
-void OpContext::shm_publish(SharedMemory& m, void* buf) { shm_wait(m, 0, buf); }
-void OpContext::shm_finish(SharedMemory& m) { shm_wait(m, 1, nullptr); }
 void OpContext::count_bytes(std::size_t sent, std::size_t received) {
   stats_.bytes_sent.fetch_add(sent, std::memory_order_relaxed);
   stats_.bytes_received.fetch_add(received, std::memory_order_relaxed);
 }
 
-void OpContext::shm_wait(SharedMemory& m, int phase, void* buf) {
+void OpContext::shm_wait(SharedMemory& m, int phase, void* buf, std::uint64_t exchange) {
   bool done = false;
   t_.waiting(op_, group_, seq_, (t_.rank() + 1) % t_.size());  // mpi: what a SIGTERM handler prints
   struct Clear {
@@ -79,12 +77,12 @@ void OpContext::shm_wait(SharedMemory& m, int phase, void* buf) {
     ~Clear() { t.waiting(nullptr, {}, 0, -1); }
   } clear{t_};
   try {
-    done = phase == 0 ? m.publish(seq_, buf, deadline_) : m.finish(seq_, deadline_);
+    done = phase == 0 ? m.publish(exchange, buf, deadline_) : m.finish(exchange, deadline_);
   } catch (const PeerFailure& e) {
-    fail(ErrorKind::peer_failed, e.ranks.empty() ? m.missing(seq_, phase) : e.ranks, e.what());
+    fail(ErrorKind::peer_failed, e.ranks.empty() ? m.missing(exchange, phase) : e.ranks, e.what());
   }
   if (done) return;
-  std::vector<int> missing = m.missing(seq_, phase);
+  std::vector<int> missing = m.missing(exchange, phase);
   std::ostringstream why;
   why << "deadline passed while waiting for rank " << (missing.empty() ? -1 : missing.front())
       << (phase == 0 ? " to enter the shared-memory exchange" : " to finish the shared-memory exchange");

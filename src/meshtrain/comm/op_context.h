@@ -46,8 +46,13 @@ class OpContext {
 
   // Shared memory (shm.cpp): SharedMemory::publish and finish for this operation's sequence
   // number, their failures turned into CommErrors as wait()'s are.
-  void shm_publish(SharedMemory& m, void* buf);
-  void shm_finish(SharedMemory& m);
+  void shm_publish(SharedMemory& m, void* buf) { shm_wait(m, 0, buf, seq_); }
+  void shm_finish(SharedMemory& m) { shm_wait(m, 1, nullptr, seq_); }
+  // The same for one of several exchanges inside this operation (hier's pipeline steps):
+  // `exchange` numbers them, increasing over the group's lifetime and equal on every member;
+  // errors still name this operation's sequence number.
+  void shm_publish(SharedMemory& m, void* buf, std::uint64_t exchange) { shm_wait(m, 0, buf, exchange); }
+  void shm_finish(SharedMemory& m, std::uint64_t exchange) { shm_wait(m, 1, nullptr, exchange); }
   // Counts bytes an algorithm moved without messages (written to and read from other members).
   void count_bytes(std::size_t sent, std::size_t received);
 
@@ -57,7 +62,7 @@ class OpContext {
   [[noreturn]] void fail(ErrorKind kind, std::vector<int> ranks, const std::string& detail) const;
 
  private:
-  void shm_wait(SharedMemory& m, int phase, void* buf);
+  void shm_wait(SharedMemory& m, int phase, void* buf, std::uint64_t exchange);
   Transport& t_;
   const char* op_;
   const std::string& group_;

@@ -106,6 +106,14 @@ class Transport {
   // calls it with the same arguments. `split_id` is the same on all members of the parent.
   virtual std::unique_ptr<Transport> split(const std::vector<int>& members, int color,
                                            std::uint64_t split_id) = 0;
+  // split() for a group that will exchange through its shared memory (hier's ranks of one
+  // host): where the backend stages data in a shared segment (mpi), the new group's segment
+  // holds at least `stage_bytes` per member. Elsewhere the same as split().
+  virtual std::unique_ptr<Transport> split_shared(const std::vector<int>& members, int color,
+                                                  std::uint64_t split_id, std::size_t stage_bytes) {
+    (void)stage_bytes;
+    return split(members, color, split_id);
+  }
 
   // Diagnostics: record that this rank entered collective `seq`; list the members that have
   // not entered it yet (empty when the backend cannot tell).

@@ -8,13 +8,20 @@
 //               its reason (the notice, not the 30 s deadline, ends them).
 //   never       the last rank never calls all_reduce #1 (it sleeps until the job is aborted); the
 //               others must report a timeout naming it.
+//   hier        hosts emulated in blocks of 2 ranks (set_hosts), so each host's ranks share an
+//               MPI-3 window: hier sliced (MESHTRAIN_COMM_HIER_SLICE_BYTES small, many pieces)
+//               equals hier unsliced bit for bit at 2 hosts, the reference exactly on integers,
+//               and its cross-host bytes total 2 (H-1) x n.
 // Each rank prints one line "RESULT rank=<r> <what>" that the ctest regex checks.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "../checks.h"
 #include "meshtrain/comm/world.h"
@@ -33,6 +40,44 @@ int run_checks() {
   w->barrier();
   std::printf("RESULT rank=%d checks passed (world %d)\n", w->rank(), w->size());
   return 0;
+}
+
+int run_hier() {
+  auto w = mc::mpi_world({.timeout = 60s});
+  const int p = w->size(), K = 2, H = p / K;
+  if (p % K != 0 || H < 2) {
+    std::printf("RESULT rank=%d hier needs an even world of 4 or more\n", w->rank());
+    return 1;
+  }
+  w->set_hosts(mc::hosts_in_blocks(p, K));
+  int bad = 0;
+  for (std::size_t n : {std::size_t{4097}, std::size_t{65543}, std::size_t{300001}}) {
+    std::vector<float> in(n), sliced(n), whole(n);
+    for (std::size_t i = 0; i < n; ++i) in[i] = 1.0f / float(1 + (i * 7 + static_cast<std::size_t>(w->rank()) * 13) % 97);
+    setenv("MESHTRAIN_COMM_HIER_SLICE_BYTES", "4096", 1);
+    w->reset_stats();
+    w->all_reduce(in, sliced, {.algorithm = mc::Algorithm::hier});
+    std::vector<double> cross{double(w->stats().bytes_sent_cross_host)};
+    setenv("MESHTRAIN_COMM_HIER_SLICE_BYTES", "0", 1);
+    w->all_reduce(in, whole, {.algorithm = mc::Algorithm::hier});
+    w->all_reduce(cross, {.algorithm = mc::Algorithm::ring});
+    if (H == 2 && std::memcmp(sliced.data(), whole.data(), n * sizeof(float)) != 0) ++bad;
+    if (cross[0] != 2.0 * (H - 1) * double(n) * 4) ++bad;
+    // Integers: exact in any order.
+    std::vector<std::int64_t> ints(n), ref(n);
+    for (std::size_t i = 0; i < n; ++i) ints[i] = static_cast<std::int64_t>((i + static_cast<std::size_t>(w->rank())) % 1000);
+    for (std::size_t i = 0; i < n; ++i) {
+      ref[i] = 0;
+      for (int r = 0; r < p; ++r) ref[i] += static_cast<std::int64_t>((i + static_cast<std::size_t>(r)) % 1000);
+    }
+    setenv("MESHTRAIN_COMM_HIER_SLICE_BYTES", "4096", 1);
+    w->all_reduce(ints, {.algorithm = mc::Algorithm::hier});
+    if (ints != ref) ++bad;
+  }
+  w->barrier();
+  if (bad) std::printf("RESULT rank=%d hier sliced FAILED %d checks\n", w->rank(), bad);
+  else std::printf("RESULT rank=%d hier sliced equals unsliced (world %d, %d hosts)\n", w->rank(), p, H);
+  return bad ? 1 : 0;
 }
 
 int run_fault(const std::string& mode) {
@@ -69,6 +114,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "checks";
   try {
     if (mode == "checks") return run_checks();
+    if (mode == "hier") return run_hier();
     return run_fault(mode);
   } catch (const std::exception& e) {
     std::printf("RESULT rank=? error: %s\n", e.what());

@@ -17,6 +17,8 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -320,33 +322,34 @@ class MpiRequest final : public Request {
 // the abort notices and the deadline). The window is never freed before MPI_Finalize:
 // MPI_Win_free synchronises the group, and processes may drop their communicators in different
 // orders (or fail). MESHTRAIN_COMM_MPI_SHM=0 turns it off.
+//
+// Where the MPI library refuses the window (MPI_ERR_RMA_SHARED: it counts the processes on
+// different nodes, e.g. the network-namespace hosts of tests/hosts, whose second host's node
+// name is an address while its processes' host name is the machine's), the segments are a
+// POSIX shared-memory file (/dev/shm) instead, made by the group's rank 0 and mapped by all:
+// meshtrain's hosts (host name and network namespace) are then the processes that share it.
+// A token written by rank 0 and read by every member proves the mapping is shared; where it is
+// not (or the file cannot be made), the group has no shared memory and the algorithms that need
+// it are not used.
 std::vector<int> g_hosts;  // host of each world rank, set before the world's transport is made
 constexpr std::size_t kStageBytes = std::size_t{1} << 20;
 constexpr std::size_t kHeaderBytes = 128;
 
 class MpiShared final : public SharedMemory {
  public:
-  MpiShared(MPI_Comm comm, int rank, int size) : rank_(rank), size_(size), segs_(static_cast<std::size_t>(size)) {
+  MpiShared(MPI_Comm comm, int rank, int size, std::size_t stage_bytes)
+      : rank_(rank), size_(size), stage_bytes_(stage_bytes), segs_(static_cast<std::size_t>(size)) {
     std::lock_guard g(g_mpi);
-    MPI_Info info;
-    MPI_Info_create(&info);
-    MPI_Info_set(info, "alloc_shared_noncontig", "true");
-    char* mine = nullptr;
-    MPI_Win_allocate_shared(static_cast<MPI_Aint>(kHeaderBytes + kStageBytes), 1, info, comm, &mine, &win_);
-    MPI_Info_free(&info);
-    for (int q = 0; q < size; ++q) {
-      MPI_Aint bytes = 0;
-      int unit = 0;
-      void* at = nullptr;
-      MPI_Win_shared_query(win_, q, &bytes, &unit, &at);
-      segs_[static_cast<std::size_t>(q)] = static_cast<char*>(at);
-    }
+    if (!window(comm) && !posix(comm)) return;
+    char* mine = segs_[static_cast<std::size_t>(rank_)];
     new (mine) std::atomic<std::uint64_t>(0);
     new (mine + 64) std::atomic<std::uint64_t>(0);
     MPI_Barrier(comm);  // every header is initialised before anyone reads one
+    ok_ = true;
   }
+  bool ok() const { return ok_; }
   void* stage() override { return segs_[static_cast<std::size_t>(rank_)] + kHeaderBytes; }
-  std::size_t limit() const override { return kStageBytes; }
+  std::size_t limit() const override { return stage_bytes_; }
   bool publish(std::uint64_t seq, void*, Clock::time_point deadline) override {
     flag(rank_, 0).store(seq + 1);
     return poll_until([&] { return all(seq, 0); }, deadline);
@@ -373,9 +376,76 @@ class MpiShared final : public SharedMemory {
     return true;
   }
 
+  // The MPI-3 window; false (on every member) where the library refuses it.
+  bool window(MPI_Comm comm) {
+    MPI_Errhandler fatal;
+    MPI_Comm_get_errhandler(comm, &fatal);
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    char* mine = nullptr;
+    int ok = MPI_Win_allocate_shared(static_cast<MPI_Aint>(kHeaderBytes + stage_bytes_), 1, info, comm, &mine, &win_) ==
+             MPI_SUCCESS;
+    MPI_Info_free(&info);
+    MPI_Comm_set_errhandler(comm, fatal);
+    MPI_Errhandler_free(&fatal);
+    int all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
+    if (!all) return false;  // a window made by some members is left to MPI_Finalize
+    for (int q = 0; q < size_; ++q) {
+      MPI_Aint bytes = 0;
+      int unit = 0;
+      void* at = nullptr;
+      MPI_Win_shared_query(win_, q, &bytes, &unit, &at);
+      segs_[static_cast<std::size_t>(q)] = static_cast<char*>(at);
+    }
+    return true;
+  }
+  // A POSIX shared-memory file of every member's segment (whole pages each); false on every
+  // member where it cannot be made or is not shared. Unlinked once all mapped it.
+  bool posix(MPI_Comm comm) {
+    static std::atomic<unsigned> made{0};
+    const std::size_t per = (kHeaderBytes + stage_bytes_ + 4095) / 4096 * 4096, total = per * static_cast<std::size_t>(size_);
+    struct {
+      char name[56];
+      std::uint64_t token;
+    } id{};
+    if (rank_ == 0) {
+      std::snprintf(id.name, sizeof id.name, "/meshtrain-%d-%u", static_cast<int>(getpid()), made.fetch_add(1));
+      id.token = (static_cast<std::uint64_t>(getpid()) << 32) ^ static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
+    }
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm);
+    int fd = -1, ok = 1;
+    if (rank_ == 0) {
+      fd = shm_open(id.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+      ok = fd >= 0 && ftruncate(fd, static_cast<off_t>(total)) == 0;
+    }
+    MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
+    if (ok && rank_ != 0) ok = (fd = shm_open(id.name, O_RDWR, 0)) >= 0;
+    void* base = ok ? mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (fd >= 0) close(fd);
+    ok = base != MAP_FAILED;
+    if (ok && rank_ == 0) std::memcpy(static_cast<char*>(base) + kHeaderBytes - 8, &id.token, 8);
+    MPI_Barrier(comm);
+    std::uint64_t seen = 0;
+    if (ok) std::memcpy(&seen, static_cast<char*>(base) + kHeaderBytes - 8, 8);
+    int mine = ok && seen == id.token, all = 0;
+    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm);
+    if (rank_ == 0 && fd >= 0) shm_unlink(id.name);
+    if (!all) {
+      if (ok) munmap(base, total);
+      return false;
+    }
+    for (int q = 0; q < size_; ++q) segs_[static_cast<std::size_t>(q)] = static_cast<char*>(base) + per * static_cast<std::size_t>(q);
+    return true;
+  }
+
   int rank_, size_;
+  std::size_t stage_bytes_;
   std::vector<char*> segs_;
   MPI_Win win_ = MPI_WIN_NULL;
+  bool ok_ = false;
 };
 
 // Whether every process of `comm` is on one host (false when the hosts are not known).
@@ -401,10 +471,13 @@ bool on_one_host(MPI_Comm comm, int size) {
 class MpiTransport final : public Transport {
  public:
   // Collective over `comm` (the shared window).
-  explicit MpiTransport(MPI_Comm comm) : comm_(comm), pool_(std::make_shared<Pool>()) {
+  explicit MpiTransport(MPI_Comm comm, std::size_t stage_bytes = kStageBytes) : comm_(comm), pool_(std::make_shared<Pool>()) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    if (on_one_host(comm_, size_)) shared_ = std::make_unique<MpiShared>(comm_, rank_, size_);
+    if (on_one_host(comm_, size_)) {
+      shared_ = std::make_unique<MpiShared>(comm_, rank_, size_, stage_bytes);
+      if (!shared_->ok()) shared_.reset();
+    }
   }
   ~MpiTransport() override {
     int finalized = 0;
@@ -443,7 +516,11 @@ class MpiTransport final : public Transport {
     return r;
   }
 
-  std::unique_ptr<Transport> split(const std::vector<int>& members, int color, std::uint64_t) override {
+  std::unique_ptr<Transport> split(const std::vector<int>& members, int color, std::uint64_t id) override {
+    return split_shared(members, color, id, kStageBytes);
+  }
+  std::unique_ptr<Transport> split_shared(const std::vector<int>& members, int color, std::uint64_t,
+                                          std::size_t stage_bytes) override {
     int key = 0;
     for (std::size_t i = 0; i < members.size(); ++i)
       if (members[i] == rank_) key = static_cast<int>(i);
@@ -453,7 +530,7 @@ class MpiTransport final : public Transport {
       MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child);
     }
     if (color < 0) return nullptr;
-    return std::make_unique<MpiTransport>(child);
+    return std::make_unique<MpiTransport>(child, std::max(stage_bytes, kStageBytes));
   }
 
   void waiting(const char* op, const std::string& group, std::uint64_t seq, int peer) override {
