@@ -63,6 +63,14 @@ inline std::vector<float> losses(const train::TrainResult& r) {
   return out;
 }
 
+// The worst absolute difference between two curves of the same length (a test failure if not).
+inline double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+
 // The worst relative difference of `got` from `want` over steps [from, to).
 inline double max_rel(const std::vector<float>& want, const std::vector<float>& got, size_t from = 0,
                       size_t to = static_cast<size_t>(-1)) {

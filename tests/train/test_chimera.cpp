@@ -19,6 +19,7 @@
 namespace train = meshtrain::train;
 namespace pipeline = meshtrain::pipeline;
 using meshtrain::testing::layout_options;
+using meshtrain::testing::max_abs;
 
 namespace {
 
@@ -26,13 +27,6 @@ train::TrainOptions gpt(int pp, int m, const std::string& schedule = "chimera") 
   train::TrainOptions o = layout_options(1);
   o.pp = pp, o.microbatches = m, o.schedule = pp > 1 ? schedule : "1f1b";
   return o;
-}
-
-double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 
 namespace train = meshtrain::train;
 using meshtrain::testing::layout_options;
+using meshtrain::testing::max_abs;
 
 namespace {
 
@@ -33,12 +34,6 @@ train::TrainOptions gpt(int pp, int tp, const std::string& schedule, int m = 4) 
 
 std::vector<float> curve(const train::TrainResult& r) { return meshtrain::testing::losses(r); }
 
-double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
-}
 
 }  // namespace
 
