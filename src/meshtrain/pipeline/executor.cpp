@@ -211,6 +211,8 @@ StepStats Executor::run_list(const std::vector<Action>& list, int64_t batch, boo
       case Kind::SEND_B: {
         Tensor t = take(grad_out, k, a);
         sends.emplace_back(pp_->isend(cspan_of(t), s.rank_of(s.prev(a.stage)), {.tag = tag(a.stage, k.second, Msg::gradient)}), t);
+        if (i > 0 && list[i - 1].kind == Kind::B)  // the B's own work that waited for this send
+          chunks_[a.chunk]->after_backward(a.microbatch);
         break;
       }
       case Kind::F: {
@@ -255,6 +257,10 @@ StepStats Executor::run_list(const std::vector<Action>& list, int64_t batch, boo
           dx = c.backward_input(*it->second, a.microbatch, dy, is_last(i), portal);
         }
         if (s.prev(a.stage) >= 0) grad_out[k] = std::move(dx);
+        // What the stage does after a backward waits for the gradient's send when one follows.
+        const bool sent_next = i + 1 < list.size() && list[i + 1].kind == Kind::SEND_B && list[i + 1].stage == a.stage &&
+                               list[i + 1].microbatch == a.microbatch;
+        if (a.kind == Kind::B && !sent_next) c.after_backward(a.microbatch);
         if (c.portal_from() >= 0)
           ship(portal.out, a.stage, c.portal_from(), k.second, Msg::portal_grad, portal_grad_in);
         break;

@@ -65,6 +65,9 @@ class StageRunner {
   // gradients deferred in ctx; then, later, the weight gradients. `last` as for backward. The
   // defaults refuse: a stage that cannot split says so.
   virtual Tensor backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal);
+  // After a backward (B) of `mb` and the send of its input gradient, if any: work that should
+  // not delay that gradient (PipeDream's update). The default does nothing.
+  virtual void after_backward(int mb) { (void)mb; }
   virtual void backward_weights(nn::Context& ctx, int mb, bool last);
   // A skip connection across stages: the stage this one's skip tensor goes to and the stage
   // whose skip tensor this one adds (-1: none). The executor sends it straight there, past the

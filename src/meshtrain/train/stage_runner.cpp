@@ -93,7 +93,6 @@ Tensor StageDriver::backward(nn::Context& ctx, int mb, const Tensor& dy, bool la
       if (set_sync_) set_sync_(true);
       dx = stage_.backward(ctx, dy, 1.f, &portal);
     }
-    update_(k);
     return dx;
   }
   if (versions_ && mb == 0) versions_->start_step(b_.step);
@@ -115,6 +114,10 @@ Tensor StageDriver::backward(nn::Context& ctx, int mb, const Tensor& dy, bool la
   }
   if (set_sync_) set_sync_(last);
   return stage_.backward(ctx, dy, grad_scale_, &portal);
+}
+
+void StageDriver::after_backward(int mb) {
+  if (stash_) update_(b_.step * per_step_ + mb);  // PipeDream: the micro-batch's update
 }
 
 // I: the input gradient now; the linears' weight gradients wait in ctx for W (layer norms,

@@ -72,6 +72,7 @@ class StageDriver : public pipeline::StageRunner {
   Tensor backward(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal) override;
   Tensor backward_input(nn::Context& ctx, int mb, const Tensor& dy, bool last, nn::Portal& portal) override;
   void backward_weights(nn::Context& ctx, int mb, bool last) override;
+  void after_backward(int mb) override;
   Shape input_shape() const override { return stage_.input_shape(b_.rows, b_.T); }
   Shape output_shape() const override { return stage_.output_shape(b_.rows, b_.T); }
   Shape portal_shape() const override { return stage_.portal_shape(b_.rows, b_.T); }
@@ -82,7 +83,8 @@ class StageDriver : public pipeline::StageRunner {
   // PipeDream (train/weight_stash.h): every forward and backward on the stash's version for
   // the micro-batch (numbered across steps: step x `per_step` + mb), each micro-batch's
   // gradient unscaled by the micro-batch count (it is an update of its own), and `update(k)`
-  // right after micro-batch k's backward. Data parallelism syncs every backward's gradients.
+  // after micro-batch k's backward and the send of its input gradient (after_backward). Data
+  // parallelism syncs every backward's gradients.
   void set_stash(WeightStash* stash, std::function<void(int64_t)> update, int64_t per_step) {
     stash_ = stash, update_ = std::move(update), per_step_ = per_step;
   }
