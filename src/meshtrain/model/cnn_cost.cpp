@@ -262,6 +262,9 @@ std::vector<OpCost> cnn_layer_costs(const CNNConfig& cfg, int64_t first_unit, in
             }
           costs.push_back(c);
         }
+        const auto measured = q.branch_costs.find(g.layers[static_cast<size_t>(i)].name);
+        if (q.branch_balance.empty() && measured != q.branch_costs.end() && measured->second.size() == costs.size())
+          costs = measured->second;
         const std::vector<int> rank = place_branches(costs, w.p, q.branch_balance);
         for (size_t c = 0; c < b->chains.size(); ++c)
           if (rank[c] != q.tp_rank)

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,9 @@ struct CostQuery {
   enum class Split { tensor, spatial, branch } split = Split::tensor;
   int tp_rank = 0;
   std::string branch_balance;
+  // Without a balance the trainer places each block's branches by their measured seconds
+  // (model::measure_branch_costs), by block name; empty: by FLOPs.
+  std::map<std::string, std::vector<double>> branch_costs;
 };
 
 double total_flops(const std::vector<OpCost>& ops);        // forward + backward

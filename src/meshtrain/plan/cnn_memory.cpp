@@ -39,11 +39,24 @@ std::pair<double, double> run_once(model::CNNStage& stage, int64_t rows) {
 
 }  // namespace
 
-SplitMemory split_memory(const model::CNNConfig& cfg, Layout::Split split, int tp, const std::string& balance,
-                         int64_t rows) {
+const std::map<std::string, std::vector<double>>& branch_costs(const model::CNNConfig& cfg, int64_t rows, int threads) {
   static std::mutex mu;
-  static std::map<std::tuple<std::string, int, int, std::string, int64_t, int64_t, int64_t>, SplitMemory> cache;
-  const auto key = std::make_tuple(cfg.name, static_cast<int>(split), tp, balance, cfg.height, cfg.width, rows);
+  static std::map<std::tuple<std::string, int64_t, int64_t, int>, std::map<std::string, std::vector<double>>> cache;
+  const int64_t r = std::min<int64_t>(32, rows);
+  const auto key = std::make_tuple(cfg.name, cfg.height, r, threads);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  return cache[key] = model::measure_branch_costs(cfg, r, std::max(1, threads));
+}
+
+SplitMemory split_memory(const model::CNNConfig& cfg, Layout::Split split, int tp, const std::string& balance,
+                         int64_t rows, const std::map<std::string, std::vector<double>>& measured) {
+  static std::mutex mu;
+  static std::map<std::tuple<std::string, int, int, std::string, int64_t, int64_t, int64_t, std::string>, SplitMemory> cache;
+  std::string placed;  // the measured costs, as part of the key
+  for (const auto& [name, c] : measured)
+    for (double x : c) placed += std::to_string(x) + ",";
+  const auto key = std::make_tuple(cfg.name, static_cast<int>(split), tp, balance, cfg.height, cfg.width, rows, placed);
   {
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = cache.find(key); it != cache.end()) return it->second;
@@ -59,7 +72,7 @@ SplitMemory split_memory(const model::CNNConfig& cfg, Layout::Split split, int t
     switch (split) {
       case Layout::Split::tensor: layout = parallel::cnn_tp_layout(mesh.tp_ptr()); break;
       case Layout::Split::spatial: layout = parallel::cnn_spatial_layout(mesh.tp_ptr(), cfg); break;
-      case Layout::Split::branch: layout = parallel::cnn_branch_layout(mesh.tp_ptr(), balance); break;
+      case Layout::Split::branch: layout = parallel::cnn_branch_layout(mesh.tp_ptr(), balance, measured); break;
     }
     model::CNNStage stage(cfg, 0, 0, units, true, true, layout);
     stage.set_batch_stats_reduce(layout->stats_reduce(nullptr));

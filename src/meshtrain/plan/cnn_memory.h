@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,14 @@ struct SplitMemory {
 
 // Cached per (model, input size, split, group size, balance, rows). Throws
 // std::invalid_argument as the layout's validation does.
+// `branch_costs`: the branch split's measured seconds per block (branch_costs below; empty: by
+// FLOPs), placed as the trainer places them.
 SplitMemory split_memory(const model::CNNConfig& cfg, Layout::Split split, int tp, const std::string& balance,
-                         int64_t rows);
+                         int64_t rows, const std::map<std::string, std::vector<double>>& branch_costs = {});
+
+// The trainer's measurement of each block's branches (model::measure_branch_costs at
+// min(32, rows) images and `threads` threads) for a branch split without --branch-balance, cached
+// per (model, input size, rows, threads): the planner places the branches as the run will.
+const std::map<std::string, std::vector<double>>& branch_costs(const model::CNNConfig& cfg, int64_t rows, int threads);
 
 }  // namespace meshtrain::plan

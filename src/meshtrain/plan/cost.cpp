@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <set>
 #include <stdexcept>
@@ -388,7 +386,11 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
   // A CNN split over the intra-layer group, as one stage: what each of its ranks holds, measured
   // by running the split (plan/cnn_memory.h); otherwise the single rank's figures over the group.
   const bool probe = spec.cnn() && l.tp > 1 && spans.size() == 1;
-  const SplitMemory sm = probe ? split_memory(*spec.cnn(), l.split, l.tp, l.branch_balance, rows) : SplitMemory{};
+  const bool measured = probe && l.split == Layout::Split::branch && l.branch_balance.empty();
+  const SplitMemory sm = probe ? split_memory(*spec.cnn(), l.split, l.tp, l.branch_balance, rows,
+                                              measured ? branch_costs(*spec.cnn(), rows, l.threads)
+                                                       : std::map<std::string, std::vector<double>>{})
+                               : SplitMemory{};
   std::vector<RankMemory> per_rank;
   for (int tr = 0; tr < (probe ? l.tp : 1); ++tr)  // the probed ranks one by one (then one stage)
     for (size_t s = 0; s < spans.size(); ++s) {
@@ -471,6 +473,8 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
             : l.split == Layout::Split::branch ? model::CostQuery::Split::branch
                                                : model::CostQuery::Split::tensor;
   q.branch_balance = l.branch_balance;
+  if (spec.cnn() && l.tp > 1 && l.split == Layout::Split::branch && l.branch_balance.empty())
+    q.branch_costs = branch_costs(*spec.cnn(), rows, l.threads);
   const int world = l.world();
   // Ranks per core: CPU ranks are threads of one process that share its cores.
   const bool shared = hw.cores > 0;
@@ -514,9 +518,6 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
         f_ += f, b_ += op_seconds(hw, o, threads, l.bf16, cold, true);
         i_ += op_seconds(hw, o, threads, l.bf16, cold, true, 1), w_ += op_seconds(hw, o, threads, l.bf16, cold, true, 2);
         const double tf = group_comm_s(hw, o, l.tp, demand, false), tb = group_comm_s(hw, o, l.tp, demand, true);
-        if (std::getenv("MESHTRAIN_COST_DEBUG"))  // TEMPORARY
-          std::fprintf(stderr, "op %-24s %-14s F %.3f B %.3f comm %.3f/%.3f ms\n", o.name.c_str(), o.kernel.c_str(), 1e3 * f,
-                       1e3 * op_seconds(hw, o, threads, l.bf16, cold, true), 1e3 * tf, 1e3 * tb);
         f_ += tf, b_ += tb, i_ += tb, tp_ += tf + tb;
       }
       if (f_ + b_ > F + B) F = f_, B = b_, I = i_, W = w_, tp_s = tp_, fwd_compute = fc_;
