@@ -276,6 +276,29 @@ TEST(Calibrate, QuickGivesPositiveFiniteRatesForEveryThreadCount) {
             meshtrain::plan::to_json(p));
 }
 
+// Version 4's convolutional layers: every quick shape class in NCHW at each thread count (and in
+// the blocked format where oneDNN has one and a channel count divides by it), each call's rate
+// positive; every CNN layer at two sizes.
+TEST(Calibrate, MeasuresTheConvolutionalLayersAsTheyRun) {
+  const MachineProfile& p = quick().p;
+  const int cores = meshtrain::plan::usable_cores();
+  const size_t counts = cores > 1 ? 2 : 1;
+  size_t nchw = 0;
+  for (const auto& c : p.conv) {
+    EXPECT_TRUE(positive(c.fwd_gflops) && positive(c.bwd_data_gflops) && positive(c.bwd_weights_gflops))
+        << c.format << " " << c.ic << "->" << c.oc << " k" << c.k;
+    nchw += c.format == "nchw";
+  }
+  EXPECT_EQ(nchw, 5 * counts);
+  std::set<std::string> ops;
+  for (const auto& l : p.cnn_layers) {
+    EXPECT_TRUE(positive(l.fwd_s) && positive(l.bwd_s)) << l.op;
+    ops.insert(l.op);
+  }
+  EXPECT_EQ(ops, (std::set<std::string>{"batchnorm", "batchnorm_relu", "relu", "add", "add_relu", "maxpool", "avgpool",
+                                         "global_pool", "concat", "flatten", "reorder"}));
+}
+
 TEST(Calibrate, Bf16RatesExistExactlyWhenTheCpuHasBf16Products) {
   const MachineProfile& p = quick().p;
   const bool bf16 = meshtrain::kernels::bf16_isa() != "emulated";
