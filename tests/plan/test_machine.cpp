@@ -355,10 +355,11 @@ TEST(Calibrate, ReportsProgressOncePerMeasurement) {
     EXPECT_EQ(pr[i].first, static_cast<int>(i + 1));
     EXPECT_EQ(pr[i].second, static_cast<int>(pr.size()));
   }
-  // gemm + element-wise kernels + attention per thread count, plus ranks sharing cores, the
-  // call overhead and the threads link.
+  // gemm + element-wise kernels + attention + convolutions + CNN layers per thread count, plus
+  // ranks sharing cores, the call overhead and the threads link.
   const MachineProfile& p = quick().p;
-  EXPECT_EQ(pr.size(), p.gemm.size() + p.elementwise.size() + p.attention.size() + 3);
+  EXPECT_EQ(pr.size(),
+            p.gemm.size() + p.elementwise.size() + p.attention.size() + p.conv.size() + p.cnn_layers.size() + 3);
 }
 
 TEST(Calibrate, RefusesMoreThreadsThanCores) {
