@@ -8,8 +8,9 @@
 //   - the memory-bound layers through nn/ and a Context (their allocations and saved tensors
 //     included): batch norm (with and without its folded ReLU; blocked and NCHW), ReLU, sums,
 //     max and average pooling (2 x 2), global average pooling, concat, flatten, and the layout
-//     conversion NCHW <-> blocked, at two or three sizes so the cost model has each call's fixed
-//     cost and its cost per element.
+//     conversion NCHW <-> blocked, at three sizes so the cost model has each call's fixed cost
+//     and its cost per element (quick mode: 3 convolution classes at one batch, the layers at
+//     one size, about a second more).
 // Internal to plan/ (calibrate.cpp adds these tasks to its list).
 #pragma once
 
