@@ -4,6 +4,14 @@ against measured, over the layouts the tests run (docs/benchmarks.md, "The plann
 
   python3 bench/plan_accuracy.py [--models gpt-tiny,gpt-small] [--steps-tiny 30] [--steps-small 10]
                                  [--machine FILE] [--layouts "dp 2;tp 2;..."] [--out table.md]
+  python3 bench/plan_accuracy.py --suite all [--steps-cnn 8] [--machine FILE] [--out table.md]
+
+--suite all runs the mixed set (SUITE below): transformers (gpt-tiny, gpt-small), the named CNNs
+(resnet-small, inception-small, cnn-small) and user-written graphs (examples/models/vgg-mini.json,
+resnet-cut.json, branchy.json) at dp, tp (filters/channels), spatial (row bands), branch, pp and
+mixes, a few steps each (about ten minutes on two cores); the CNNs train on Fashion-MNIST
+(/usr/share/datasets/fashion-mnist, or $FASHION_MNIST). It reports the same table, with the mean
+absolute error over all layouts, the worst layout, and the largest memory error.
 
 The script first measures this machine (`meshtrain calibrate`, full mode, into a temporary
 machine file, unless --machine names one), then trains each model at each layout with
@@ -48,6 +56,36 @@ LAYOUTS = [
     "--microbatches 4",
 ]
 
+# (model, layout) pairs of --suite all: every split and schedule the planner predicts.
+SUITE = [
+    ("gpt-tiny", ""),
+    ("gpt-tiny", "--dp 2"),
+    ("gpt-tiny", "--tp 2 --pp 2 --microbatches 4 --schedule 1f1b"),
+    ("gpt-small", ""),
+    ("gpt-small", "--tp 2"),
+    ("gpt-small", "--pp 2 --microbatches 4 --schedule 1f1b"),
+    ("cnn-small", ""),
+    ("cnn-small", "--dp 2"),
+    ("cnn-small", "--tp 2"),
+    ("cnn-small", "--spatial 2"),
+    ("resnet-small", ""),
+    ("resnet-small", "--dp 2"),
+    ("resnet-small", "--tp 2"),
+    ("resnet-small", "--spatial 2"),
+    ("resnet-small", "--pp 2 --microbatches 4 --schedule 1f1b"),
+    ("resnet-small", "--dp 2 --pp 2 --microbatches 2 --schedule 1f1b"),
+    ("inception-small", ""),
+    ("inception-small", "--branch-parallel 2"),
+    ("inception-small", "--tp 2"),
+    ("inception-small", "--dp 2"),
+    ("examples/models/vgg-mini.json", ""),
+    ("examples/models/vgg-mini.json", "--dp 2"),
+    ("examples/models/resnet-cut.json", ""),
+    ("examples/models/resnet-cut.json", "--spatial 2"),
+    ("examples/models/resnet-cut.json", "--pp 2 --microbatches 4 --schedule gpipe"),
+    ("examples/models/branchy.json", "--branch-parallel 2"),
+]
+
 LINE = re.compile(r"predicted against measured: step ([\d.]+) ms vs ([\d.]+) ms .*?error ([+-][\d.]+)%"
                   r"(?: \| peak tensor memory of rank (\d+) ([\d.]+) MiB vs ([\d.]+) MiB, error ([+-][\d.]+)%)?")
 
@@ -67,9 +105,16 @@ def main():
     ap.add_argument("--machine", default="")
     ap.add_argument("--layouts", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--suite", default="gpt", choices=["gpt", "all"])
+    ap.add_argument("--steps-cnn", type=int, default=8)
     a = ap.parse_args()
     layouts = [l.strip() for l in a.layouts.split(";")] if a.layouts else LAYOUTS
+    if a.suite == "all":
+        runs = SUITE
+    else:
+        runs = [(model, layout) for model in a.models.split(",") for layout in layouts]
     data = data_file()
+    images = os.environ.get("FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
     tmp = tempfile.mkdtemp(prefix="plan_accuracy_")
     machine = a.machine
     if not machine:
@@ -77,34 +122,42 @@ def main():
         print("measuring this machine (meshtrain calibrate) ...", file=sys.stderr)
         subprocess.run([MESHTRAIN, "calibrate", "--out", machine], check=True, stdout=subprocess.DEVNULL)
     rows, step_errors, mem_errors = [], [], []
-    for model in a.models.split(","):
-        steps = a.steps_tiny if model == "gpt-tiny" else a.steps_small
-        for layout in layouts:
-            cmd = [MESHTRAIN, "train", "--model", model, "--data", data, "--steps", str(steps), "--eval-every", "0",
-                   "--eval-batches", "1", "--log-every", "0", "--machine", machine] + layout.split()
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            name = layout or "(one rank)"
-            if p.returncode != 0:
-                last = (p.stderr.strip() or p.stdout.strip()).splitlines()[-1:]
-                print(f"{model} {name}: skipped ({' '.join(last)})", file=sys.stderr)
-                continue
-            m = LINE.search(p.stdout)
-            if not m:
-                print(f"{model} {name}: no prediction line", file=sys.stderr)
-                continue
-            pred, meas, err = float(m.group(1)), float(m.group(2)), float(m.group(3))
-            step_errors.append(abs(err))
-            row = f"| {model} | {name} | {pred:.2f} | {meas:.2f} | {err:+.1f}% |"
-            if m.group(4):
-                mem_errors.append(abs(float(m.group(7))))
-                row += f" {m.group(5)} | {m.group(6)} | {float(m.group(7)):+.1f}% (rank {m.group(4)}) |"
-            rows.append(row)
-            print(row, flush=True)
+    for model, layout in runs:
+        gpt = model.startswith("gpt")
+        steps = a.steps_tiny if model == "gpt-tiny" else a.steps_small if gpt else a.steps_cnn
+        if model.startswith("examples/"):
+            model = os.path.join(ROOT, model)
+        cmd = [MESHTRAIN, "train", "--model", model, "--data", data if gpt else images, "--steps", str(steps),
+               "--eval-every", "0", "--eval-batches", "1", "--log-every", "0", "--machine", machine] + layout.split()
+        model = os.path.basename(model)
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        name = layout or "(one rank)"
+        if p.returncode != 0:
+            last = (p.stderr.strip() or p.stdout.strip()).splitlines()[-1:]
+            print(f"{model} {name}: skipped ({' '.join(last)})", file=sys.stderr)
+            continue
+        m = LINE.search(p.stdout)
+        if not m:
+            print(f"{model} {name}: no prediction line", file=sys.stderr)
+            continue
+        pred, meas, err = float(m.group(1)), float(m.group(2)), float(m.group(3))
+        step_errors.append(abs(err))
+        row = f"| {model} | {name} | {pred:.2f} | {meas:.2f} | {err:+.1f}% |"
+        if m.group(4):
+            mem_errors.append(abs(float(m.group(7))))
+            row += f" {m.group(5)} | {m.group(6)} | {float(m.group(7)):+.1f}% (rank {m.group(4)}) |"
+        rows.append(row)
+        print(row, flush=True)
     head = ("| model | layout | predicted step ms | measured step ms | error | predicted peak MiB | "
             "measured peak MiB | error (worst rank) |\n|---|---|---|---|---|---|---|---|")
     mape = sum(step_errors) / len(step_errors) if step_errors else float("nan")
     summary = (f"\nstep time: MAPE {mape:.1f}% over {len(step_errors)} runs (largest {max(step_errors, default=0):.1f}%); "
                f"peak tensor memory: largest error {max(mem_errors, default=0):.1f}%")
+    try:
+        load = open("/proc/loadavg").read().split()[:3]
+        summary += f"\nload average at the end: {' '.join(load)}"
+    except OSError:
+        pass
     text = head + "\n" + "\n".join(rows) + "\n" + summary + "\n"
     print(text)
     if a.out:

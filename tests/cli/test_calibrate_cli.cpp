@@ -51,12 +51,13 @@ TEST(CliCalibrate, KeepsAFileItDidNotWriteAndReplacesItsOwn) {
   ASSERT_EQ(r.code, 0) << r.output;
   const auto p = meshtrain::plan::read_machine_file(out);
   EXPECT_EQ(p.mode, "quick");
-  // One progress line per measurement: gemm, the element-wise kernels and attention at 1
-  // thread; ranks sharing cores, the call overhead and the link.
+  // One progress line per measurement: gemm, the element-wise kernels, attention, convolutions
+  // and CNN layers at 1 thread; ranks sharing cores, the call overhead and the link.
   std::size_t lines = 0;
   for (std::size_t at = r.output.find("calibrate ["); at != std::string::npos; at = r.output.find("calibrate [", at + 1))
     ++lines;
-  EXPECT_EQ(lines, p.gemm.size() + p.elementwise.size() + p.attention.size() + 3) << r.output;
+  EXPECT_EQ(lines, p.gemm.size() + p.elementwise.size() + p.attention.size() + p.conv.size() + p.cnn_layers.size() + 3)
+      << r.output;
   EXPECT_NE(r.output.find("machine file: " + out), std::string::npos) << r.output;
 
   // Its own file is replaced without --overwrite.

@@ -39,6 +39,8 @@ MachineProfile sample() {
   p.gemm = {{"square_1024", 1024, 1024, 1024, "float32", 1, 95.5}, {"square_1024", 1024, 1024, 1024, "bf16", 2, 300}};
   p.elementwise = {{"add", 1 << 20, 1, 2.5e10}};
   p.attention = {{1, 256, 768, 12, 2, 40.25}};
+  p.conv = {{"blocked", 16, 32, 64, 3, 1, 14, 2, 80.5, 60.25, 50.125}};
+  p.cnn_layers = {{"batchnorm_relu", "nchw", 1 << 18, 1, 1e-4, 2e-4}};
   p.links = {{"threads", "all_reduce", 2, 2e-6, 1e-10, 0.1, {{8, 2e-6}, {1 << 20, 1.1e-4}}}};
   p.not_measured = {{"mpi_tcp", "not launched by mpirun"}};
   return p;
@@ -65,7 +67,11 @@ TEST(MachineFile, RoundTripsEveryField) {
   EXPECT_EQ(back.link("threads", "all_reduce")->points.size(), 2u);
   EXPECT_EQ(back.link("mpi_tcp", "all_reduce"), nullptr);
   EXPECT_EQ(j["kind"], "meshtrain machine");
-  EXPECT_EQ(j["version"], 3);
+  EXPECT_EQ(j["version"], 4);
+  ASSERT_EQ(back.conv.size(), 1u);
+  EXPECT_DOUBLE_EQ(back.conv[0].bwd_weights_gflops, 50.125);
+  ASSERT_EQ(back.cnn_layers.size(), 1u);
+  EXPECT_EQ(back.cnn_layers[0].op, "batchnorm_relu");
   EXPECT_EQ(j["memory_bytes"], int64_t{24} << 30);
 }
 
@@ -75,12 +81,30 @@ TEST(MachineFile, ReadsVersion2WithoutItsMemory) {
   json j = meshtrain::plan::to_json(sample());
   j["version"] = 2;
   j.erase("memory_bytes");
+  j.erase("conv");
+  j.erase("cnn_layers");
   const MachineProfile old = meshtrain::plan::from_json(j, "m.json");
   EXPECT_EQ(old.version, 2);
   EXPECT_EQ(old.memory_bytes, 0);
   EXPECT_EQ(meshtrain::plan::to_json(old), j) << "a version 2 file is written back as it was";
   j["memory_bytes"] = 1;
   EXPECT_NE(refusal(j).find("memory_bytes is not a field"), std::string::npos) << refusal(j);
+}
+
+// Version 3 (before the convolutional networks' layers) is still read, without them: the cost
+// model then prices convolutions as before (plan/cost.h).
+TEST(MachineFile, ReadsVersion3WithoutConvolutions) {
+  json j = meshtrain::plan::to_json(sample());
+  j["version"] = 3;
+  j.erase("conv");
+  j.erase("cnn_layers");
+  const MachineProfile old = meshtrain::plan::from_json(j, "m.json");
+  EXPECT_EQ(old.version, 3);
+  EXPECT_TRUE(old.conv.empty());
+  EXPECT_TRUE(old.cnn_layers.empty());
+  EXPECT_EQ(meshtrain::plan::to_json(old), j) << "a version 3 file is written back as it was";
+  j["conv"] = json::array();
+  EXPECT_NE(refusal(j).find("conv is not a field"), std::string::npos) << refusal(j);
 }
 
 TEST(MachineFile, WritesAndReadsAFile) {
@@ -131,8 +155,12 @@ TEST(MachineFile, RefusesBadFilesNamingTheField) {
       {"points order", [](json& j) { j["links"][0]["points"][1]["bytes"] = 4; }, "links[0].points[1].bytes is not larger"},
       {"bad link", [](json& j) { j["links"][0]["link"] = "carrier pigeon"; }, "links[0].link is 'carrier pigeon'"},
       {"bad precision", [](json& j) { j["gemm"][0]["precision"] = "fp8"; }, "gemm[0].precision is 'fp8'"},
-      {"version", [](json& j) { j["version"] = 1; }, "version is 1 but this meshtrain reads versions 2 to 3"},
-      {"version 4", [](json& j) { j["version"] = 4; }, "version is 4"},
+      {"version", [](json& j) { j["version"] = 1; }, "version is 1 but this meshtrain reads versions 2 to 4"},
+      {"version 5", [](json& j) { j["version"] = 5; }, "version is 5"},
+      {"bad conv format", [](json& j) { j["conv"][0]["format"] = "nhwc"; }, "conv[0].format is 'nhwc'"},
+      {"zero conv rate", [](json& j) { j["conv"][0]["fwd_gflops"] = 0; }, "conv[0].fwd_gflops is 0"},
+      {"bad layer op", [](json& j) { j["cnn_layers"][0]["op"] = "softmax"; }, "cnn_layers[0].op is 'softmax'"},
+      {"no conv", [](json& j) { j.erase("conv"); }, "conv is missing"},
       {"no memory", [](json& j) { j.erase("memory_bytes"); }, "memory_bytes is missing"},
       {"negative memory", [](json& j) { j["memory_bytes"] = -1; }, "memory_bytes is -1, less than 0"},
       {"kind", [](json& j) { j["kind"] = "something"; }, "kind is not 'meshtrain machine'"},
@@ -248,6 +276,29 @@ TEST(Calibrate, QuickGivesPositiveFiniteRatesForEveryThreadCount) {
             meshtrain::plan::to_json(p));
 }
 
+// Version 4's convolutional layers: every quick shape class in NCHW at each thread count (and in
+// the blocked format where oneDNN has one and a channel count divides by it), each call's rate
+// positive; every CNN layer.
+TEST(Calibrate, MeasuresTheConvolutionalLayersAsTheyRun) {
+  const MachineProfile& p = quick().p;
+  const int cores = meshtrain::plan::usable_cores();
+  const size_t counts = cores > 1 ? 2 : 1;
+  size_t nchw = 0;
+  for (const auto& c : p.conv) {
+    EXPECT_TRUE(positive(c.fwd_gflops) && positive(c.bwd_data_gflops) && positive(c.bwd_weights_gflops))
+        << c.format << " " << c.ic << "->" << c.oc << " k" << c.k;
+    nchw += c.format == "nchw";
+  }
+  EXPECT_EQ(nchw, 3 * counts);
+  std::set<std::string> ops;
+  for (const auto& l : p.cnn_layers) {
+    EXPECT_TRUE(positive(l.fwd_s) && positive(l.bwd_s)) << l.op;
+    ops.insert(l.op);
+  }
+  EXPECT_EQ(ops, (std::set<std::string>{"batchnorm", "batchnorm_relu", "relu", "add", "add_relu", "maxpool", "avgpool",
+                                         "global_pool", "concat", "flatten", "reorder"}));
+}
+
 TEST(Calibrate, Bf16RatesExistExactlyWhenTheCpuHasBf16Products) {
   const MachineProfile& p = quick().p;
   const bool bf16 = meshtrain::kernels::bf16_isa() != "emulated";
@@ -304,10 +355,11 @@ TEST(Calibrate, ReportsProgressOncePerMeasurement) {
     EXPECT_EQ(pr[i].first, static_cast<int>(i + 1));
     EXPECT_EQ(pr[i].second, static_cast<int>(pr.size()));
   }
-  // gemm + element-wise kernels + attention per thread count, plus ranks sharing cores, the
-  // call overhead and the threads link.
+  // gemm + element-wise kernels + attention + convolutions + CNN layers per thread count, plus
+  // ranks sharing cores, the call overhead and the threads link.
   const MachineProfile& p = quick().p;
-  EXPECT_EQ(pr.size(), p.gemm.size() + p.elementwise.size() + p.attention.size() + 3);
+  EXPECT_EQ(pr.size(),
+            p.gemm.size() + p.elementwise.size() + p.attention.size() + p.conv.size() + p.cnn_layers.size() + 3);
 }
 
 TEST(Calibrate, RefusesMoreThreadsThanCores) {

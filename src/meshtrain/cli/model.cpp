@@ -247,9 +247,11 @@ void show(const ShowOptions& o) {
   std::vector<double> saved;
   {
     const model::StageSpec whole{0, -1, true, true};
-    const auto at1 = spec->op_costs(whole, model::CostQuery{.rows = 1});
-    const auto at2 = spec->op_costs(whole, model::CostQuery{.rows = 2});
-    for (size_t u = 0; u < at1.size(); ++u) saved.push_back(at2[u].saved_bytes - at1[u].saved_bytes);
+    const auto at1 = spec->op_costs(whole, model::CostQuery(1));
+    const auto at2 = spec->op_costs(whole, model::CostQuery(2));
+    // One op per layer (model/cnn_cost.h); a unit's saved bytes sit on its last op.
+    for (size_t k = 0; k < at1.size(); ++k)
+      if (at1[k].unit_end) saved.push_back(at2[k].saved_bytes - at1[k].saved_bytes);
   }
   // Pipeline stages: the one balancer, which train and plan run (by the units' FLOPs).
   std::vector<int> stage_of(starts.size(), 0);

@@ -534,21 +534,24 @@ std::map<std::string, Shape> cnn_branch_inputs(const CNNConfig& cfg) {
 }
 
 std::vector<double> cnn_unit_flops(const CNNConfig& cfg) {
-  // Multiply-adds of the convolutions and linears at their output sizes: a convolution's
-  // weight (OC, IC, K, K) is applied at every output position; the output sizes follow the
-  // unit shapes. Forward + backward = 3 x forward, 2 FLOPs per multiply-add.
+  // Per unit, its graph layers' forward FLOPs (graph.h forward_flops: 2 per multiply-add of a
+  // convolution or a linear layer, at its own output size) times 3 for forward and backward
+  // (the input and the weight gradient, each a product of the forward's size), except the
+  // model's first layer, whose input (the images) takes no gradient: times 2. The cost model's
+  // op list (model/cnn_cost.h) counts the same.
+  const Graph& g = *cfg.graph;
+  const Shape chw{cfg.channels, cfg.height, cfg.width};
+  const std::vector<Shape> shapes = infer_shapes(g, chw);
+  const std::vector<int> starts = unit_starts(g);
   std::vector<double> flops;
-  const auto shapes = cnn_unit_shapes(cfg);
-  auto units = build_cnn_units(cfg, 0, *single_rank_cnn_layout());
-  for (size_t i = 0; i < units.size(); ++i) {
-    std::vector<nn::Param*> ps;
-    units[i]->collect_params(ps);
-    const Shape& out = shapes[i + 1];
-    const double positions = out.size() == 3 ? static_cast<double>(out[1] * out[2]) : 1.0;
-    double macs = 0;
-    for (nn::Param* p : ps)
-      if (p->global_shape.size() >= 2) macs += static_cast<double>(p->value.numel()) * positions;
-    flops.push_back(6.0 * macs);
+  for (size_t u = 0; u + 1 < starts.size(); ++u) {
+    double f = 0;
+    for (int i = starts[u]; i < starts[u + 1]; ++i) {
+      const size_t k = static_cast<size_t>(i);
+      const bool on_images = g.layers[k].from.size() == 1 && g.layers[k].from[0] < 0;
+      f += (on_images ? 2.0 : 3.0) * forward_flops(g, shapes, chw, k);
+    }
+    flops.push_back(f);
   }
   return flops;
 }

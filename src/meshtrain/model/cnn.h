@@ -114,7 +114,8 @@ std::map<std::string, std::vector<double>> measure_branch_costs(const CNNConfig&
 std::map<std::string, size_t> cnn_branch_blocks(const CNNConfig& cfg);
 // Each block's input (C, H, W), by block name.
 std::map<std::string, Shape> cnn_branch_inputs(const CNNConfig& cfg);
-// Forward + backward FLOPs of one image (3 x the forward's multiply-adds x 2) per unit.
+// Forward + backward FLOPs of one image per unit: each convolution and linear layer's forward
+// (2 per multiply-add at its output size) times 3 (times 2 for a first layer on the images).
 std::vector<double> cnn_unit_flops(const CNNConfig& cfg);
 
 class CNNStage : public Stage {

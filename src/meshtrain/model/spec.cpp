@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "meshtrain/io/json.h"
+#include "meshtrain/model/cnn_cost.h"
 
 namespace meshtrain::model {
 
@@ -255,33 +256,22 @@ std::pair<double, double> CNNSpec::transient_of(int64_t u) const {
   return transients_[u] = {2 * one - two, two - one};
 }
 
-// Per unit: its convolutions and linears as one product (FLOPs from cnn_unit_flops), its
-// batch norms, activations and pooling as memory traffic over the unit's output (about six
-// passes forward, ten backward), what its layers keep (measured, kept_by) and what it
-// allocates for a while beyond that (measured, transient_of).
+// Per layer as the compiler builds it (model/cnn_cost.h: its shape class, its layout's share
+// and communication); per unit what its layers keep (measured, kept_by) and what it allocates
+// for a while beyond that (measured, transient_of), on the unit's last op.
 std::vector<OpCost> CNNSpec::op_costs(const StageSpec& spec, const CostQuery& q) const {
   const double tp = std::max(1, q.tp), rows = static_cast<double>(q.rows);
   const int64_t end = spec.end_layer < 0 ? units_ : spec.end_layer;
-  std::vector<OpCost> ops;
-  for (int64_t u = spec.first_layer; u < end; ++u) {
-    const Shape& out = shapes_[static_cast<size_t>(u + 1)];
-    const double positions = out.size() == 3 ? static_cast<double>(out[1] * out[2]) : 1.0;
-    const double channels = static_cast<double>(out[0]);
-    OpCost o;
-    o.name = "unit." + std::to_string(u);
-    o.cls = OpClass::gemm;
-    o.fwd_flops = flops_[static_cast<size_t>(u)] / 3 * rows / tp, o.bwd_flops = 2 * o.fwd_flops;
-    o.m = static_cast<int64_t>(rows * positions), o.n = static_cast<int64_t>(channels);
-    o.k = o.m * o.n > 0 ? static_cast<int64_t>(o.fwd_flops / (2.0 * static_cast<double>(o.m) * static_cast<double>(o.n))) : 0;
-    const double out_bytes = 4.0 * rows * positions * channels / tp;
-    o.fwd_bytes = 6 * out_bytes, o.bwd_bytes = 10 * out_bytes;
+  std::vector<OpCost> ops = cnn_layer_costs(cfg_, spec.first_layer, end, spec.head, q);
+  int64_t u = spec.first_layer;
+  for (OpCost& o : ops) {
+    if (!o.unit_end) continue;
     const auto [c1, p1] = kept_by(spec.first_layer, u + 1);
     const auto [c0, p0] = kept_by(spec.first_layer, u);
     o.saved_bytes = (c1 - c0 + (p1 - p0) * rows) / tp;
     const auto [t0, t1] = transient_of(u);
     o.temp_bytes = std::max(0.0, t0 + t1 * rows) / tp;
-    o.unit_end = true;
-    ops.push_back(o);
+    ++u;
   }
   return ops;
 }

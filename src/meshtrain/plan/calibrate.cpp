@@ -38,6 +38,7 @@
 #include "meshtrain/kernels/layernorm.h"
 #include "meshtrain/kernels/gemm.h"
 #include "meshtrain/nn/linear.h"
+#include "meshtrain/plan/calibrate_cnn.h"
 #include "meshtrain/plan/machine.h"
 
 #ifndef MESHTRAIN_GIT_COMMIT
@@ -564,6 +565,8 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
                ", " + std::to_string(a.nh) + " heads) threads " + std::to_string(t) + ": " + fmt("%.1f", a.gflops) +
                " GFLOP/s";
       });
+    // Convolutional networks' layers as they run (plan/calibrate_cnn.h).
+    detail::add_cnn_tasks(p, threads, o.quick, tasks);
     tasks.push_back([&p, cores, q = o.quick] {
       p.shared_core_efficiency = measure_shared_core_efficiency(cores, q);
       p.oversubscribed_handoff_s = measure_oversubscribed_handoff(cores, q);
@@ -633,6 +636,18 @@ std::string summary_table(const MachineProfile& p) {
     std::snprintf(buf, sizeof buf, "attention fwd+bwd (B %lld, T %lld, C %lld, %lld heads) threads %d: %.1f GFLOP/s\n",
                   static_cast<long long>(a.b), static_cast<long long>(a.t), static_cast<long long>(a.c),
                   static_cast<long long>(a.nh), a.threads, a.gflops);
+    s += buf;
+  }
+  for (const auto& c : p.conv) {
+    std::snprintf(buf, sizeof buf, "conv %-7s %3lld->%-3lld k%lld s%lld at %lld threads %d: %.1f / %.1f / %.1f GFLOP/s "
+                  "(forward / data / weights)\n", c.format.c_str(), static_cast<long long>(c.ic), static_cast<long long>(c.oc),
+                  static_cast<long long>(c.k), static_cast<long long>(c.stride), static_cast<long long>(c.h), c.threads,
+                  c.fwd_gflops, c.bwd_data_gflops, c.bwd_weights_gflops);
+    s += buf;
+  }
+  for (const auto& l : p.cnn_layers) {
+    std::snprintf(buf, sizeof buf, "%-14s %-7s %8lld floats threads %d: %.1f / %.1f us (forward / backward)\n",
+                  l.op.c_str(), l.format.c_str(), static_cast<long long>(l.elements), l.threads, l.fwd_s * 1e6, l.bwd_s * 1e6);
     s += buf;
   }
   std::snprintf(buf, sizeof buf, "%-18s %-10s %5s %10s %10s %8s  points (bytes: us)\n", "link", "op", "world", "alpha(us)",

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <stdexcept>
 
 #include "meshtrain/comm/select.h"
@@ -12,6 +13,7 @@
 #include "meshtrain/parallel/tensor/tensor_parallel.h"
 #include "meshtrain/pipeline/passes.h"
 #include "meshtrain/pipeline/schedule.h"
+#include "meshtrain/plan/cnn_memory.h"
 
 namespace meshtrain::plan {
 
@@ -114,15 +116,120 @@ double call_overhead(const Hardware& hw) {
   return hw.call_overhead_s;
 }
 
+// ---- convolutional networks' layers (machine file version 4) ----
+
+// The measured convolutions nearest the op's shape class, in its format (the other format when
+// the file has none of it): the rate of call `part` (0 forward, 1 backward-data, 2
+// backward-weights), a geometric mean weighted by inverse squared distance in (log ic, log oc,
+// log k^2, log output positions per call) over the four nearest, at `t` threads. 0: none.
+double conv_rate_at(const Hardware& hw, const model::OpCost& o, const std::string& format, int t, int part) {
+  const auto lg = [](double x) { return std::log(std::max(1.0, x)); };
+  const double positions = static_cast<double>(o.m);  // rows x output positions of this rank
+  std::vector<std::pair<double, double>> near;  // (squared distance, log rate)
+  for (const ConvRate& c : hw.machine.conv) {
+    if (c.format != format || c.threads != t) continue;
+    const double r = part == 0 ? c.fwd_gflops : part == 1 ? c.bwd_data_gflops : c.bwd_weights_gflops;
+    const double out_h = static_cast<double>((c.h + 2 * (c.k / 2) - c.k) / c.stride + 1);
+    const double d_ic = lg(static_cast<double>(o.ic)) - lg(static_cast<double>(c.ic));
+    const double d_oc = lg(static_cast<double>(o.oc)) - lg(static_cast<double>(c.oc));
+    const double d_k = lg(static_cast<double>(o.kernel_size * o.kernel_size)) - lg(static_cast<double>(c.k * c.k));
+    const double d_p = lg(positions) - lg(static_cast<double>(c.n) * out_h * out_h);
+    near.emplace_back(d_ic * d_ic + d_oc * d_oc + 2 * d_k * d_k + 0.5 * d_p * d_p, std::log(r * 1e9));
+  }
+  if (near.empty()) return 0;
+  std::sort(near.begin(), near.end());
+  double sw = 0, sl = 0;
+  for (size_t i = 0; i < std::min<size_t>(4, near.size()); ++i) {
+    const double w = 1 / (near[i].first + 1e-3) / (near[i].first + 1e-3);
+    sw += w, sl += w * near[i].second;
+  }
+  return std::exp(sl / sw);
+}
+
+// The rate at the rank's `threads`: the best over the measured thread counts up to it (a
+// kernel on more threads is not slower than on fewer; a count measured while other work held
+// the cores can be), and beyond the largest measured, that one's scaled by the ratio.
+double conv_rate(const Hardware& hw, const model::OpCost& o, int threads, int part) {
+  if (!hw.has_machine || hw.machine.conv.empty()) return 0;
+  const std::string want = o.nchw ? "nchw" : "blocked";
+  bool any = false;
+  for (const ConvRate& c : hw.machine.conv) any |= c.format == want;
+  const std::string format = any ? want : (o.nchw ? "blocked" : "nchw");
+  std::set<int> counts;
+  for (const ConvRate& c : hw.machine.conv)
+    if (c.format == format) counts.insert(c.threads);
+  double best = 0;
+  int largest = 0;
+  for (int t : counts)
+    if (t <= threads) best = std::max(best, conv_rate_at(hw, o, format, t, part)), largest = t;
+  if (largest == 0) return conv_rate_at(hw, o, format, *counts.begin(), part);
+  return best * static_cast<double>(threads) / largest;
+}
+
+// Seconds of a measured CNN layer's call at `elements`, from its rows at `t` threads (-1: none):
+// the line through the two measured sizes nearest it (its fixed cost and its cost per element).
+double layer_seconds_at(const Hardware& hw, const model::OpCost& o, const std::string& format, int t, bool bwd) {
+  std::vector<const LayerRate*> rows;
+  for (const LayerRate& l : hw.machine.cnn_layers)
+    if (l.op == o.kernel && l.format == format && l.threads == t) rows.push_back(&l);
+  if (rows.empty()) return -1;
+  std::sort(rows.begin(), rows.end(), [](const LayerRate* a, const LayerRate* b) { return a->elements < b->elements; });
+  const auto time = [&](const LayerRate* l) { return bwd ? l->bwd_s : l->fwd_s; };
+  const double n = static_cast<double>(std::max<int64_t>(1, o.elements));
+  if (rows.size() == 1) return time(rows[0]) * n / static_cast<double>(rows[0]->elements);
+  size_t hi = 1;
+  while (hi + 1 < rows.size() && static_cast<double>(rows[hi]->elements) < n) ++hi;
+  const LayerRate *a = rows[hi - 1], *b = rows[hi];
+  const double slope = std::max(0.0, (time(b) - time(a)) / static_cast<double>(b->elements - a->elements));
+  const double fixed = std::max(0.0, time(a) - slope * static_cast<double>(a->elements));
+  return fixed + slope * n;
+}
+
+// The fastest over the measured thread counts up to the rank's (as conv_rate), in the op's format
+// (the other where the file has none of it); -1 when the file lacks the layer.
+double layer_seconds(const Hardware& hw, const model::OpCost& o, int threads, bool bwd) {
+  if (!hw.has_machine || hw.machine.cnn_layers.empty()) return -1;
+  const std::string want = o.nchw ? "nchw" : "blocked";
+  for (const std::string& format : {want, std::string(o.nchw ? "blocked" : "nchw")}) {
+    std::set<int> counts;
+    for (const LayerRate& l : hw.machine.cnn_layers)
+      if (l.op == o.kernel && l.format == format) counts.insert(l.threads);
+    if (counts.empty()) continue;
+    double best = -1;
+    for (int t : counts)
+      if (t <= threads) {
+        const double s = layer_seconds_at(hw, o, format, t, bwd);
+        if (s >= 0 && (best < 0 || s < best)) best = s;
+      }
+    return best >= 0 ? best : layer_seconds_at(hw, o, format, *counts.begin(), bwd);
+  }
+  return -1;
+}
+
 // Seconds of one op's forward (backward when `bwd`) on one rank; `part` of the backward: 0 all,
 // 1 the input gradient (I), 2 the weight gradient (W).
 double op_seconds(const Hardware& hw, const model::OpCost& o, int threads, bool bf16, bool cold, bool bwd, int part = 0) {
+  if (o.cls == model::OpClass::conv && hw.has_machine && !hw.machine.conv.empty()) {
+    // Each call at its own measured rate: forward, backward-data (not for the model's first
+    // layer), backward-weights.
+    if (!bwd) return o.fwd_flops / conv_rate(hw, o, threads, 0);
+    const double f = o.fwd_flops;
+    const double data = o.input_grad ? f / conv_rate(hw, o, threads, 1) : 0;
+    const double weights = f / conv_rate(hw, o, threads, 2);
+    return part == 1 ? data : part == 2 ? weights : data + weights;
+  }
+  if (o.cls == model::OpClass::layer) {
+    if (bwd && part == 2) return 0;
+    const double t = layer_seconds(hw, o, threads, bwd);
+    if (t >= 0) return t;
+  }
   double flops = bwd ? o.bwd_flops : o.fwd_flops;
   double bytes = bwd ? o.bwd_bytes : o.fwd_bytes;
-  int calls = bwd && o.cls == model::OpClass::gemm ? 2 : 1;
+  const bool product = o.cls == model::OpClass::gemm || o.cls == model::OpClass::conv;
+  int calls = bwd && product ? 2 : 1;
   if (bwd && part != 0) {
-    if (o.cls == model::OpClass::gemm) flops /= 2, calls = 1;  // dgrad and wgrad, one product each
-    else if (part == 2) return 0;                             // only products have a weight gradient
+    if (product) flops /= 2, calls = 1;  // dgrad and wgrad, one product each
+    else if (part == 2) return 0;        // only products have a weight gradient
     if (part == 2) bytes = 0;
   }
   double t = calls * call_overhead(hw);
@@ -132,7 +239,7 @@ double op_seconds(const Hardware& hw, const model::OpCost& o, int threads, bool 
     if (rate > 0) t += flops / rate;
   }
   if (bytes > 0) {
-    const double bw = bandwidth(hw, threads, o.kernel, cold);
+    const double bw = bandwidth(hw, threads, o.cls == model::OpClass::layer ? "add" : o.kernel, cold);
     if (bw > 0) t += bytes / bw;
   }
   return t;
@@ -167,6 +274,20 @@ double p2p_s(const Hardware& hw, double bytes, bool across) {
     if (const LinkFit* f = hw.machine.link("threads", "sendrecv")) return f->predict_s(bytes);
   const Link& l = across ? hw.inter : hw.intra;
   return l.alpha_s + l.beta_s_per_byte * bytes;
+}
+
+// The intra-layer group's communication of one op in forward (backward when `bwd`): its
+// all-reduces (in their number of calls), its all-gathers, its halo messages.
+double group_comm_s(const Hardware& hw, const model::OpCost& o, int p, double demand, bool bwd) {
+  if (p <= 1) return 0;
+  const double ar = bwd ? o.tp_bwd_bytes : o.tp_fwd_bytes;
+  const int calls = std::max(1, bwd ? o.tp_bwd_calls : o.tp_fwd_calls);
+  double t = ar > 0 ? calls * collective_s(hw, comm::OpKind::all_reduce, ar / calls, p, demand) : 0;
+  const double ag = bwd ? o.tp_bwd_gather_bytes : o.tp_fwd_gather_bytes;
+  if (ag > 0) t += collective_s(hw, comm::OpKind::all_gather, ag, p, demand);
+  const double halo = bwd ? o.halo_bwd_bytes : o.halo_fwd_bytes;
+  if (halo > 0 && o.halo_msgs > 0) t += o.halo_msgs * p2p_s(hw, halo / o.halo_msgs, false) * std::max(1.0, demand);
+  return t;
 }
 
 model::StageSpec stage_spec(const std::vector<pipeline::LayerSpan>& spans, size_t s) {
@@ -269,11 +390,23 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
     placed.emplace_back(s, s % static_cast<size_t>(l.pp));
     if (sched.shape.bidirectional) placed.emplace_back(s, static_cast<size_t>(l.pp) - 1 - s);
   }
-  for (const auto& [s, rank] : placed) {
+  // A CNN split over the intra-layer group, as one stage: what each of its ranks holds, measured
+  // by running the split (plan/cnn_memory.h); otherwise the single rank's figures over the group.
+  const bool probe = spec.cnn() && l.tp > 1 && spans.size() == 1;
+  const bool measured = probe && l.split == Layout::Split::branch && l.branch_balance.empty();
+  const SplitMemory sm = probe ? split_memory(*spec.cnn(), l.split, l.tp, l.branch_balance, rows,
+                                              measured ? branch_costs(*spec.cnn(), rows, l.threads)
+                                                       : std::map<std::string, std::vector<double>>{})
+                               : SplitMemory{};
+  std::vector<RankMemory> per_rank;
+  for (int tr = 0; tr < (probe ? l.tp : 1); ++tr)  // the probed ranks one by one (then one stage)
+    for (const auto& [s, rank] : placed) {
     RankMemory& m = out[rank];
+    if (probe) m = RankMemory{};
     const model::StageSpec st = stage_spec(spans, s);
-    const double elems = spec.stage_param_elements(st, l.tp);
     const std::vector<model::OpCost> ops = spec.op_costs(st, q);
+    const size_t t = static_cast<size_t>(tr);
+    const double elems = probe ? sm.params[t] : spec.stage_param_elements(st, l.tp);
     m.params += 4 * elems / (l.zero >= 3 ? dp : 1);
     // ZeRO-2/3 as data_parallel.h runs them: the full gradient buckets live through backward
     // (freed after the step) beside this rank's reduced slice.
@@ -288,7 +421,8 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
     else if (sched.period > 0) m.params += 4 * elems, m.grads += 4 * elems;
     const int f = std::max(1, in_flight[rank]);
     m.in_flight = f;
-    const double saved = model::total_saved_bytes(ops);
+    const double saved = probe ? sm.kept[t] : model::total_saved_bytes(ops);
+    const double bwd_peak = probe ? sm.peak[t] : model::backward_peak_bytes(ops);
     // Several chunks share the rank's in-flight count: charge each chunk its share. One
     // micro-batch is in backward (its saved bytes plus its transients, backward_peak_bytes);
     // the others hold what they saved (with recomputation: their stage input only).
@@ -311,7 +445,7 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
     }
     // The micro-batch in backward: beyond what it holds, its transients (recomputation: the
     // whole forward's saved activations again).
-    m.temp = std::max(m.temp, model::backward_peak_bytes(ops) - (l.recompute ? 0.0 : saved));
+    m.temp = std::max(m.temp, bwd_peak - (l.recompute ? 0.0 : saved));
     if (l.zero >= 3) {
       // The unit being computed and the next one prefetched, gathered whole.
       double largest = 0;
@@ -319,6 +453,14 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
         largest = std::max(largest, spec.stage_param_elements({u, u + 1, false, false}, l.tp));
       m.buffers = std::max(m.buffers, 2 * 4 * largest);
     }
+    if (probe) per_rank.push_back(m);
+  }
+  if (probe) {
+    // The rank that holds the most stands for the group; each rank's total beside it.
+    std::vector<double> totals;
+    for (const RankMemory& m : per_rank) totals.push_back(m.total());
+    out[0] = per_rank[static_cast<size_t>(std::max_element(totals.begin(), totals.end()) - totals.begin())];
+    out[0].by_tp_rank = totals;
   }
   return out;
 }
@@ -327,12 +469,22 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
   check_layout(spec, l);
   Prediction p;
   p.layout = l;
+  if (spec.cnn() && hw.has_machine && (hw.machine.conv.empty() || hw.machine.cnn_layers.empty()))
+    p.notes.push_back("the machine file (version " + std::to_string(hw.machine.version) +
+                      ") has no measured convolutions or CNN layers: convolutions are priced as GEMMs and the other "
+                      "layers by bandwidth, which can be far off; measure them with meshtrain calibrate");
   p.stages = l.stages.empty() ? balance_stages(spec, l) : l.stages;
   const std::string name = l.pp == 1 ? "naive" : l.schedule == "zb" ? "zb-h1" : l.schedule;
   p.schedule = pipeline::add_send_recv(pipeline::make_schedule(name, {l.pp, l.microbatches, l.pp == 1 ? 1 : l.chunks}));
   const int64_t rows = l.batch / l.dp / l.microbatches;
   const int64_t T = std::max<int64_t>(1, l.seq);
-  const model::CostQuery q{rows, T, l.tp, l.sequence_parallel};
+  model::CostQuery q{rows, T, l.tp, l.sequence_parallel};
+  q.split = l.split == Layout::Split::spatial  ? model::CostQuery::Split::spatial
+            : l.split == Layout::Split::branch ? model::CostQuery::Split::branch
+                                               : model::CostQuery::Split::tensor;
+  q.branch_balance = l.branch_balance;
+  if (spec.cnn() && l.tp > 1 && l.split == Layout::Split::branch && l.branch_balance.empty())
+    q.branch_costs = branch_costs(*spec.cnn(), rows, l.threads);
   const int world = l.world();
   // Ranks per core: CPU ranks are threads of one process that share its cores.
   const bool shared = hw.cores > 0;
@@ -362,14 +514,23 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
       cold = model::total_saved_bytes(ops) * flight + 4.0 * (2 + l.optimizer_state) * elems > share;
     }
     double F = 0, B = 0, I = 0, W = 0, tp_s = 0, fwd_compute = 0;
-    for (const model::OpCost& o : ops) {
-      const double f = op_seconds(hw, o, threads, l.bf16, cold, false);
-      fwd_compute += f;
-      F += f, B += op_seconds(hw, o, threads, l.bf16, cold, true);
-      I += op_seconds(hw, o, threads, l.bf16, cold, true, 1), W += op_seconds(hw, o, threads, l.bf16, cold, true, 2);
-      const double tf = collective_s(hw, comm::OpKind::all_reduce, o.tp_fwd_bytes, l.tp, demand);
-      const double tb = collective_s(hw, comm::OpKind::all_reduce, o.tp_bwd_bytes, l.tp, demand);
-      F += tf, B += tb, I += tb, tp_s += tf + tb;
+    // Ranks of the intra-layer group compute alike, except under the branch split (each its
+    // branches): the slowest rank's.
+    const int ranks = l.split == Layout::Split::branch && spec.cnn() ? l.tp : 1;
+    for (int r = 0; r < ranks; ++r) {
+      model::CostQuery qr = q;
+      qr.tp_rank = r;
+      const std::vector<model::OpCost> rops = r == 0 ? ops : spec.op_costs(st, qr);
+      double f_ = 0, b_ = 0, i_ = 0, w_ = 0, tp_ = 0, fc_ = 0;
+      for (const model::OpCost& o : rops) {
+        const double f = op_seconds(hw, o, threads, l.bf16, cold, false);
+        fc_ += f;
+        f_ += f, b_ += op_seconds(hw, o, threads, l.bf16, cold, true);
+        i_ += op_seconds(hw, o, threads, l.bf16, cold, true, 1), w_ += op_seconds(hw, o, threads, l.bf16, cold, true, 2);
+        const double tf = group_comm_s(hw, o, l.tp, demand, false), tb = group_comm_s(hw, o, l.tp, demand, true);
+        f_ += tf, b_ += tb, i_ += tb, tp_ += tf + tb;
+      }
+      if (f_ + b_ > F + B) F = f_, B = b_, I = i_, W = w_, tp_s = tp_, fwd_compute = fc_;
     }
     if (l.recompute) B += fwd_compute, I += fwd_compute;
     if (l.zero >= 3 && l.dp > 1) {

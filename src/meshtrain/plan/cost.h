@@ -104,6 +104,9 @@ Hardware hardware_from_machine(const MachineProfile& m, double memory_bytes);
 struct RankMemory {
   double params = 0, grads = 0, optimizer = 0, activations = 0, temp = 0, buffers = 0;
   int in_flight = 0;  // micro-batches whose activations it holds at once
+  // A CNN split whose tp ranks hold different amounts (the branch split's branches): each tp
+  // rank's total; the parts above are the largest's. Empty: the ranks hold alike.
+  std::vector<double> by_tp_rank;
   double total() const { return params + grads + optimizer + activations + temp + buffers; }
 };
 
@@ -125,6 +128,10 @@ struct Prediction {
   std::vector<pipeline::LayerSpan> stages;
   pipeline::Schedule schedule;
   pipeline::Timeline timeline;     // the simulated step (seconds)
+  // Sentences on what the prediction could not use (a machine file without the convolutional
+  // layers' rates: convolutions priced as GEMMs and the other layers by bandwidth, as before
+  // version 4).
+  std::vector<std::string> notes;
 };
 
 // The one check of whether `spec` can run at layout `l`, shared by train (its start-up

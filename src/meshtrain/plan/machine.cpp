@@ -79,6 +79,17 @@ json to_json(const MachineProfile& p) {
   for (const auto& a : p.attention)
     j["attention"].push_back(
         {{"b", a.b}, {"t", a.t}, {"c", a.c}, {"nh", a.nh}, {"threads", a.threads}, {"gflops", a.gflops}});
+  if (p.version >= 4) {
+    j["conv"] = json::array();
+    for (const auto& c : p.conv)
+      j["conv"].push_back({{"format", c.format}, {"n", c.n}, {"ic", c.ic}, {"oc", c.oc}, {"k", c.k},
+                           {"stride", c.stride}, {"h", c.h}, {"threads", c.threads}, {"fwd_gflops", c.fwd_gflops},
+                           {"bwd_data_gflops", c.bwd_data_gflops}, {"bwd_weights_gflops", c.bwd_weights_gflops}});
+    j["cnn_layers"] = json::array();
+    for (const auto& l : p.cnn_layers)
+      j["cnn_layers"].push_back({{"op", l.op}, {"format", l.format}, {"elements", l.elements}, {"threads", l.threads},
+                                 {"fwd_s", l.fwd_s}, {"bwd_s", l.bwd_s}});
+  }
   j["links"] = json::array();
   for (const auto& l : p.links) {
     json pts = json::array();
@@ -150,6 +161,36 @@ MachineProfile from_json(const json& j, const std::string& source) {
     x.gflops = a.rate("gflops");
     a.done();
     p.attention.push_back(x);
+  }
+  if (p.version >= 4) {  // older files: no CNN layers (the cost model's fallback)
+    const json& conv = r.array("conv");
+    for (std::size_t i = 0; i < conv.size(); ++i) {
+      Reader c(conv[i], source, item("conv", i));
+      ConvRate x;
+      x.format = c.word("format", {"blocked", "nchw"});
+      x.n = c.integer("n", 1, kNoLimit), x.ic = c.integer("ic", 1, kNoLimit), x.oc = c.integer("oc", 1, kNoLimit);
+      x.k = c.integer("k", 1, kNoLimit), x.stride = c.integer("stride", 1, kNoLimit), x.h = c.integer("h", 1, kNoLimit);
+      x.threads = c.int32("threads", 1, kMaxMachineCount);
+      x.fwd_gflops = c.rate("fwd_gflops");
+      x.bwd_data_gflops = c.rate("bwd_data_gflops");
+      x.bwd_weights_gflops = c.rate("bwd_weights_gflops");
+      c.done();
+      p.conv.push_back(x);
+    }
+    const json& layers = r.array("cnn_layers");
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      Reader l(layers[i], source, item("cnn_layers", i));
+      LayerRate x;
+      x.op = l.word("op", {"batchnorm", "batchnorm_relu", "relu", "add", "add_relu", "maxpool", "avgpool", "global_pool",
+                           "concat", "reorder", "gelu", "flatten"});
+      x.format = l.word("format", {"blocked", "nchw"});
+      x.elements = l.integer("elements", 1, kNoLimit);
+      x.threads = l.int32("threads", 1, kMaxMachineCount);
+      x.fwd_s = l.rate("fwd_s");
+      x.bwd_s = l.rate("bwd_s");
+      l.done();
+      p.cnn_layers.push_back(x);
+    }
   }
   const json& links = r.array("links");
   for (std::size_t i = 0; i < links.size(); ++i) {

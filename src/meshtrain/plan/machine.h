@@ -14,7 +14,10 @@
 //
 // Version 3 added memory_bytes; a version 2 file (without it) is still read, its memory 0
 // (unknown), so a machine file measured before it keeps working wherever memory comes from
-// elsewhere (a cluster file's memory_gb, train's own check).
+// elsewhere (a cluster file's memory_gb, train's own check). Version 4 added the layers of
+// convolutional networks (conv, cnn_layers); a file of version 2 or 3 has none, and the cost
+// model then prices a convolution as a GEMM and the other layers by the "add" bandwidth, as
+// before (plan/cost.h says so in a note).
 //
 // Limits: one process's view (one host); the links of several hosts come from several files.
 #pragma once
@@ -29,7 +32,7 @@
 
 namespace meshtrain::plan {
 
-inline constexpr int kMachineFileVersion = 3;
+inline constexpr int kMachineFileVersion = 4;
 // The oldest version read (version 2: no memory_bytes).
 inline constexpr int kMachineFileOldestVersion = 2;
 // The most cores, threads and ranks (a link's world) a machine file may record; larger counts
@@ -67,6 +70,35 @@ struct AttentionRate {
   int64_t b = 0, t = 0, c = 0, nh = 0;
   int threads = 1;
   double gflops = 0;
+};
+
+// One convolution as nn::Conv2d runs it (kernels/conv.h: oneDNN's primitives): a shape class,
+// input (n, ic, h, h), oc filters of k x k, padding k / 2, in one memory format; the rate of
+// each of its three calls, forward, input gradient (backward-data) and weight gradient
+// (backward-weights), each 2 n oh ow oc ic k k floating-point operations.
+struct ConvRate {
+  // "blocked": activations in oneDNN's blocked layout where the channel count divides by its
+  // block (what one rank of a graph whose every layer takes it runs); "nchw": NCHW activations,
+  // converted into the primitive's layout and back inside every call (the splits', and every
+  // graph with a max pool or a concat).
+  std::string format;
+  int64_t n = 1, ic = 1, oc = 1, k = 1, stride = 1, h = 1;
+  int threads = 1;
+  double fwd_gflops = 0, bwd_data_gflops = 0, bwd_weights_gflops = 0;
+};
+
+// A memory-bound layer of a convolutional network as nn/ runs it, forward and backward through
+// a Context (the output tensor and the saved ones included): seconds of one call each way on an
+// input of `elements` floats, (n, 32, h, h) (pools: kernel 2, stride 2; concat: two halves of
+// the channels; reorder: NCHW to blocked and back).
+struct LayerRate {
+  // batchnorm, batchnorm_relu, relu, add, add_relu, maxpool, avgpool, global_pool, concat,
+  // reorder, gelu, flatten
+  std::string op;
+  std::string format;  // "blocked" or "nchw" (as ConvRate)
+  int64_t elements = 1;
+  int threads = 1;
+  double fwd_s = 0, bwd_s = 0;
 };
 
 struct LinkPoint {
@@ -122,6 +154,9 @@ struct MachineProfile {
   std::vector<GemmRate> gemm;
   std::vector<ElementwiseRate> elementwise;
   std::vector<AttentionRate> attention;
+  // Version 4: convolutional networks' layers (empty in older files).
+  std::vector<ConvRate> conv;
+  std::vector<LayerRate> cnn_layers;
   std::vector<LinkFit> links;
   std::vector<NotMeasured> not_measured;
 

@@ -53,6 +53,8 @@ int64_t RankTrainer::begin_run() {
   if (lead_ && o_.hardware) {
     try {
       res.predicted = plan::predict(sh_.spec, plan_layout(o_, spans_), *o_.hardware);
+      if (talk)
+        for (const std::string& n : res.predicted->notes) std::printf("cost model: note: %s\n", n.c_str());
     } catch (const std::invalid_argument& e) {  // a layout the model cannot describe: no prediction
       if (talk) std::printf("cost model: no prediction for this layout (%s)\n", e.what());
     }

@@ -302,17 +302,19 @@ void RankTrainer::report_prediction() {
   double worst = 0;
   int worst_rank = 0;
   for (size_t r = 0; r < res.peak_tensor_bytes.size(); ++r) {
-    const int pp = parallel::mesh_coord({o_.dp, o_.tp, o_.pp}, static_cast<int>(r)).pp;
-    const double predicted = p.memory.at(static_cast<size_t>(pp)).total();
+    const parallel::MeshCoord c = parallel::mesh_coord({o_.dp, o_.tp, o_.pp}, static_cast<int>(r));
+    const plan::RankMemory& pm = p.memory.at(static_cast<size_t>(c.pp));
+    const double predicted = pm.by_tp_rank.empty() ? pm.total() : pm.by_tp_rank.at(static_cast<size_t>(c.tp));
     const double measured = static_cast<double>(res.peak_tensor_bytes[r]);
     const double err = measured > 0 ? (predicted - measured) / measured : 0;
     if (r == 0 || std::abs(err) > std::abs(worst)) worst = err, worst_rank = static_cast<int>(r);
   }
   if (!res.peak_tensor_bytes.empty()) {
     const size_t r = static_cast<size_t>(worst_rank);
-    const int pp = parallel::mesh_coord({o_.dp, o_.tp, o_.pp}, worst_rank).pp;
+    const parallel::MeshCoord c = parallel::mesh_coord({o_.dp, o_.tp, o_.pp}, worst_rank);
+    const plan::RankMemory& pm = p.memory.at(static_cast<size_t>(c.pp));
     std::printf(" | peak tensor memory of rank %d %.1f MiB vs %.1f MiB, error %+.1f%% (the largest error of the %zu ranks)",
-                worst_rank, p.memory.at(static_cast<size_t>(pp)).total() / MiB,
+                worst_rank, (pm.by_tp_rank.empty() ? pm.total() : pm.by_tp_rank.at(static_cast<size_t>(c.tp))) / MiB,
                 static_cast<double>(res.peak_tensor_bytes[r]) / MiB, 100 * worst, res.peak_tensor_bytes.size());
   }
   std::printf("\n");

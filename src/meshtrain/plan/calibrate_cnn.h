@@ -1,0 +1,30 @@
+// What `meshtrain calibrate` measures of convolutional networks (machine file version 4,
+// plan/machine.h ConvRate and LayerRate), as the layers run them:
+//   - convolutions through kernels/conv.h (oneDNN), forward, backward-data and backward-weights
+//     each on its own, over shape classes that span the channel counts (1 to 128), kernels (1,
+//     3, 5), strides and feature-map sizes (7 to 28) of small image models, each in the blocked
+//     layout (where the channels allow; no conversion) and in NCHW (converted inside every call,
+//     as under the splits);
+//   - the memory-bound layers through nn/ and a Context (their allocations and saved tensors
+//     included): batch norm (with and without its folded ReLU; blocked and NCHW), ReLU, sums,
+//     max and average pooling (2 x 2), global average pooling, concat, flatten, and the layout
+//     conversion NCHW <-> blocked, at three sizes so the cost model has each call's fixed cost
+//     and its cost per element (quick mode: 3 convolution classes at one batch, the layers at
+//     one size, about a second more).
+// Internal to plan/ (calibrate.cpp adds these tasks to its list).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/plan/machine.h"
+
+namespace meshtrain::plan::detail {
+
+// Appends one task per measurement to `tasks`; each pushes its row into `p` and returns its line
+// of progress.
+void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick,
+                   std::vector<std::function<std::string()>>& tasks);
+
+}  // namespace meshtrain::plan::detail

@@ -1,0 +1,224 @@
+// The cost model of convolutional networks (model/cnn_cost.h, plan/cost.h, plan/cnn_memory.h):
+//   - a convolution is priced at the machine file's convolution rows (its format's), each of its
+//     three calls at its own rate, and the other layers at their measured calls;
+//   - an old machine file (no convolution rows) still predicts, with a note;
+//   - the filter/channel split's collectives are exactly what parallel/tensor/cnn_tp.h sends,
+//     the row bands' halos appear where a window reads beyond its band, the branch split's
+//     join is an all-gather, and a slower link makes each split's step slower;
+//   - the memory model's peak per rank of a split CNN is what each rank of a real run held.
+// Quantities only: no timing is measured here (the suite runs loaded).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "meshtrain/model/spec.h"
+#include "meshtrain/parallel/mesh.h"
+#include "meshtrain/parallel/tensor/cnn_tp.h"
+#include "meshtrain/plan/cost.h"
+#include "meshtrain/train/trainer.h"
+#include "train/cnn_runs.h"
+
+using namespace meshtrain;
+
+namespace {
+
+constexpr double kConvNchw = 50, kConvBlocked = 80;  // GFLOP/s of the test machine's convolutions
+
+// A machine file with one row of each kind: every convolution of a format gets that row's rates
+// (forward, data, weights: r, r / 2, r / 4), every CNN layer its one size.
+plan::MachineProfile machine(double nchw = kConvNchw, double blocked = kConvBlocked) {
+  plan::MachineProfile m;
+  m.mode = "quick", m.host = "test", m.cpu_model = "Test CPU", m.cores = 2;
+  m.call_overhead_s = 1e-6;
+  m.gemm = {{"square_1024", 1024, 1024, 1024, "float32", 1, 100}};
+  m.elementwise = {{"add", 1 << 20, 1, 1e10}};
+  m.conv = {{"nchw", 16, 32, 64, 3, 1, 14, 1, nchw, nchw / 2, nchw / 4},
+            {"blocked", 16, 32, 64, 3, 1, 14, 1, blocked, blocked / 2, blocked / 4}};
+  for (const char* op : {"batchnorm", "batchnorm_relu", "relu", "add", "add_relu", "maxpool", "avgpool", "global_pool",
+                         "concat", "flatten"})
+    for (const char* f : {"nchw", "blocked"}) m.cnn_layers.push_back({op, f, 1 << 20, 1, 1e-3, 2e-3});
+  m.links = {{"threads", "all_reduce", 2, 1e-5, 1e-10, 0, {{8, 1e-5}, {1 << 20, 1.1e-4}}},
+             {"threads", "sendrecv", 2, 5e-6, 1e-10, 0, {{8, 5e-6}, {1 << 20, 1.1e-4}}}};
+  return m;
+}
+
+plan::Layout layout(int64_t batch, int tp = 1, plan::Layout::Split split = plan::Layout::Split::tensor) {
+  plan::Layout l;
+  l.batch = batch, l.tp = tp, l.split = split, l.threads = 1;
+  return l;
+}
+
+// Seconds of every convolution of `spec` at rows `rows` (one rank), each call at its rate.
+double conv_seconds(const model::ModelSpec& spec, int64_t rows, double rate, int tp = 1,
+                    model::CostQuery::Split split = model::CostQuery::Split::tensor) {
+  model::CostQuery q(rows, 1, tp);
+  q.split = split;
+  double s = 0;
+  for (const model::OpCost& o : spec.op_costs(model::StageSpec::whole(), q))
+    if (o.cls == model::OpClass::conv)
+      s += o.fwd_flops / (rate * 1e9) + (o.input_grad ? o.fwd_flops / (rate / 2 * 1e9) : 0) + o.fwd_flops / (rate / 4 * 1e9);
+  return s;
+}
+
+}  // namespace
+
+// cnn-small keeps NCHW activations (its max pools take no other layout): its convolutions are
+// priced at the nchw row, and doubling that row's rates takes exactly half their time off the
+// step; the blocked row does not touch it. resnet-small keeps the blocked layout.
+TEST(CnnCostModel, ConvolutionsUseTheCalibratedRowOfTheirFormat) {
+  const int64_t batch = 16;
+  {
+    auto spec = model::model_spec("cnn-small");
+    const plan::Hardware a = plan::hardware_from_machine(machine(), 0);
+    const plan::Hardware faster = plan::hardware_from_machine(machine(2 * kConvNchw, kConvBlocked), 0);
+    const plan::Hardware other = plan::hardware_from_machine(machine(kConvNchw, 2 * kConvBlocked), 0);
+    const double convs = conv_seconds(*spec, batch, kConvNchw);
+    ASSERT_GT(convs, 0);
+    const double t = plan::predict(*spec, layout(batch), a).compute_s;
+    EXPECT_NEAR(t - plan::predict(*spec, layout(batch), faster).compute_s, convs / 2, 1e-9 * t);
+    EXPECT_NEAR(plan::predict(*spec, layout(batch), other).compute_s, t, 1e-12 * t);
+    EXPECT_TRUE(plan::predict(*spec, layout(batch), a).notes.empty());
+  }
+  {
+    auto spec = model::model_spec("resnet-small");
+    const plan::Hardware a = plan::hardware_from_machine(machine(), 0);
+    const plan::Hardware faster = plan::hardware_from_machine(machine(kConvNchw, 2 * kConvBlocked), 0);
+    const double t = plan::predict(*spec, layout(batch), a).compute_s;
+    EXPECT_LT(plan::predict(*spec, layout(batch), faster).compute_s, t - 0.1 * conv_seconds(*spec, batch, kConvBlocked));
+    // Split over tp 2, every activation is NCHW: the nchw row prices it.
+    const plan::Hardware nchw_faster = plan::hardware_from_machine(machine(2 * kConvNchw, kConvBlocked), 0);
+    EXPECT_LT(plan::predict(*spec, layout(batch, 2), nchw_faster).compute_s, plan::predict(*spec, layout(batch, 2), a).compute_s);
+  }
+}
+
+// A machine file from before version 4 (no convolutions, no CNN layers) still predicts a CNN,
+// convolutions as GEMMs, and says so.
+TEST(CnnCostModel, AnOldMachineFileFallsBackWithANote) {
+  plan::MachineProfile m = machine();
+  m.version = 3, m.conv.clear(), m.cnn_layers.clear();
+  auto spec = model::model_spec("resnet-small");
+  const plan::Prediction p = plan::predict(*spec, layout(16), plan::hardware_from_machine(m, 0));
+  EXPECT_GT(p.step_s, 0);
+  ASSERT_EQ(p.notes.size(), 1u);
+  EXPECT_NE(p.notes[0].find("no measured convolutions"), std::string::npos) << p.notes[0];
+  // A transformer needs none of it.
+  EXPECT_TRUE(plan::predict(*model::model_spec("gpt-tiny"), [] {
+                plan::Layout l;
+                l.batch = 4, l.seq = 64;
+                return l;
+              }(), plan::hardware_from_machine(m, 0))
+                  .notes.empty());
+}
+
+// The filter/channel split's collectives, as the op list states them (whole tensors: an
+// all-reduce sends 2 (p - 1) / p of its bytes per rank on a ring, an all-gather (p - 1) / p), are
+// exactly the bytes parallel/tensor/cnn_tp.h counts per micro-batch.
+TEST(CnnCostModel, FilterSplitCollectivesAreWhatTheSplitSends) {
+  for (const char* name : {"cnn-small", "resnet-small", "inception-small"})
+    for (int p : {2, 4}) {
+      if (std::string(name) == "inception-small" && p == 4) continue;  // its 12-channel branches
+      auto spec = model::model_spec(name);
+      const int64_t rows = 8;
+      const auto ops = spec->op_costs(model::StageSpec::whole(), model::CostQuery(rows, 1, p));
+      double sent = 0;
+      for (const model::OpCost& o : ops)
+        sent += (o.tp_fwd_bytes + o.tp_bwd_bytes) * 2.0 * (p - 1) / p +
+                (o.tp_fwd_gather_bytes + o.tp_bwd_gather_bytes) * (p - 1.0) / p;
+      EXPECT_NEAR(sent, static_cast<double>(parallel::cnn_tp_bytes_per_microbatch(*spec->cnn(), p, rows)), 1.0)
+          << name << " tp " << p;
+    }
+}
+
+// Row bands: a 3 x 3 convolution reads a row beyond its band (a halo each way), a 1 x 1 one and
+// a 2 x 2 pool over even bands none; batch norms all-reduce their statistics; the flatten of a
+// feature map gathers it. Branches: the concat of the split block gathers, its input's gradient
+// is all-reduced, and each rank computes only its branches (fewer FLOPs than one rank's).
+TEST(CnnCostModel, SpatialAndBranchSplitsAddTheirExchanges) {
+  auto cnn = model::model_spec("cnn-small");
+  model::CostQuery q(8, 1, 2);
+  q.split = model::CostQuery::Split::spatial;
+  const auto ops = cnn->op_costs(model::StageSpec::whole(), q);
+  bool conv2 = false, pool = false, flatten = false, bn = false;
+  for (const model::OpCost& o : ops) {
+    if (o.name == "conv2") {
+      conv2 = true;
+      EXPECT_DOUBLE_EQ(o.halo_fwd_bytes, 4.0 * 8 * 32 * 14) << "one row of 32 x 14";
+    }
+    if (o.name == "pool1") {
+      pool = true;
+      EXPECT_EQ(o.halo_fwd_bytes, 0);
+    }
+    if (o.name == "flatten") {
+      flatten = true;
+      EXPECT_DOUBLE_EQ(o.tp_fwd_gather_bytes, 4.0 * 8 * 64 * 7 * 7);
+    }
+    if (o.name == "bn1") {
+      bn = true;
+      EXPECT_GT(o.tp_fwd_bytes, 0);
+    }
+  }
+  EXPECT_TRUE(conv2 && pool && flatten && bn);
+
+  auto inc = model::model_spec("inception-small");
+  const double one = model::total_flops(inc->op_costs(model::StageSpec::whole(), model::CostQuery(8)));
+  double gathered = 0, reduced = 0;
+  for (int r = 0; r < 2; ++r) {
+    model::CostQuery b(8, 1, 2);
+    b.split = model::CostQuery::Split::branch, b.tp_rank = r;
+    const auto rops = inc->op_costs(model::StageSpec::whole(), b);
+    EXPECT_LT(model::total_flops(rops), 0.9 * one) << "rank " << r;
+    for (const model::OpCost& o : rops) gathered += o.tp_fwd_gather_bytes, reduced += o.tp_bwd_bytes;
+  }
+  EXPECT_GT(gathered, 0);
+  EXPECT_GT(reduced, 0);
+}
+
+// Every split pays its exchanges: on a link 100 times slower the step of each is slower by
+// at least its communication's share, and one rank's does not change.
+TEST(CnnCostModel, SlowerLinksSlowEverySplit) {
+  plan::MachineProfile slow = machine();
+  for (plan::LinkFit& f : slow.links) f.alpha_s *= 100, f.beta_s_per_byte *= 100;
+  const plan::Hardware fast_hw = plan::hardware_from_machine(machine(), 0), slow_hw = plan::hardware_from_machine(slow, 0);
+  struct Case {
+    const char* model;
+    plan::Layout::Split split;
+  };
+  for (const Case& c : {Case{"resnet-small", plan::Layout::Split::tensor}, Case{"cnn-small", plan::Layout::Split::spatial},
+                        Case{"inception-small", plan::Layout::Split::branch}}) {
+    auto spec = model::model_spec(c.model);
+    const plan::Prediction fast = plan::predict(*spec, layout(16, 2, c.split), fast_hw);
+    EXPECT_GT(fast.tp_comm_s, 0) << c.model;
+    EXPECT_GT(plan::predict(*spec, layout(16, 2, c.split), slow_hw).step_s, fast.step_s + 50 * fast.tp_comm_s) << c.model;
+  }
+  auto spec = model::model_spec("resnet-small");
+  EXPECT_DOUBLE_EQ(plan::predict(*spec, layout(16), slow_hw).step_s, plan::predict(*spec, layout(16), fast_hw).step_s);
+}
+
+// The peak tensor memory each rank of a split run held, against the memory model's (within 5%,
+// as for the unsplit CNNs in test_cost.cpp): filters/channels, row bands, branches.
+TEST(CnnMemoryModel, PredictsASplitCnnsPeakTensorMemory) {
+  struct Case {
+    const char* model;
+    train::IntraSplit split;
+  };
+  for (const Case& c : {Case{"resnet-small", train::IntraSplit::tensor}, Case{"cnn-small", train::IntraSplit::tensor},
+                        Case{"cnn-small", train::IntraSplit::spatial}, Case{"resnet-small", train::IntraSplit::spatial},
+                        Case{"inception-small", train::IntraSplit::branch}}) {
+    train::TrainOptions o = meshtrain::testing::cnn_options(c.model, 1, 1, 0);
+    o.tp = 2, o.intra = c.split, o.steps = 3;
+    if (c.split == train::IntraSplit::branch) o.branch_balance = "flops";
+    o.hardware = std::make_shared<const plan::Hardware>(plan::hardware_from_machine(machine(), 0));
+    const train::TrainResult r = train::train(o);
+    ASSERT_TRUE(r.predicted.has_value()) << c.model;
+    ASSERT_EQ(r.peak_tensor_bytes.size(), 2u);
+    for (size_t rank = 0; rank < 2; ++rank) {
+      const plan::RankMemory& m = r.predicted->memory.at(0);
+      const double predicted = m.by_tp_rank.empty() ? m.total() : m.by_tp_rank.at(rank);
+      const double measured = static_cast<double>(r.peak_tensor_bytes[rank]);
+      EXPECT_NEAR(predicted, measured, 0.05 * measured)
+          << c.model << " " << train::intra_flag(c.split) << " 2, rank " << rank;
+    }
+  }
+}
