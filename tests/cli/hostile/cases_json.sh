@@ -95,8 +95,9 @@ expect 2 "^meshtrain: .*h100-node.json is a cluster file, not a machine file; gi
 expect 2 "^meshtrain: plan takes one of --cluster FILE and --machine FILE, not both" -- "$MT" "${P[@]}" --machine m.json --cluster m.json
 expect 2 "^meshtrain: plan needs the hardware to plan for: --machine FILE.json" -- "$MT" "${P[@]}"
 expect 2 "^meshtrain: m_wrap.json: cores is 4294967297, more than 1048576" -- "$MT" "${P[@]}" --machine m_wrap.json
-# A machine file of version 2 (before calibrate recorded the memory): planned alone, refused.
-machine_json m_v2.json 's = re.sub(r'"'"'\n\s*"memory_bytes": \d+,'"'"', "", s); s = s.replace("\"version\": 3", "\"version\": 2")'
+# A machine file of version 2 (before calibrate recorded the memory, and the convolutions and
+# CNN layers of version 4): planned alone, refused.
+machine_json m_v2.json 'import json; d = json.loads(s); [d.pop(k) for k in ("memory_bytes", "conv", "cnn_layers")]; d["version"] = 2; s = json.dumps(d, indent=2)'
 expect 2 "^meshtrain: m_v2.json records no memory \(a version 2 machine file\); measure the machine again with meshtrain calibrate" -- \
   "$MT" "${P[@]}" --machine m_v2.json
 expect 2 "^meshtrain: --svg m.json is the same file as --machine m.json" -- "$MT" "${P[@]}" --machine m.json --svg m.json --overwrite
