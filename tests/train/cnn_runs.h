@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,16 @@ inline std::vector<float> losses(const train::TrainResult& r) {
   std::vector<float> out;
   for (const auto& s : r.steps) out.push_back(s.loss);
   return out;
+}
+
+// A run the trainer must refuse before any work, with a sentence containing `says`.
+inline void refused(const train::TrainOptions& o, const std::string& says) {
+  try {
+    train::train(o);
+    ADD_FAILURE() << "accepted; expected a refusal saying '" << says << "'";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
 }
 
 // The worst absolute difference between two curves of the same length (a test failure if not).

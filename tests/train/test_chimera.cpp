@@ -20,6 +20,7 @@ namespace train = meshtrain::train;
 namespace pipeline = meshtrain::pipeline;
 using meshtrain::testing::layout_options;
 using meshtrain::testing::max_abs;
+using meshtrain::testing::refused;
 
 namespace {
 
@@ -96,14 +97,6 @@ TEST(Chimera, BubbleIsThePapersFormula) {
 }
 
 TEST(Chimera, RefusesWhatItCannotRun) {
-  auto refused = [](train::TrainOptions o, const std::string& says) {
-    try {
-      train::train(o);
-      ADD_FAILURE() << "accepted; expected a refusal saying '" << says << "'";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
-    }
-  };
   refused(gpt(3, 4), "use an even --pp");
   refused(gpt(2, 3), "use an even --microbatches");
   train::TrainOptions o = gpt(2, 4);

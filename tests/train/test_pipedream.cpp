@@ -22,6 +22,7 @@
 namespace train = meshtrain::train;
 using meshtrain::testing::layout_options;
 using meshtrain::testing::max_abs;
+using meshtrain::testing::refused;
 
 namespace {
 
@@ -160,14 +161,6 @@ TEST(PipeDream2BW, StashedVersionsCostWhatTheMemoryModelSays) {
 
 // What cannot hold is refused with a sentence naming the flag.
 TEST(PipeDream2BW, RefusesWhatCannotHold) {
-  auto refused = [](train::TrainOptions o, const std::string& says) {
-    try {
-      train::train(o);
-      ADD_FAILURE() << "accepted; expected a refusal saying '" << says << "'";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
-    }
-  };
   train::TrainOptions o = gpt(2, 1, "pipedream-2bw");
   o.dp = 2, o.zero = 2;
   refused(o, "use --zero 0 or 1");
@@ -305,14 +298,6 @@ TEST(PipeDream, StashedVersionsCostWhatTheMemoryModelSays) {
 }
 
 TEST(PipeDream, RefusesWhatCannotHold) {
-  auto refused = [](train::TrainOptions o, const std::string& says) {
-    try {
-      train::train(o);
-      ADD_FAILURE() << "accepted; expected a refusal saying '" << says << "'";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
-    }
-  };
   for (int zero : {1, 2, 3}) {
     train::TrainOptions o = pipedream(2, 1);
     o.dp = 2, o.zero = zero;
