@@ -82,12 +82,16 @@ struct Walker {
     for (size_t i = 0; i < g.layers.size(); ++i)
       for (int k : g.layers[i].from)
         if (k >= 0) readers[static_cast<size_t>(k)].push_back(static_cast<int>(i));
+    // The layouts' activation_block (model/cnn_layout.h): row bands keep the single rank's
+    // blocks, filter and channel splits keep them where each rank's share is whole blocks,
+    // branch splits run NCHW.
     const int b = kernels::conv_activation_block();
-    block = p == 1 && graph_takes_blocked(g) ? b : 0;
+    block = graph_takes_blocked(g) && (p == 1 || split != Split::branch) ? b : 0;
   }
   const Shape& shape(int k) const { return k < 0 ? chw : shapes[static_cast<size_t>(k)]; }
   bool is_blocked(int k) const {
-    return k >= 0 && block > 0 && shape(k).size() == 3 && shape(k)[0] % block == 0;
+    const int64_t whole = tensor() ? static_cast<int64_t>(block) * p : block;
+    return k >= 0 && block > 0 && shape(k).size() == 3 && shape(k)[0] % whole == 0;
   }
   bool tensor() const { return p > 1 && split == Split::tensor; }
   bool spatial() const { return p > 1 && split == Split::spatial; }

@@ -133,8 +133,10 @@ class CNNLayout {
   // channels between layers that take it (convolutions, batch norms, sums, global pooling):
   // the single-rank layout (also dp's and pp's) the block oneDNN's convolutions run on where it
   // divides the channels, so that no convolution converts its input and output; 0 (NCHW) where
-  // it does not, and under the layouts that split channels, rows or branches (their gathers,
-  // halos and joins read NCHW). A model asks it per activation and builds its layers with it.
+  // it does not. Row bands keep the single rank's layouts (their halos move rows of blocked
+  // planes); filter and channel splits keep them where every rank's share is whole blocks (their
+  // gathers copy blocks); branches use NCHW (their joins gather NCHW channels). A model asks it
+  // per activation and builds its layers with it.
   virtual int activation_block(int64_t channels) const;
 
   // This rank's part of an activation whose whole per-sample shape is chw (C, H, W): what

@@ -17,10 +17,11 @@ namespace meshtrain::plan {
 
 namespace {
 
-// One rank's kept and peak bytes for a micro-batch of `rows` zero images.
-std::pair<double, double> run_once(model::CNNStage& stage, int64_t rows) {
-  const Shape in = stage.input_shape(rows, 1);
-  std::vector<float> images(static_cast<size_t>(shape_numel(in)), 0.f);
+// One rank's kept and peak bytes for a micro-batch of `rows` zero images. The first stage reads
+// whole images (its layout cuts its own part out of them), so the buffer holds whole images
+// whatever the rank's input shape is.
+std::pair<double, double> run_once(const model::CNNConfig& cfg, model::CNNStage& stage, int64_t rows) {
+  std::vector<float> images(static_cast<size_t>(rows * cfg.channels * cfg.height * cfg.width), 0.f);
   std::vector<int32_t> targets(static_cast<size_t>(rows), 0);
   const model::MicroBatch mb{.images = images.data(), .targets = targets.data(), .rows = rows};
   const int64_t before = tensor_bytes_live_thread();
@@ -76,7 +77,7 @@ SplitMemory split_memory(const model::CNNConfig& cfg, Layout::Split split, int t
     }
     model::CNNStage stage(cfg, 0, 0, units, true, true, layout);
     stage.set_batch_stats_reduce(layout->stats_reduce(nullptr));
-    const auto [kept, peak] = run_once(stage, rows);
+    const auto [kept, peak] = run_once(cfg, stage, rows);
     std::vector<nn::Param*> ps;
     stage.collect_params(ps);
     double params = 0;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/kernels/layout.h"
 #include "meshtrain/nn/conv.h"
 #include "meshtrain/nn/saved_shape.h"
 #include "meshtrain/parallel/tensor/tensor_parallel.h"
@@ -63,10 +64,14 @@ void copy_rows(float* dst, int64_t dst_h, int64_t dst_w, int64_t dr, int64_t dc,
 
 // Before a window: this rank's band (N, C, h, W) -> the rows its output band reads, padded
 // (N, C, E, W + 2 pad), rows and columns outside the image set to `fill`. After: the transpose.
+//
+// `block` is the activations' memory layout (kernels/layout.h). In nChw{B}c a map is N C/B planes
+// of rows W B floats wide (a row holds the B channels of each column), so the exchange moves
+// rows of the blocked planes exactly as it moves NCHW rows, and a padding column is B floats.
 class HaloExchange {
  public:
-  HaloExchange(std::shared_ptr<comm::Communicator> g, Window w, float fill, std::string name)
-      : g_(std::move(g)), w_(w), fill_(fill), name_(std::move(name)) {}
+  HaloExchange(std::shared_ptr<comm::Communicator> g, Window w, float fill, std::string name, int block = 0)
+      : g_(std::move(g)), w_(w), fill_(fill), name_(std::move(name)), bk_(block > 0 ? block : 1) {}
 
   // (N, C, h, W) -> (N, C, E, W + 2 pad)
   Tensor extend(const Tensor& x) const {
@@ -75,7 +80,9 @@ class HaloExchange {
     if (x.ndim() != 4 || x.dim(2) != own.size())
       throw std::invalid_argument(name_ + ": input " + shape_str(x.shape()) + " is not rank " + std::to_string(r) +
                                   "'s band of " + std::to_string(own.size()) + " rows");
-    const int64_t N = x.dim(0), C = x.dim(1), h = x.dim(2), W = x.dim(3), planes = N * C, Wp = W + 2 * w_.pad;
+    // Below, W, pad and Wp count floats of a plane's row (columns times the block).
+    const int64_t N = x.dim(0), C = x.dim(1), h = x.dim(2), W = x.dim(3) * bk_, planes = N * C / bk_;
+    const int64_t pad = w_.pad * bk_, Wp = W + 2 * pad;
     std::vector<std::vector<float>> out(p), in(p);
     std::vector<comm::Work> works;
     const auto t0 = comm::Clock::now();
@@ -94,11 +101,11 @@ class HaloExchange {
       }
     }
     Tensor ext = x;
-    if (!(need == own && w_.pad == 0)) {
-      ext = Tensor::empty({N, C, need.size(), Wp});
+    if (!(need == own && pad == 0)) {
+      ext = Tensor::empty({N, C, need.size(), x.dim(3) + 2 * w_.pad});
       ext.fill(fill_);
       const Rows mine = intersect(own, need);
-      copy_rows(ext.data(), need.size(), Wp, mine.begin - need.begin, w_.pad, x.data(), h, W, mine.begin - own.begin, 0,
+      copy_rows(ext.data(), need.size(), Wp, mine.begin - need.begin, pad, x.data(), h, W, mine.begin - own.begin, 0,
                 planes, mine.size(), W, false);
     }
     for (comm::Work& wk : works) wk.wait();
@@ -106,7 +113,7 @@ class HaloExchange {
     for (int q = 0; q < p; ++q) {
       if (in[q].empty()) continue;
       const Rows recv = intersect(band(w_.H, p, q), need);
-      copy_rows(ext.data(), need.size(), Wp, recv.begin - need.begin, w_.pad, in[q].data(), recv.size(), W, 0, 0, planes,
+      copy_rows(ext.data(), need.size(), Wp, recv.begin - need.begin, pad, in[q].data(), recv.size(), W, 0, 0, planes,
                 recv.size(), W, false);
     }
     return ext;
@@ -117,7 +124,8 @@ class HaloExchange {
   Tensor fold(const Tensor& dext) const {
     const int p = g_->size(), r = g_->rank();
     const Rows own = band(w_.H, p, r), need = w_.needs(p, r);
-    const int64_t N = dext.dim(0), C = dext.dim(1), planes = N * C, Wp = dext.dim(3), W = Wp - 2 * w_.pad;
+    const int64_t N = dext.dim(0), C = dext.dim(1), planes = N * C / bk_, pad = w_.pad * bk_;
+    const int64_t Wp = dext.dim(3) * bk_, W = Wp - 2 * pad;
     const int64_t E = need.size(), h = own.size();
     std::vector<std::vector<float>> out(p), in(p);
     std::vector<comm::Work> works;
@@ -131,16 +139,16 @@ class HaloExchange {
       }
       if (send.size() > 0) {
         out[q].resize(static_cast<size_t>(planes * send.size() * W));
-        copy_rows(out[q].data(), send.size(), W, 0, 0, dext.data(), E, Wp, send.begin - need.begin, w_.pad, planes,
+        copy_rows(out[q].data(), send.size(), W, 0, 0, dext.data(), E, Wp, send.begin - need.begin, pad, planes,
                   send.size(), W, false);
         works.push_back(g_->isend(out[q], q, {.tag = kHaloTag}));
       }
     }
     Tensor dx = dext;
-    if (!(need == own && w_.pad == 0)) {
-      dx = Tensor::zeros({N, C, h, W});
+    if (!(need == own && pad == 0)) {
+      dx = Tensor::zeros({N, C, h, dext.dim(3) - 2 * w_.pad});
       const Rows mine = intersect(own, need);
-      copy_rows(dx.data(), h, W, mine.begin - own.begin, 0, dext.data(), E, Wp, mine.begin - need.begin, w_.pad, planes,
+      copy_rows(dx.data(), h, W, mine.begin - own.begin, 0, dext.data(), E, Wp, mine.begin - need.begin, pad, planes,
                 mine.size(), W, false);
     }
     for (comm::Work& wk : works) wk.wait();
@@ -159,6 +167,7 @@ class HaloExchange {
   Window w_;
   float fill_;
   std::string name_;
+  int64_t bk_;  // floats per column of a plane's row: the block, 1 for NCHW
 };
 
 // ---- layers ----
@@ -169,8 +178,8 @@ class BandConv : public nn::Conv2d {
   BandConv(const ConvDef& d, std::shared_ptr<comm::Communicator> g)
       : nn::Conv2d(d.name, d.in, d.out, d.kernel,
                    nn::Conv2dOptions{.stride = d.stride, .padding = 0, .bias = d.bias, .seed = d.seed,
-                                     .input_grad = d.input_grad}),
-        halo_(std::move(g), Window{d.height, d.kernel, d.stride, d.padding}, 0.0f, d.name),
+                                     .input_grad = d.input_grad, .in_block = d.in_block, .out_block = d.out_block}),
+        halo_(std::move(g), Window{d.height, d.kernel, d.stride, d.padding}, 0.0f, d.name, d.in_block),
         input_grad_(d.input_grad) {}
 
   Tensor forward(nn::Context& ctx, const Tensor& x) override { return nn::Conv2d::forward(ctx, halo_.extend(x)); }
@@ -206,18 +215,21 @@ class BandPool : public nn::Layer {
   HaloExchange halo_;
 };
 
-// (N, C, h, W) band -> (N, C, 1, 1): the band's sums, all-reduced, over the whole H W.
+// (N, C, h, W) band -> (N, C, 1, 1): the band's sums, all-reduced, over the whole H W. `block`:
+// the input's memory layout (the output, one value per channel, is the same in every layout).
 class BandGlobalPool : public nn::Layer {
  public:
-  BandGlobalPool(std::shared_ptr<comm::Communicator> g, int64_t HW) : g_(std::move(g)), HW_(HW) {}
+  BandGlobalPool(std::shared_ptr<comm::Communicator> g, int64_t HW, int block)
+      : g_(std::move(g)), HW_(HW), block_(block) {}
   Tensor forward(nn::Context& ctx, const Tensor& x) override {
     const int64_t N = x.dim(0), C = x.dim(1), hw = x.dim(2) * x.dim(3);
     Tensor y = Tensor::empty({N, C, 1, 1});
-    for (int64_t i = 0; i < N * C; ++i) {
-      float sum = 0.0f;
-      for (int64_t j = 0; j < hw; ++j) sum += x.data()[i * hw + j];
-      y.data()[i] = sum;
-    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < hw; ++j) sum += x.data()[kernels::activation_offset(n, c, j, C, hw, block_)];
+        y.data()[n * C + c] = sum;
+      }
     g_->all_reduce(std::span<float>(y.data(), static_cast<size_t>(N * C)), {.algorithm = kTPAlgorithm});
     for (int64_t i = 0; i < N * C; ++i) y.data()[i] /= static_cast<float>(HW_);
     if (ctx.training) {
@@ -231,11 +243,12 @@ class BandGlobalPool : public nn::Layer {
     ctx.release(this);
     size_t at = 0;
     Tensor dx = Tensor::empty(nn::detail::read_shape(saved, at));
-    const int64_t NC = dx.dim(0) * dx.dim(1), hw = dx.dim(2) * dx.dim(3);
-    for (int64_t i = 0; i < NC; ++i) {
-      const float v = dy.data()[i] / static_cast<float>(HW_);
-      std::fill(dx.data() + i * hw, dx.data() + (i + 1) * hw, v);
-    }
+    const int64_t N = dx.dim(0), C = dx.dim(1), hw = dx.dim(2) * dx.dim(3);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) {
+        const float v = dy.data()[n * C + c] / static_cast<float>(HW_);
+        for (int64_t j = 0; j < hw; ++j) dx.data()[kernels::activation_offset(n, c, j, C, hw, block_)] = v;
+      }
     return dx;
   }
   void collect_params(std::vector<nn::Param*>&) override {}
@@ -243,6 +256,7 @@ class BandGlobalPool : public nn::Layer {
  private:
   std::shared_ptr<comm::Communicator> g_;
   int64_t HW_;
+  int block_;
 };
 
 // (N, C, h, W) band -> (N, C, H, W): every band gathered (rank-major), rows put back in order.
@@ -305,10 +319,10 @@ class SpatialLayout : public model::CNNLayout {
   std::unique_ptr<nn::Layer> avg_pool(int64_t kernel, const Shape& in_chw, const nn::Pool2dOptions& opt) const override {
     return std::make_unique<BandPool<nn::AvgPool2d>>(g_, in_chw[1], kernel, opt, 0.0f, "average pool");
   }
-  std::unique_ptr<nn::Layer> global_pool(const Shape& in_chw, int) const override {
-    return std::make_unique<BandGlobalPool>(g_, in_chw[1] * in_chw[2]);
+  std::unique_ptr<nn::Layer> global_pool(const Shape& in_chw, int block) const override {
+    return std::make_unique<BandGlobalPool>(g_, in_chw[1] * in_chw[2], block);
   }
-  int activation_block(int64_t) const override { return 0; }  // the halos are NCHW rows
+  // The single rank's layouts: the halos move rows of blocked planes as they move NCHW rows.
   std::unique_ptr<nn::Layer> whole_map(const Shape& in_chw) const override {
     return std::make_unique<WholeMap>(g_, in_chw[1]);
   }

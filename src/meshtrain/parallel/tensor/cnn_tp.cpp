@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meshtrain/kernels/elementwise.h"
+#include "meshtrain/kernels/layout.h"
 #include "meshtrain/nn/conv.h"
 #include "meshtrain/parallel/tensor/tensor_parallel.h"
 #include "meshtrain/parallel/tensor/tp_regions.h"
@@ -20,7 +21,9 @@ using model::Channels;
 using model::ConvDef;
 
 // (N, C, H, W) activations whose channels lie rank-major over the group: the gathered buffer is
-// (p, N, C/p, H, W); the whole tensor (N, C, H, W). Copies between the two.
+// (p, N, C/p, H, W); the whole tensor (N, C, H, W). Copies between the two. The same copies serve
+// the blocked layout nChw{B}c (kernels/layout.h) when B divides C/p: a sample's share of one rank
+// is then whole channel blocks, contiguous, at the offset NCHW puts it.
 void rank_major_to_channels(float* full, const float* gathered, int p, int64_t N, int64_t Cl, int64_t HW) {
   const int64_t block = Cl * HW;
   for (int r = 0; r < p; ++r)
@@ -39,7 +42,7 @@ Tensor own_channels(const Tensor& full, int r, int p) {
 
 nn::Conv2dOptions conv_options(const ConvDef& d, nn::ShardSpec weight, nn::ShardSpec bias) {
   return {.stride = d.stride, .padding = d.padding, .bias = d.bias, .seed = d.seed, .weight_shard = weight,
-          .bias_shard = bias, .input_grad = d.input_grad};
+          .bias_shard = bias, .input_grad = d.input_grad, .in_block = d.in_block, .out_block = d.out_block};
 }
 
 // Filter split: this rank's output channels from the whole input. `gather`: the output leaves
@@ -95,9 +98,8 @@ class ChannelConv : public nn::Conv2d {
       const int64_t N = y.dim(0), C = y.dim(1), HW = y.dim(2) * y.dim(3);
       for (int64_t n = 0; n < N; ++n)
         for (int64_t c = 0; c < C; ++c) {
-          float* row = y.data() + (n * C + c) * HW;
           const float b = bias.value[c];
-          for (int64_t i = 0; i < HW; ++i) row[i] += b;
+          for (int64_t i = 0; i < HW; ++i) y.data()[kernels::activation_offset(n, c, i, C, HW, out_block)] += b;
         }
     }
     return y;
@@ -140,7 +142,13 @@ class TPLayout : public model::CNNLayout {
   std::string describe() const override {
     return "convolutions split by filters and channels over tp " + std::to_string(tp_->size());
   }
-  int activation_block(int64_t) const override { return 0; }  // the gathers and splits read NCHW
+  // The single rank's block where every rank's share of the channels is whole blocks: the
+  // gathers and splits above then copy blocks as they copy NCHW planes, and no convolution
+  // converts. Otherwise NCHW.
+  int activation_block(int64_t channels) const override {
+    const int b = model::CNNLayout::activation_block(channels);
+    return b > 0 && channels % (static_cast<int64_t>(b) * tp_->size()) == 0 ? b : 0;
+  }
   Shape split_share(const Shape& s) const override {
     Shape out = s;
     out[0] /= tp_->size();
