@@ -101,7 +101,9 @@ class GraphCli : public ::testing::Test {
     int lines = 0;
     for (std::string line; std::getline(in, line); ++lines) {
       const double sent = nlohmann::json::parse(line).at("tp_bytes_sent").get<double>();
-      EXPECT_NEAR(sent, predicted, 0.001 * predicted)
+      // + 16 bytes: the step's own scalars, which model show does not list (a run that splits
+      // nothing sends 8 bytes a step).
+      EXPECT_NEAR(sent, predicted, 0.001 * predicted + 16)
           << model << ": model show says " << predicted << " bytes a step, the run sent " << sent;
     }
     EXPECT_EQ(lines, 2) << model;
@@ -238,7 +240,16 @@ TEST_F(GraphCli, ModelShowCountsParametersAndTheBytesTpSends) {
     const auto at = shown.output.find("one rank sends ");
     ASSERT_NE(at, std::string::npos) << shown.output;
     const double predicted = std::stod(shown.output.substr(at + 15));
-    EXPECT_GT(predicted, 0) << name;
+    if (std::string(name) == "vgg-mini.json") {
+      // Its two convolutions do not pay a filter split (1 -> 32 3x3: 9 FLOPs per byte moved; the
+      // 1x1 32 -> 32: 16; model::filter_split_pays) and its linear is unpaired: tp 2 runs it
+      // replicated, and the table says so.
+      EXPECT_EQ(predicted, 0) << shown.output;
+      EXPECT_NE(shown.output.find("replicated (a filter split would move more than it saves)"), std::string::npos)
+          << shown.output;
+    } else {
+      EXPECT_GT(predicted, 0) << name;
+    }
     expect_tp_bytes(file, dir_->path().string(), predicted);
   }
 }

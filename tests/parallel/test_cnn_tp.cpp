@@ -12,6 +12,7 @@
 
 #include "meshtrain/comm/threads_backend.h"
 #include "meshtrain/model/cnn.h"
+#include "meshtrain/model/cnn_layout.h"
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/parallel/tensor/cnn_tp.h"
 #include "tp_test_util.h"
@@ -131,11 +132,40 @@ TEST(CnnTensorParallelBytes, ChannelCountsTheRanksDoNotDivideAreRefusedWithTheOn
     FAIL() << "tp 3 accepted";
   } catch (const std::invalid_argument& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("--tp 3 cannot split inception-small's convolutions: conv1 (32 output channels)"),
+    // The stem (conv1, one image channel) runs replicated (filter_split_pays), so the first
+    // count tp must divide is a branch's.
+    EXPECT_NE(m.find("--tp 3 cannot split inception-small's convolutions: inception1.branch2.0.conv (16 output channels)"),
               std::string::npos)
         << m;
-    // inception-small's split counts: 32, 16, 16, 24, 8, 12, 12 (inception1), ... : gcd 4.
+    // inception-small's split counts: 16, 16, 24, 8, 12, 12 (inception1), ... : gcd 4.
     EXPECT_NE(m.find("--tp 2, 4 divide every split channel count"), std::string::npos) << m;
   }
   EXPECT_NO_THROW(parallel::validate_cnn_tp(model::cnn_config("resnet-small"), 4));
+}
+
+// Which unpaired convolutions a filter split pays for, worked by hand (FLOPs saved per output
+// value against the bytes a rank sends per output value, bound kFilterSplitFlopsPerByte = 32):
+//   the stem, 1 -> 32, 3x3, no input gradient, tp 2: saves 1/2 x 2 passes x 2 x 9 = 18 FLOPs,
+//     sends 1/2 x 4 bytes (its gather share) = 2: 9 per byte, replicated;
+//   resnet's projection 32 -> 64, 1x1, stride 2, tp 2: saves 1/2 x 3 x 2 x 32 = 96, sends
+//     1/2 x 4 x (1 + 2 x 32 x 4 / 64) = 10: 9.6 per byte, replicated;
+//   a 3x3 convolution 32 -> 32 with its input gradient: saves 864, sends 6: 144 per byte, split.
+TEST(CnnTensorParallelBytes, AFilterSplitOfAFullConvolutionIsMadeOnlyWhereItPays) {
+  EXPECT_FALSE(model::filter_split_pays(1, 32, 3, 1, false, 2));
+  EXPECT_FALSE(model::filter_split_pays(32, 64, 1, 2, true, 2));
+  EXPECT_TRUE(model::filter_split_pays(32, 32, 3, 1, true, 2));
+  EXPECT_FALSE(model::filter_split_pays(32, 32, 3, 1, true, 1));  // one rank: nothing to split
+  // At the bound: 3 passes x 2 x in x 9 x 1/2 = 32 x 4 x 1/2 x (1 + 2 in / out) with in = 8,
+  // out = 128: 216 against 32 x 2 x 1.125 = 72, split; with in = 1, out = 1: 27 against 192, not.
+  EXPECT_TRUE(model::filter_split_pays(8, 128, 3, 1, true, 2));
+  EXPECT_FALSE(model::filter_split_pays(1, 1, 3, 1, true, 2));
+  // resnet-small at tp 2 sends no gather for its stem and projections: its bytes per micro-batch
+  // are those of its three pairs alone (each: the input gradient of conv1 and conv2's partial
+  // sums, 2 x 1/2 x n floats each), counted here from the shapes: layer1 at 28 x 28 x 32, layer2
+  // 28 x 28 x 32 in, 14 x 14 x 64 out, layer3 14 x 14 x 64 in, 7 x 7 x 128 out.
+  const double rows = 4, share = 0.5;
+  const double floats = 2 * share * rows * ((32 * 28 * 28 + 32 * 28 * 28) + (32 * 28 * 28 + 64 * 14 * 14) +
+                                            (64 * 14 * 14 + 128 * 7 * 7));
+  EXPECT_EQ(parallel::cnn_tp_bytes_per_microbatch(model::cnn_config("resnet-small"), 2, 4),
+            static_cast<uint64_t>(floats * 4 + 0.5));
 }

@@ -63,7 +63,8 @@ std::string op_text(const model::GraphLayer& l) {
 
 // What --tp N does to layer i, and the bytes per sample one rank sends for it (forward and
 // backward; parallel/tensor/cnn_tp.h's table): a convolution pair splits filters then channels, an
-// unpaired convolution splits filters and gathers its output; a linear pair splits columns then
+// unpaired convolution splits filters and gathers its output where that pays
+// (model::filter_split_pays; otherwise it is replicated); a linear pair splits columns then
 // rows; per-channel layers between a pair act on their rank's channels; everything else is
 // replicated.
 std::pair<std::string, double> tp_split(const model::Graph& g, const model::ChannelSplits& s,
@@ -76,6 +77,8 @@ std::pair<std::string, double> tp_split(const model::Graph& g, const model::Chan
     const double dx = l.from[0] >= 0 ? 2 * share * numel(in) * 4 : 0;  // backward: dx's all-reduce
     if (s.in_split[i]) return {"channels/" + std::to_string(p) + ", all-reduce y", 2 * share * numel(shapes[i]) * 4};
     if (s.out_split[i]) return {"filters/" + std::to_string(p) + (dx > 0 ? ", all-reduce dx" : ""), dx};
+    if (!model::filter_split_pays(in[0], l.out_channels, l.kernel, l.stride, l.from[0] >= 0, p))
+      return {"replicated (a filter split would move more than it saves)", 0};
     return {"filters/" + std::to_string(p) + ", all-gather y" + (dx > 0 ? ", all-reduce dx" : ""),
             share * numel(shapes[i]) * 4 + dx};
   }

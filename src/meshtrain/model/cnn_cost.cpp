@@ -8,6 +8,7 @@
 #include <string>
 
 #include "meshtrain/kernels/layout.h"
+#include "meshtrain/model/cnn_layout.h"
 #include "meshtrain/model/graph.h"
 
 namespace meshtrain::model {
@@ -126,7 +127,10 @@ struct Walker {
     o.input_grad = l.from[0] >= 0;
     o.nchw = !(is_blocked(static_cast<int>(i)));
     const double in_bytes = 4 * rows * numel(in), out_bytes = 4 * rows * numel(out);
-    if (tensor()) {
+    if (tensor() && !splits.in_split[i] && !splits.out_split[i] &&
+        !filter_split_pays(in[0], l.out_channels, l.kernel, l.stride, o.input_grad, p)) {
+      // replicated (model/cnn_layout.h filter_split_pays): the whole convolution, no collective
+    } else if (tensor()) {
       const bool in_s = splits.in_split[i], out_s = splits.out_split[i];
       if (in_s) o.ic /= p;
       else o.oc /= p;  // a filter split (its output split, or gathered whole)

@@ -62,6 +62,18 @@ std::unique_ptr<nn::Layer> CNNLayout::global_pool(const Shape&, int block) const
   return std::make_unique<nn::GlobalAvgPool>(block);
 }
 
+bool filter_split_pays(int64_t in, int64_t out, int64_t kernel, int64_t stride, bool input_grad, int p) {
+  if (p < 2) return false;
+  const double share = static_cast<double>(p - 1) / p;
+  // Per output value: the FLOPs of each pass, and the floats a rank sends (its gather share, and
+  // the input gradient's all-reduce over the input values behind one output value).
+  const double passes = input_grad ? 3 : 2;
+  const double saved = share * passes * 2.0 * static_cast<double>(in * kernel * kernel);
+  const double in_per_out = static_cast<double>(in * stride * stride) / static_cast<double>(out);
+  const double bytes = 4.0 * share * (1.0 + (input_grad ? 2.0 * in_per_out : 0.0));
+  return saved >= kFilterSplitFlopsPerByte * bytes;
+}
+
 int CNNLayout::activation_block(int64_t channels) const {
   const int b = kernels::conv_activation_block();
   return b > 0 && channels % b == 0 ? b : 0;

@@ -176,4 +176,16 @@ class CNNLayout {
 // The single-rank layout (every default above), shared.
 std::shared_ptr<const CNNLayout> single_rank_cnn_layout();
 
+// Whether --tp p splits by filters a convolution whose input and output are both full (not one
+// of a pair). Such a split gathers its output along channels and all-reduces its input gradient,
+// so it pays only where the convolution does much arithmetic per value it moves: it is split when
+// the FLOPs it saves a rank (forward, weights, and data where input_grad) reach
+// kFilterSplitFlopsPerByte per byte a rank then sends; otherwise every rank runs it whole
+// (replicated, as a transformer's layer norms). A stem on one image channel (9 multiply-adds per
+// output value) and a strided 1x1 projection do not pay; a 3x3 convolution of 32 channels does.
+// The bound is a machine balance: a core's convolution rate (~200 GFLOP/s here) over the
+// threads backend's collective bandwidth (~10-20 GB/s), doubled for the synchronisation.
+inline constexpr double kFilterSplitFlopsPerByte = 32;
+bool filter_split_pays(int64_t in, int64_t out, int64_t kernel, int64_t stride, bool input_grad, int p);
+
 }  // namespace meshtrain::model

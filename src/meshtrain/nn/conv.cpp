@@ -9,7 +9,7 @@ namespace meshtrain::nn {
 Conv2d::Conv2d(std::string name, int64_t in_channels, int64_t out_channels, int64_t k, const Conv2dOptions& opt)
     : weight(name + ".weight", {out_channels, in_channels, k, k}, opt.weight_shard, /*decay=*/true),
       has_bias(opt.bias), input_grad(opt.input_grad), in_block(opt.in_block), out_block(opt.out_block), kernel(k),
-      stride(opt.stride), padding(opt.padding) {
+      stride(opt.stride), padding(opt.padding), row_padding(opt.row_padding < 0 ? opt.padding : opt.row_padding) {
   if (in_channels <= 0 || out_channels <= 0 || k <= 0 || stride <= 0 || padding < 0)
     throw std::invalid_argument(name + ": channels, kernel and stride must be positive and padding not negative");
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_channels * k * k));
@@ -26,7 +26,7 @@ kernels::Conv2dShape Conv2d::shape_for(const Tensor& x) const {
                                 std::to_string(in_local()) + ", H, W)");
   const kernels::Conv2dShape s{.N = x.dim(0), .IC = in_local(), .H = x.dim(2), .W = x.dim(3), .OC = out_local(),
                                .KH = kernel, .KW = kernel, .stride_h = stride, .stride_w = stride,
-                               .pad_h = padding, .pad_w = padding, .src_block = in_block, .dst_block = out_block};
+                               .pad_h = row_padding, .pad_w = padding, .src_block = in_block, .dst_block = out_block};
   try {
     s.validate();
   } catch (const std::invalid_argument& e) {

@@ -29,6 +29,9 @@ namespace meshtrain::nn {
 struct Conv2dOptions {
   int64_t stride = 1;
   int64_t padding = 0;  // zeros on each side
+  // Rows of zeros above and below where they differ from `padding` (-1: padding). A row band
+  // whose halo rows are exchanged pads its columns only (parallel/spatial/cnn_spatial.h).
+  int64_t row_padding = -1;
   bool bias = true;
   uint64_t seed = 0;
   ShardSpec weight_shard = {};  // global weight is (OC, IC, K, K)
@@ -62,7 +65,7 @@ class Conv2d : public Layer {
   bool add_bias_in_forward = true;
   bool input_grad;
   int in_block, out_block;  // activation layouts, see Conv2dOptions
-  int64_t kernel, stride, padding;
+  int64_t kernel, stride, padding, row_padding;  // row_padding: Conv2dOptions', resolved
 
  private:
   void add_weight_grads(Context& ctx, const Tensor& x, const Tensor& dy);

@@ -49,6 +49,12 @@ struct Window {
 // src_w, from row sr, column sc) to dst (planes dst_h x dst_w, at row dr, column dc); add: +=.
 void copy_rows(float* dst, int64_t dst_h, int64_t dst_w, int64_t dr, int64_t dc, const float* src, int64_t src_h,
                int64_t src_w, int64_t sr, int64_t sc, int64_t planes, int64_t nrows, int64_t ncols, bool add) {
+  if (!add && ncols == dst_w && ncols == src_w) {  // whole rows: each plane's rows are one block
+    for (int64_t i = 0; i < planes; ++i)
+      std::memcpy(dst + (i * dst_h + dr) * dst_w, src + (i * src_h + sr) * src_w,
+                  static_cast<size_t>(nrows * ncols) * sizeof(float));
+    return;
+  }
   for (int64_t i = 0; i < planes; ++i)
     for (int64_t row = 0; row < nrows; ++row) {
       float* d = dst + (i * dst_h + dr + row) * dst_w + dc;
@@ -62,18 +68,25 @@ void copy_rows(float* dst, int64_t dst_h, int64_t dst_w, int64_t dr, int64_t dc,
 
 // ---- the halo exchange ----
 
-// Before a window: this rank's band (N, C, h, W) -> the rows its output band reads, padded
-// (N, C, E, W + 2 pad), rows and columns outside the image set to `fill`. After: the transpose.
+// Before a window: this rank's band (N, C, h, W) -> the rows its output band reads (N, C, E, W'),
+// rows outside the image set to `fill`. With `pad_columns` the padding columns are added too
+// (W' = W + 2 pad, set to `fill`) and the layer runs unpadded; without, W' = W and the layer pads
+// the columns itself (a convolution's column padding: Conv2dOptions::row_padding 0). After: the
+// transpose.
 //
 // `block` is the activations' memory layout (kernels/layout.h). In nChw{B}c a map is N C/B planes
 // of rows W B floats wide (a row holds the B channels of each column), so the exchange moves
 // rows of the blocked planes exactly as it moves NCHW rows, and a padding column is B floats.
+//
+// The band's own rows are copied into the extended tensor, whole planes at a time when no padding
+// columns interleave them; only the rows outside the image are filled.
 class HaloExchange {
  public:
-  HaloExchange(std::shared_ptr<comm::Communicator> g, Window w, float fill, std::string name, int block = 0)
-      : g_(std::move(g)), w_(w), fill_(fill), name_(std::move(name)), bk_(block > 0 ? block : 1) {}
+  HaloExchange(std::shared_ptr<comm::Communicator> g, Window w, float fill, std::string name, int block, bool pad_columns)
+      : g_(std::move(g)), w_(w), fill_(fill), name_(std::move(name)), bk_(block > 0 ? block : 1),
+        pad_columns_(pad_columns) {}
 
-  // (N, C, h, W) -> (N, C, E, W + 2 pad)
+  // (N, C, h, W) -> (N, C, E, W')
   Tensor extend(const Tensor& x) const {
     const int p = g_->size(), r = g_->rank();
     const Rows own = band(w_.H, p, r), need = w_.needs(p, r);
@@ -82,7 +95,7 @@ class HaloExchange {
                                   "'s band of " + std::to_string(own.size()) + " rows");
     // Below, W, pad and Wp count floats of a plane's row (columns times the block).
     const int64_t N = x.dim(0), C = x.dim(1), h = x.dim(2), W = x.dim(3) * bk_, planes = N * C / bk_;
-    const int64_t pad = w_.pad * bk_, Wp = W + 2 * pad;
+    const int64_t cols = pad_columns_ ? w_.pad : 0, pad = cols * bk_, Wp = W + 2 * pad;
     std::vector<std::vector<float>> out(p), in(p);
     std::vector<comm::Work> works;
     const auto t0 = comm::Clock::now();
@@ -102,8 +115,19 @@ class HaloExchange {
     }
     Tensor ext = x;
     if (!(need == own && pad == 0)) {
-      ext = Tensor::empty({N, C, need.size(), x.dim(3) + 2 * w_.pad});
-      ext.fill(fill_);
+      ext = Tensor::empty({N, C, need.size(), x.dim(3) + 2 * cols});
+      if (pad > 0) {
+        ext.fill(fill_);
+      } else {  // only the rows outside the image: the rest is this band's or received
+        const int64_t above = std::min(need.size(), std::max<int64_t>(0, -need.begin));
+        const int64_t below = std::min(need.size(), std::max<int64_t>(0, need.end - w_.H));
+        const int64_t E = need.size();
+        for (int64_t i = 0; i < planes; ++i) {
+          float* plane = ext.data() + i * E * W;
+          std::fill(plane, plane + above * W, fill_);
+          std::fill(plane + (E - below) * W, plane + E * W, fill_);
+        }
+      }
       const Rows mine = intersect(own, need);
       copy_rows(ext.data(), need.size(), Wp, mine.begin - need.begin, pad, x.data(), h, W, mine.begin - own.begin, 0,
                 planes, mine.size(), W, false);
@@ -119,12 +143,13 @@ class HaloExchange {
     return ext;
   }
 
-  // (N, C, E, W + 2 pad) -> (N, C, h, W): the extended rows' gradients go back to their owners,
-  // each rank adds what it receives for its band (in rank order).
+  // (N, C, E, W') -> (N, C, h, W): the extended rows' gradients go back to their owners, each
+  // rank adds what it receives for its band (in rank order).
   Tensor fold(const Tensor& dext) const {
     const int p = g_->size(), r = g_->rank();
     const Rows own = band(w_.H, p, r), need = w_.needs(p, r);
-    const int64_t N = dext.dim(0), C = dext.dim(1), planes = N * C / bk_, pad = w_.pad * bk_;
+    const int64_t cols = pad_columns_ ? w_.pad : 0, pad = cols * bk_;
+    const int64_t N = dext.dim(0), C = dext.dim(1), planes = N * C / bk_;
     const int64_t Wp = dext.dim(3) * bk_, W = Wp - 2 * pad;
     const int64_t E = need.size(), h = own.size();
     std::vector<std::vector<float>> out(p), in(p);
@@ -146,8 +171,15 @@ class HaloExchange {
     }
     Tensor dx = dext;
     if (!(need == own && pad == 0)) {
-      dx = Tensor::zeros({N, C, h, dext.dim(3) - 2 * w_.pad});
+      dx = Tensor::empty({N, C, h, dext.dim(3) - 2 * cols});
       const Rows mine = intersect(own, need);
+      // The band's rows this rank's window does not read (a stride-2 window's last row) get no
+      // gradient from here: zeros, before what their readers send is added.
+      for (int64_t i = 0; i < planes; ++i) {
+        float* plane = dx.data() + i * h * W;
+        std::fill(plane, plane + std::max<int64_t>(0, mine.begin - own.begin) * W, 0.0f);
+        std::fill(plane + std::max<int64_t>(0, mine.end - own.begin) * W, plane + h * W, 0.0f);
+      }
       copy_rows(dx.data(), h, W, mine.begin - own.begin, 0, dext.data(), E, Wp, mine.begin - need.begin, pad, planes,
                 mine.size(), W, false);
     }
@@ -167,7 +199,8 @@ class HaloExchange {
   Window w_;
   float fill_;
   std::string name_;
-  int64_t bk_;  // floats per column of a plane's row: the block, 1 for NCHW
+  int64_t bk_;        // floats per column of a plane's row: the block, 1 for NCHW
+  bool pad_columns_;  // the padding columns are added here (the layer runs unpadded)
 };
 
 // ---- layers ----
@@ -177,9 +210,11 @@ class BandConv : public nn::Conv2d {
  public:
   BandConv(const ConvDef& d, std::shared_ptr<comm::Communicator> g)
       : nn::Conv2d(d.name, d.in, d.out, d.kernel,
-                   nn::Conv2dOptions{.stride = d.stride, .padding = 0, .bias = d.bias, .seed = d.seed,
-                                     .input_grad = d.input_grad, .in_block = d.in_block, .out_block = d.out_block}),
-        halo_(std::move(g), Window{d.height, d.kernel, d.stride, d.padding}, 0.0f, d.name, d.in_block),
+                   nn::Conv2dOptions{.stride = d.stride, .padding = d.padding, .row_padding = 0, .bias = d.bias,
+                                     .seed = d.seed, .input_grad = d.input_grad, .in_block = d.in_block,
+                                     .out_block = d.out_block}),
+        halo_(std::move(g), Window{d.height, d.kernel, d.stride, d.padding}, 0.0f, d.name, d.in_block,
+              /*pad_columns=*/false),
         input_grad_(d.input_grad) {}
 
   Tensor forward(nn::Context& ctx, const Tensor& x) override { return nn::Conv2d::forward(ctx, halo_.extend(x)); }
@@ -205,7 +240,8 @@ class BandPool : public nn::Layer {
            const char* what)
       : pool_(k, nn::Pool2dOptions{.stride = opt.stride == 0 ? k : opt.stride, .padding = 0}),
         halo_(std::move(g), Window{H, k, opt.stride == 0 ? k : opt.stride, opt.padding}, fill,
-              std::string(what) + " " + std::to_string(k) + "x" + std::to_string(k)) {}
+              std::string(what) + " " + std::to_string(k) + "x" + std::to_string(k), /*block=*/0,
+              /*pad_columns=*/true) {}
   Tensor forward(nn::Context& ctx, const Tensor& x) override { return pool_.forward(ctx, halo_.extend(x)); }
   Tensor backward(nn::Context& ctx, const Tensor& dy) override { return halo_.fold(pool_.backward(ctx, dy)); }
   void collect_params(std::vector<nn::Param*>&) override {}

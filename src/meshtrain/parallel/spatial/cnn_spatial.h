@@ -12,8 +12,10 @@
 // of its own band that the other's range needs, and receives the rows of its range that others
 // hold (a halo: one row from each neighbour for a 3x3, stride-1 window; none for a 2x2 pool over
 // an even band; the top row only for resnet's stride-2 3x3). Rows outside the image are the
-// padding, filled here (zeros for a convolution, -inf for a max pool), and so are the padding
-// columns; the layer then runs unpadded on the extended band. Backward is the transpose: the
+// padding, filled here (zeros for a convolution, -inf for a max pool). A convolution pads its
+// columns itself (oneDNN's padding, rows unpadded); a pool gets its padding columns here too and
+// runs unpadded. Activations keep the single rank's memory layout (blocked where the model keeps
+// it blocked: a plane's row is then W x B floats). Backward is the transpose: the
 // gradient of each received row goes back to the rank that owns it and is added there. The
 // exchange is point-to-point on the group's communicator (counted in its bytes), all sends and
 // receives of a layer posted at once; it does not overlap interior computation.

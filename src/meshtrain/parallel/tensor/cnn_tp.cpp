@@ -119,6 +119,8 @@ class TPLayout : public model::CNNLayout {
     if (d.input == Channels::split && d.output == Channels::split)
       throw std::invalid_argument(d.name + ": a convolution cannot take split channels and leave them split");
     if (d.input == Channels::split) return std::make_unique<ChannelConv>(d, tp_);
+    if (d.output == Channels::full && !model::filter_split_pays(d.in, d.out, d.kernel, d.stride, d.input_grad, tp_->size()))
+      return model::CNNLayout::conv(d);  // replicated: the split would move more than it saves
     return std::make_unique<FilterConv>(d, tp_, /*gather=*/d.output == Channels::full);
   }
 
@@ -174,6 +176,12 @@ class RecordingLayout : public model::CNNLayout {
   mutable std::vector<model::LinearDef> linears;
 };
 
+// A convolution every rank of tp runs whole (TPLayout::conv).
+bool replicated(const ConvDef& d, int tp) {
+  return d.input == Channels::full && d.output == Channels::full &&
+         !model::filter_split_pays(d.in, d.out, d.kernel, d.stride, d.input_grad, tp);
+}
+
 RecordingLayout recorded(const model::CNNConfig& cfg) {
   RecordingLayout rec;
   model::build_cnn_units(cfg, 0, rec);
@@ -192,6 +200,7 @@ void validate_cnn_tp(const model::CNNConfig& cfg, int tp) {
   const RecordingLayout rec = recorded(cfg);
   std::string what = "convolutions";
   for (const ConvDef& d : rec.defs) {
+    if (replicated(d, tp)) continue;
     const int64_t n = d.input == Channels::split ? d.in : d.out;
     g = std::gcd(g, n);
     if (first_bad.empty() && n % tp != 0)
@@ -228,6 +237,7 @@ uint64_t cnn_tp_bytes_per_microbatch(const model::CNNConfig& cfg, int tp, int64_
     if (d.input == Channels::split) floats += 2 * share * static_cast<double>(rows * d.out);  // row: y's all-reduce
   }
   for (const ConvDef& d : rec.defs) {
+    if (replicated(d, tp)) continue;
     const double oh = static_cast<double>((d.height + 2 * d.padding - d.kernel) / d.stride + 1);
     const double ow = static_cast<double>((d.width + 2 * d.padding - d.kernel) / d.stride + 1);
     const double x = static_cast<double>(rows * d.in * d.height * d.width), y = rows * d.out * oh * ow;

@@ -8,6 +8,8 @@
 //   split -> full  (channels)   split along IC          all-reduce y (partial)  none
 //   full -> full   (filters,    split along OC          all-gather y along      all-reduce dx; dy's
 //                   gathered)                           channels                own channels kept
+//   full -> full   (where the   replicated              none                    none
+//                   split does not pay: model::filter_split_pays)
 //
 //   linear layers (a pair, parallel/tensor/tensor_parallel.h):
 //   full -> split  (columns)    split along out         none                    all-reduce dx
