@@ -241,6 +241,11 @@ TEST(Calibrate, QuickGivesPositiveFiniteRatesForEveryThreadCount) {
   const int cores = meshtrain::plan::usable_cores();
   EXPECT_EQ(p.cores, cores);
   EXPECT_GT(p.memory_bytes, 0) << "MemTotal (or the cgroup limit) is recorded";
+  // The last-level cache: from sysfs, or measured where a VM shows none (without it the cost
+  // model takes every stage as fitting in the cache, and predicted gpt-tiny 25% low on such a
+  // VM). A cache of at least 1 MiB and at most what the probe reads, 256 MiB.
+  EXPECT_GE(p.llc_bytes, int64_t{1} << 20);
+  EXPECT_LE(p.llc_bytes, int64_t{256} << 20);
   EXPECT_EQ(p.mode, "quick");
   EXPECT_FALSE(p.cpu_model.empty());
   std::set<int> want{1, cores};
