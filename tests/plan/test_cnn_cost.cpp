@@ -96,6 +96,33 @@ TEST(CnnCostModel, ConvolutionsUseTheCalibratedRowOfTheirFormat) {
   }
 }
 
+// The CNN layer rows are measured in the caches. A stage that does not fit its share of the
+// last-level cache runs every layer at those times times the "add" rows' in-cache over
+// from-memory ratio (2.5 here); the convolutions keep their rows. Each layer row of the test
+// machine is 1 ms forward and 2 ms backward per 2^20 elements (one size: a line through 0).
+TEST(CnnCostModel, LayersOfAStageBeyondTheCacheRunAtTheRatesFromMemory) {
+  const int64_t batch = 64;
+  auto spec = model::model_spec("resnet-small");
+  double layers = 0;  // the layer ops' seconds from the rows, forward and backward
+  double bytes = 0;   // what the other ops (the classifier's product) read and write at "add"'s rate
+  for (const model::OpCost& o : spec->op_costs(model::StageSpec::whole(), model::CostQuery(batch, 1, 1))) {
+    if (o.cls == model::OpClass::layer) layers += 3e-3 * static_cast<double>(o.elements) / (1 << 20);
+    else if (o.cls != model::OpClass::conv) bytes += o.fwd_bytes + o.bwd_bytes;
+  }
+  ASSERT_GT(layers, 0);
+  auto with = [&](int64_t llc, double cold_add) {
+    plan::MachineProfile m = machine();
+    m.llc_bytes = llc;
+    m.elementwise = {{"add", 1 << 20, 1, 1e10}, {"add", 1 << 25, 1, cold_add}};
+    return plan::predict(*spec, layout(batch), plan::hardware_from_machine(m, 0)).compute_s;
+  };
+  // resnet-small at batch 64 keeps ~60 MiB of activations: beyond a 1 MiB cache, within 1 GiB.
+  const double hot = with(int64_t{1} << 30, 4e9), cold = with(int64_t{1} << 20, 4e9), cold_same = with(int64_t{1} << 20, 1e10);
+  EXPECT_NEAR(hot, cold_same, 1e-9 * hot) << "with equal rates in and beyond the cache, nothing changes";
+  EXPECT_NEAR(cold - cold_same, 1.5 * layers + bytes * (1 / 4e9 - 1 / 1e10), 1e-9 * cold)
+      << "every layer op 2.5x its in-cache time";
+}
+
 // A machine file from before version 4 (no convolutions, no CNN layers) still predicts a CNN,
 // convolutions as GEMMs, and says so.
 TEST(CnnCostModel, AnOldMachineFileFallsBackWithANote) {

@@ -221,6 +221,13 @@ double op_seconds(const Hardware& hw, const model::OpCost& o, int threads, bool 
   if (o.cls == model::OpClass::layer) {
     if (bwd && part == 2) return 0;
     const double t = layer_seconds(hw, o, threads, bwd);
+    // The CNN layer rows are measured on one array called again and again (in the caches); in a
+    // stage that does not fit its share of the cache every layer reads what the layers before
+    // it pushed out, at the elementwise kernels' rate from memory: the ratio of the "add" rows.
+    if (t >= 0 && cold) {
+      const double hot_bw = bandwidth(hw, threads, "add", false), cold_bw = bandwidth(hw, threads, "add", true);
+      return hot_bw > 0 && cold_bw > 0 ? t * std::max(1.0, hot_bw / cold_bw) : t;
+    }
     if (t >= 0) return t;
   }
   double flops = bwd ? o.bwd_flops : o.fwd_flops;
