@@ -123,6 +123,46 @@ TEST(CnnCostModel, LayersOfAStageBeyondTheCacheRunAtTheRatesFromMemory) {
       << "every layer op 2.5x its in-cache time";
 }
 
+// Ranks that compute at once share the node: two ranks of one thread get together what one
+// rank of two threads gets, as measured. On a machine whose two threads run 1.5x one thread
+// (every row), resnet-small at dp 2 (32 samples a rank, one thread each) is predicted as slow as
+// one rank of two threads on all 64 (each op's time is linear in the samples here); taking
+// each rank's one-thread rate alone would predict it 25% faster. Where two threads run 2x one,
+// both rules agree.
+TEST(CnnCostModel, RanksComputingAtOnceShareTheNodesMeasuredRate) {
+  auto spec = model::model_spec("resnet-small");
+  const auto with_two_threads = [](double speedup) {
+    plan::MachineProfile m = machine();
+    m.call_overhead_s = 1e-12;
+    const auto twice = [speedup](auto rows, auto faster) {
+      const size_t n = rows.size();
+      for (size_t i = 0; i < n; ++i) {
+        auto r = rows[i];
+        r.threads = 2;
+        faster(r, speedup);
+        rows.push_back(r);
+      }
+      return rows;
+    };
+    m.gemm = twice(m.gemm, [](plan::GemmRate& r, double x) { r.gflops *= x; });
+    m.elementwise = twice(m.elementwise, [](plan::ElementwiseRate& r, double x) { r.bytes_per_s *= x; });
+    m.conv = twice(m.conv, [](plan::ConvRate& r, double x) {
+      r.fwd_gflops *= x, r.bwd_data_gflops *= x, r.bwd_weights_gflops *= x;
+    });
+    m.cnn_layers = twice(m.cnn_layers, [](plan::LayerRate& r, double x) { r.fwd_s /= x, r.bwd_s /= x; });
+    return plan::hardware_from_machine(m, 0);
+  };
+  const auto compute = [&](const plan::Hardware& hw, int dp) {
+    plan::Layout l = layout(64);
+    l.dp = dp, l.threads = 2 / dp;
+    return plan::predict(*spec, l, hw).compute_s;
+  };
+  for (const double speedup : {1.5, 2.0}) {
+    const plan::Hardware hw = with_two_threads(speedup);
+    EXPECT_NEAR(compute(hw, 2), compute(hw, 1), 0.02 * compute(hw, 1)) << "two threads at " << speedup << "x one";
+  }
+}
+
 // A machine file from before version 4 (no convolutions, no CNN layers) still predicts a CNN,
 // convolutions as GEMMs, and says so.
 TEST(CnnCostModel, AnOldMachineFileFallsBackWithANote) {

@@ -206,6 +206,23 @@ double layer_seconds(const Hardware& hw, const model::OpCost& o, int threads, bo
   return -1;
 }
 
+// Whether the machine file holds rows of the op's kind measured at exactly `t` threads.
+bool measured_at(const Hardware& hw, const model::OpCost& o, int t) {
+  if (!hw.has_machine) return false;
+  const auto at = [t](const auto& rows) {
+    return std::any_of(rows.begin(), rows.end(), [t](const auto& r) { return r.threads == t; });
+  };
+  switch (o.cls) {
+    case model::OpClass::gemm: return at(hw.machine.gemm);
+    case model::OpClass::attention: return at(hw.machine.attention);
+    case model::OpClass::conv: return at(hw.machine.conv);
+    case model::OpClass::layer:
+      return std::any_of(hw.machine.cnn_layers.begin(), hw.machine.cnn_layers.end(),
+                         [&](const LayerRate& r) { return r.op == o.kernel && r.threads == t; });
+    default: return at(hw.machine.elementwise);
+  }
+}
+
 // Seconds of one op's forward (backward when `bwd`) on one rank; `part` of the backward: 0 all,
 // 1 the input gradient (I), 2 the weight gradient (W).
 double op_seconds(const Hardware& hw, const model::OpCost& o, int threads, bool bf16, bool cold, bool bwd, int part = 0) {
@@ -497,6 +514,8 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
   const bool shared = hw.cores > 0;
   const double demand = shared ? static_cast<double>(world) * l.threads / hw.cores : 1.0;
   const int threads = l.threads;
+  // How many ranks compute at once on a node's cores (the rest take turns: `demand` below).
+  const int concurrent = shared ? std::max(1, std::min(world, hw.cores / std::max(1, threads))) : 1;
   const bool pp_across = world > hw.devices_per_node;
 
   const std::vector<int> in_flight = pipeline::peak_in_flight(p.schedule);
@@ -520,6 +539,15 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
       const int flight = std::max(1, in_flight.at(s % static_cast<size_t>(l.pp)));
       cold = model::total_saved_bytes(ops) * flight + 4.0 * (2 + l.optimizer_state) * elems > share;
     }
+    // Ranks computing at once on the node's cores share more than the cores (memory bandwidth,
+    // the caches, on a VM whatever the host shares): k ranks of t threads get together at most
+    // what one rank of k t threads gets, as measured, so an op takes at least k times its time
+    // at k t threads. Where the cores scale linearly that is its time at t threads.
+    const auto sec = [&](const model::OpCost& o, bool bwd, int part) {
+      const double alone = op_seconds(hw, o, threads, l.bf16, cold, bwd, part);
+      if (concurrent <= 1 || !measured_at(hw, o, threads * concurrent)) return alone;
+      return std::max(alone, concurrent * op_seconds(hw, o, threads * concurrent, l.bf16, cold, bwd, part));
+    };
     double F = 0, B = 0, I = 0, W = 0, tp_s = 0, fwd_compute = 0;
     // Ranks of the intra-layer group compute alike, except under the branch split (each its
     // branches): the slowest rank's.
@@ -530,10 +558,10 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
       const std::vector<model::OpCost> rops = r == 0 ? ops : spec.op_costs(st, qr);
       double f_ = 0, b_ = 0, i_ = 0, w_ = 0, tp_ = 0, fc_ = 0;
       for (const model::OpCost& o : rops) {
-        const double f = op_seconds(hw, o, threads, l.bf16, cold, false);
+        const double f = sec(o, false, 0);
         fc_ += f;
-        f_ += f, b_ += op_seconds(hw, o, threads, l.bf16, cold, true);
-        i_ += op_seconds(hw, o, threads, l.bf16, cold, true, 1), w_ += op_seconds(hw, o, threads, l.bf16, cold, true, 2);
+        f_ += f, b_ += sec(o, true, 0);
+        i_ += sec(o, true, 1), w_ += sec(o, true, 2);
         const double tf = group_comm_s(hw, o, l.tp, demand, false), tb = group_comm_s(hw, o, l.tp, demand, true);
         f_ += tf, b_ += tb, i_ += tb, tp_ += tf + tb;
       }
