@@ -166,6 +166,18 @@ class CNNSpec : public ModelSpec {
     for (int64_t d : chw) n *= static_cast<double>(d);
     return 4.0 * n * static_cast<double>(rows) / std::max(1, tp);
   }
+  double skip_bytes(int64_t unit, int64_t rows) const override {
+    if (!cfg_.graph) return 0;
+    const std::vector<int> skips = unit_skips(*cfg_.graph);
+    if (unit < 0 || unit >= static_cast<int64_t>(skips.size())) return 0;
+    const int k = skips[static_cast<size_t>(unit)];
+    if (k == kNoSkip) return 0;
+    const Shape chw{cfg_.channels, cfg_.height, cfg_.width};
+    const Shape shape = k < 0 ? chw : infer_shapes(*cfg_.graph, chw)[static_cast<size_t>(k)];
+    double n = 1;
+    for (int64_t d : shape) n *= static_cast<double>(d);
+    return 4.0 * n * static_cast<double>(rows);
+  }
 
  private:
   // What a stage of units [first, end) keeps in one forward, measured on such a stage: a

@@ -64,6 +64,9 @@ class ModelSpec {
   // Bytes of the activation entering unit `unit` (unit 0: the model's input) for `rows` samples
   // on one rank: what a pipeline stage boundary sends.
   virtual double boundary_bytes(int64_t unit, int64_t rows, int64_t T, int tp) const = 0;
+  // Bytes of the skip tensor crossing the same boundary for `rows` samples (what a portal
+  // carries, graph.h unit_skips); 0 where none crosses it.
+  virtual double skip_bytes(int64_t unit, int64_t rows) const { return 0; }
   virtual const GPTConfig* gpt() const { return nullptr; }
   virtual const CNNConfig* cnn() const { return nullptr; }
 };

@@ -462,6 +462,9 @@ std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layou
     if (spans.size() > 1) {
       const double mbs = l.microbatches;
       if (s + 1 < spans.size()) m.buffers += (mbs - 1) * spec.boundary_bytes(st.end_layer, rows, q.T, 1);
+      // A skip leaving the stage in a portal: the receive of its gradient, one per micro-batch,
+      // posted at the step's start as well (none of them a saved activation or a transient).
+      if (s + 1 < spans.size()) m.buffers += mbs * spec.skip_bytes(st.end_layer, rows);
       if (s > 0) m.buffers += std::max(0.0, mbs - share) * spec.boundary_bytes(st.first_layer, rows, q.T, 1);
       // An asynchronous schedule's window posts its step's receives while the previous step's
       // owed micro-batches (f - 1 of them) still hold the inputs they received.
@@ -515,6 +518,9 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
   const double demand = shared ? static_cast<double>(world) * l.threads / hw.cores : 1.0;
   const int threads = l.threads;
   // How many ranks compute at once on a node's cores (the rest take turns: `demand` below).
+  // Pipeline stages count too, though they compute at once only outside the bubble: on the
+  // 2-core VM resnet-small at pp 2 measured 68-79 ms a step and resnet-cut at pp 2 (GPipe)
+  // 9.9-12.1 ms, against 80.6 and 12.6 predicted counting them and 65.4 and 7.9 not.
   const int concurrent = shared ? std::max(1, std::min(world, hw.cores / std::max(1, threads))) : 1;
   const bool pp_across = world > hw.devices_per_node;
 
@@ -539,13 +545,18 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
       const int flight = std::max(1, in_flight.at(s % static_cast<size_t>(l.pp)));
       cold = model::total_saved_bytes(ops) * flight + 4.0 * (2 + l.optimizer_state) * elems > share;
     }
-    // Ranks computing at once on the node's cores share more than the cores (memory bandwidth,
-    // the caches, on a VM whatever the host shares): k ranks of t threads get together at most
-    // what one rank of k t threads gets, as measured, so an op takes at least k times its time
-    // at k t threads. Where the cores scale linearly that is its time at t threads.
+    // Convolutions and CNN layers of ranks computing at once on the node's cores share more
+    // than the cores (memory bandwidth, the caches, on a VM whatever the host shares): k ranks
+    // of t threads get together at most what one rank of k t threads gets, as measured, so such
+    // an op takes at least k times its time at k t threads (where the cores scale linearly, its
+    // time at t threads). Measured on a 2-core VM: tp 2's split convolutions (half the work, one
+    // thread each) took what one rank's took at two threads, whose rows run 1.5-1.6x one
+    // thread. The transformers' products did not show it (gpt-tiny at dp 2, one thread a rank,
+    // 15.7 ms a step against one rank's 16.0 at two), so GEMMs keep their one-rank rates.
     const auto sec = [&](const model::OpCost& o, bool bwd, int part) {
       const double alone = op_seconds(hw, o, threads, l.bf16, cold, bwd, part);
-      if (concurrent <= 1 || !measured_at(hw, o, threads * concurrent)) return alone;
+      const bool cnn_op = o.cls == model::OpClass::conv || o.cls == model::OpClass::layer;
+      if (!cnn_op || concurrent <= 1 || !measured_at(hw, o, threads * concurrent)) return alone;
       return std::max(alone, concurrent * op_seconds(hw, o, threads * concurrent, l.bf16, cold, bwd, part));
     };
     double F = 0, B = 0, I = 0, W = 0, tp_s = 0, fwd_compute = 0;
