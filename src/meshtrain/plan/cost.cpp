@@ -517,11 +517,12 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
   const bool shared = hw.cores > 0;
   const double demand = shared ? static_cast<double>(world) * l.threads / hw.cores : 1.0;
   const int threads = l.threads;
-  // How many ranks compute at once on a node's cores (the rest take turns: `demand` below).
-  // Pipeline stages count too, though they compute at once only outside the bubble: on the
-  // 2-core VM resnet-small at pp 2 measured 68-79 ms a step and resnet-cut at pp 2 (GPipe)
-  // 9.9-12.1 ms, against 80.6 and 12.6 predicted counting them and 65.4 and 7.9 not.
-  const int concurrent = shared ? std::max(1, std::min(world, hw.cores / std::max(1, threads))) : 1;
+  // How many ranks run the same work at once on a node's cores: the data-parallel replicas and
+  // the intra-layer group, in step with each other (the rest take turns: `demand` below).
+  // Pipeline stages are not counted: they compute at once only outside the bubble, and on the
+  // 2-core VM resnet-small at pp 2 (1F1B) and resnet-cut at pp 2 (GPipe) ran their fastest
+  // steps in 68.3 and 8.3 ms, against 65.4 and 7.9 predicted without them and 80.6 and 12.6 with.
+  const int concurrent = shared ? std::max(1, std::min(l.dp * l.tp, hw.cores / std::max(1, threads))) : 1;
   const bool pp_across = world > hw.devices_per_node;
 
   const std::vector<int> in_flight = pipeline::peak_in_flight(p.schedule);
