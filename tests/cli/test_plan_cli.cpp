@@ -138,6 +138,17 @@ TEST(CliPlan, ImageModelsPrintImagesPerSecond) {
   EXPECT_EQ(rows(r.output).size(), 2u) << r.output;
 }
 
+// --ops lists the layout's ops: every layer of resnet-small's graph that costs time, by name,
+// and their total.
+TEST(CliPlan, OpsListsEveryOpOfTheLayout) {
+  const auto r = run_cli("plan --model resnet-small --cluster " + example("h100-node.json") +
+                         " --global-batch 32 --layout \"dp=1 tp=1 pp=1 m=1\" --ops");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* op : {"conv1 ", "layer1.0.conv2 ", "layer3.0.downsample.0 ", "fc ", "total "})
+    EXPECT_NE(r.output.find(std::string("\n") + op), std::string::npos) << op << "\n" << r.output;
+  EXPECT_NE(r.output.find("convolution"), std::string::npos) << r.output;
+}
+
 TEST(CliPlan, SvgDrawsTheBestLayout) {
   meshtrain::testing::TempDir dir("plan_cli");
   const std::string svg = dir.file("best.svg");
@@ -212,6 +223,7 @@ TEST(CliPlan, BadInputExits2WithASentence) {
       {"plan --model gpt-small --global-batch 8 --optimizer adam" + h100, {"--optimizer"}},
       {"plan --model gpt-small --global-batch 8 --svg " + dir.file("no/such/dir/x.svg") + h100, {"--svg"}},
       {"plan --model gpt-small --global-batch 8 --svg " + example("h100-node.json") + h100, {"--svg"}},
+      {"plan --model gpt-small --global-batch 8 --ops" + h100, {"--ops", "--layout"}},
   };
   for (const Case& c : cases) {
     const auto r = run_cli(c.args, 60);

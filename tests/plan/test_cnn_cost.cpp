@@ -316,3 +316,24 @@ TEST(CnnMemoryModel, CountsTheSkipGradientsAPipelineCutWaitsFor) {
     EXPECT_NEAR(predicted, measured, 0.05 * measured) << "rank " << rank;
   }
 }
+
+// The ops `plan --layout --ops` prints are the step's: on one rank with one micro-batch (no
+// pipeline, no collectives) the step's compute is their forward and backward times summed, and
+// there is one per op the model lists.
+TEST(CnnCostModel, TheOpsListedAddUpToTheStep) {
+  for (const char* name : {"resnet-small", "inception-small", "gpt-tiny"}) {
+    auto spec = model::model_spec(name);
+    plan::Layout l = layout(16);
+    if (spec->gpt()) l.seq = 64;
+    const plan::Prediction p = plan::predict(*spec, l, plan::hardware_from_machine(machine(), 0));
+    const model::CostQuery q(16, spec->gpt() ? 64 : 1, 1);
+    EXPECT_EQ(p.ops.size(), spec->op_costs(model::StageSpec::whole(), q).size()) << name;
+    double sum = 0;
+    for (const plan::Prediction::OpTime& t : p.ops) {
+      EXPECT_GE(t.fwd_s, 0) << name << " " << t.stage_op;
+      EXPECT_EQ(t.comm_s, 0) << name << " " << t.stage_op;
+      sum += t.fwd_s + t.bwd_s;
+    }
+    EXPECT_NEAR(sum, p.compute_s, 1e-6 * p.compute_s) << name;
+  }
+}

@@ -57,6 +57,7 @@ struct PlanArgs {
   bool overwrite = false;
   bool oversubscribe = false;
   std::string layout;   // --layout: predict this one layout instead of searching
+  bool ops = false;     // --ops (with --layout): every op's predicted time
   int64_t devices = 0;  // --devices: use this many of the cluster's devices (whole nodes)
   // --goodput: rank global batches by predicted goodput (plan/goodput.h)
   bool goodput = false;
@@ -230,6 +231,19 @@ void predict_one(const PlanArgs& a, const model::ModelSpec& spec, const plan::Cl
   std::printf("step: compute %s (tensor-parallel %s), exposed data-parallel %s, optimizer %s\n",
               seconds_text(p.compute_s).c_str(), seconds_text(p.tp_comm_s).c_str(), seconds_text(p.dp_comm_s).c_str(),
               seconds_text(p.optimizer_s).c_str());
+  if (a.ops) {
+    std::printf("the first stage's ops on its first rank (one micro-batch of %lld samples):\n",
+                static_cast<long long>(p.layout.batch / p.layout.dp / p.layout.microbatches));
+    std::printf("%-32s %-16s %12s %12s %12s\n", "op", "priced as", "forward", "backward", "collectives");
+    double f = 0, b = 0, c = 0;
+    for (const plan::Prediction::OpTime& t : p.ops) {
+      std::printf("%-32s %-16s %12s %12s %12s\n", t.stage_op.c_str(), t.kernel.c_str(), seconds_text(t.fwd_s).c_str(),
+                  seconds_text(t.bwd_s).c_str(), seconds_text(t.comm_s).c_str());
+      f += t.fwd_s, b += t.bwd_s, c += t.comm_s;
+    }
+    std::printf("%-32s %-16s %12s %12s %12s\n", "total", "", seconds_text(f).c_str(), seconds_text(b).c_str(),
+                seconds_text(c).c_str());
+  }
   if (!a.svg.empty()) std::printf("swimlane: %s\n", a.svg.c_str());
   if (hooks.on_plan_rows) hooks.on_plan_rows({plan_row(1, p, spec, a, cluster.cpu())});
 }
@@ -425,6 +439,8 @@ void run_plan(const PlanArgs& a, const InProcessHooks& hooks) {
     if (a.devices < h.devices_per_node) h.devices_per_node = static_cast<int>(a.devices), h.nodes = 1;
     else h.nodes = static_cast<int>(a.devices / h.devices_per_node);
   }
+  if (a.ops && a.layout.empty())
+    throw UsageError("--ops prints the ops of one layout: give it with --layout \"dp=1 tp=1 pp=1 m=1\"");
   if (a.goodput) {
     run_goodput(a, *spec, cluster, o, hooks);
     return;
@@ -513,6 +529,8 @@ void add_plan_command(CLI::App& app, std::shared_ptr<const InProcessHooks> hooks
   c->add_option("--layout", a->layout,
                  "Predict this one layout instead of searching: \"dp=4 tp=8 pp=12 m=128 1f1b recompute\" "
                  "(also zero=N, v=N chunks, sp)");
+  c->add_flag("--ops", a->ops, "With --layout: print every op of the first stage and its predicted forward, backward "
+              "and collective time");
   c->add_option("--devices", a->devices, "Plan for this many of the cluster's devices (whole nodes)")
       ->check(integer<int64_t>(1));
   c->add_flag("--oversubscribe", a->oversubscribe,

@@ -571,6 +571,14 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
       double f_ = 0, b_ = 0, i_ = 0, w_ = 0, tp_ = 0, fc_ = 0;
       for (const model::OpCost& o : rops) {
         const double f = sec(o, false, 0);
+        if (s == 0 && r == 0) {
+          const std::string kind = o.cls == model::OpClass::conv        ? "convolution"
+                                   : o.cls == model::OpClass::gemm      ? "gemm"
+                                   : o.cls == model::OpClass::attention ? "attention"
+                                                                         : o.kernel;
+          p.ops.push_back({o.name, kind, f, sec(o, true, 0),
+                           group_comm_s(hw, o, l.tp, demand, false) + group_comm_s(hw, o, l.tp, demand, true)});
+        }
         fc_ += f;
         f_ += f, b_ += sec(o, true, 0);
         i_ += sec(o, true, 1), w_ += sec(o, true, 2);

@@ -123,6 +123,13 @@ struct Prediction {
   double mfu = 0;            // flops_per_step / step_s / (peak_flops x world)
   double samples_per_s = 0;
   double tokens_per_s = 0;
+  // Every op of the first stage on its first rank, as the step above prices it (seconds of its
+  // forward and backward, the intra-layer collectives apart): `meshtrain plan --layout --ops`.
+  struct OpTime {
+    std::string stage_op, kernel;  // the layer's name, and the kernel it is priced as
+    double fwd_s = 0, bwd_s = 0, comm_s = 0;
+  };
+  std::vector<OpTime> ops;
   std::vector<RankMemory> memory;  // per pipeline rank
   double peak_bytes = 0;           // the most any rank holds
   std::vector<pipeline::LayerSpan> stages;
