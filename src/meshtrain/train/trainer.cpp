@@ -32,6 +32,7 @@
 #include "meshtrain/parallel/tensor/tp_layout.h"
 #include "meshtrain/parallel/tensor/tp_regions.h"
 #include "meshtrain/pipeline/executor.h"
+#include "meshtrain/plan/cnn_memory.h"
 #include "meshtrain/trace/trace.h"
 #include "meshtrain/train/layout.h"
 #include "meshtrain/train/metrics.h"
@@ -330,9 +331,11 @@ RankTrainer::RankTrainer(comm::Communicator& world, Shared& sh)
           std::vector<double> flat;
           if (world.rank() == 0) {
             // At most 32 rows: the costs are compared with each other, and the others wait in
-            // the broadcast (within the communicator's deadline) while rank 0 measures.
-            measured = model::measure_branch_costs(
-                *sh.spec.cnn(), std::min<int64_t>(32, o_.batch / o_.dp / o_.microbatches), std::max(1, o_.threads));
+            // the broadcast (within the communicator's deadline) while rank 0 measures. The
+            // planner's cached measurement (plan/cnn_memory.h), so the run places the branches
+            // as the prediction it printed did: timed twice, the two could differ and put a
+            // branch on the other rank (inception-small's peak memory then 12% off).
+            measured = plan::branch_costs(*sh.spec.cnn(), o_.batch / o_.dp / o_.microbatches, std::max(1, o_.threads));
             for (const auto& [name, c] : measured) flat.insert(flat.end(), c.begin(), c.end());
           } else {
             for (const auto& [name, n] : blocks) flat.resize(flat.size() + n, 0.0);
