@@ -2,7 +2,8 @@
 """The named models from their files give the loss curves recorded from the binary of the commit
 before they were files (made by record_named_curves.sh: the image models in
 tests/model/named_curves.json, from 2dcd77c; the token models in named_token_curves.json, from
-8d5ccca): 20 steps at every layout recorded. The third argument picks the family. Bit for bit on a CPU with the recorded instruction sets
+8d5ccca): 20 steps at every layout recorded. A run whose float order a later change altered on
+purpose is recorded again, with the reason under "rerecorded" in the file. The third argument picks the family. Bit for bit on a CPU with the recorded instruction sets
 (oneDNN picks its kernels by them); elsewhere within 1e-5 relative, and the test says so."""
 import json
 import subprocess
