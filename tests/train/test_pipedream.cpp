@@ -285,12 +285,16 @@ TEST(PipeDream, StashedVersionsCostWhatTheMemoryModelSays) {
     const auto ma = meshtrain::plan::predict_memory(*spec, train::plan_layout(a, {}));
     const auto ms = meshtrain::plan::predict_memory(*spec, train::plan_layout(s, {}));
     ASSERT_EQ(ra.peak_tensor_bytes.size(), static_cast<size_t>(pp));
+    // A send buffer is held until its send completes, which the model does not count: on a loaded
+    // machine one stage-boundary activation more or less can be alive at either run's peak
+    // (seen under ctest -j 2: pp 4 rank 2 48 KiB over). The difference is allowed that.
+    const double send = spec->boundary_bytes(1, a.batch / a.microbatches, a.seq, 1);
     for (int r = 0; r < pp; ++r) {
       const double measured = double(ra.peak_tensor_bytes[r] - rs.peak_tensor_bytes[r]);
       const double predicted = ma[r].total() - ms[r].total();
       if (r + 1 < pp) {
         EXPECT_GT(predicted, 0);
-        EXPECT_NEAR(measured, predicted, 0.05 * predicted) << "pp " << pp << " rank " << r;
+        EXPECT_NEAR(measured, predicted, 0.05 * predicted + send) << "pp " << pp << " rank " << r;
       }
       EXPECT_NEAR(double(ra.peak_tensor_bytes[r]), ma[r].total(), 0.05 * ma[r].total()) << "pp " << pp << " rank " << r;
     }
