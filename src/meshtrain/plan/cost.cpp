@@ -570,19 +570,18 @@ Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware
       const std::vector<model::OpCost> rops = r == 0 ? ops : spec.op_costs(st, qr);
       double f_ = 0, b_ = 0, i_ = 0, w_ = 0, tp_ = 0, fc_ = 0;
       for (const model::OpCost& o : rops) {
-        const double f = sec(o, false, 0);
+        const double f = sec(o, false, 0), b = sec(o, true, 0);
+        const double tf = group_comm_s(hw, o, l.tp, demand, false), tb = group_comm_s(hw, o, l.tp, demand, true);
         if (s == 0 && r == 0) {
           const std::string kind = o.cls == model::OpClass::conv        ? "convolution"
                                    : o.cls == model::OpClass::gemm      ? "gemm"
                                    : o.cls == model::OpClass::attention ? "attention"
                                                                          : o.kernel;
-          p.ops.push_back({o.name, kind, f, sec(o, true, 0),
-                           group_comm_s(hw, o, l.tp, demand, false) + group_comm_s(hw, o, l.tp, demand, true)});
+          p.ops.push_back({o.name, kind, f, b, tf + tb});
         }
         fc_ += f;
-        f_ += f, b_ += sec(o, true, 0);
+        f_ += f, b_ += b;
         i_ += sec(o, true, 1), w_ += sec(o, true, 2);
-        const double tf = group_comm_s(hw, o, l.tp, demand, false), tb = group_comm_s(hw, o, l.tp, demand, true);
         f_ += tf, b_ += tb, i_ += tb, tp_ += tf + tb;
       }
       if (f_ + b_ > F + B) F = f_, B = b_, I = i_, W = w_, tp_s = tp_, fwd_compute = fc_;
