@@ -8,7 +8,9 @@ against measured, over the layouts the tests run (docs/benchmarks.md, "The plann
 
 --reps N runs every layout N times and keeps the run with the shortest measured step (the
 prediction is the same each time): on a shared VM a short run can be 20% slower from one minute
-to the next for reasons outside it, which the cost model does not predict.
+to the next for reasons outside it, which the cost model does not predict. The runs go in rounds
+(every layout once, then again), so a slow minute falls on one run of several layouts rather
+than on every run of one.
 
 --suite all runs the mixed set (SUITE below): transformers (gpt-tiny, gpt-small), the named CNNs
 (resnet-small, inception-small, cnn-small) and user-written graphs (examples/models/vgg-mini.json,
@@ -128,32 +130,40 @@ def main():
         print("measuring this machine (meshtrain calibrate) ...", file=sys.stderr)
         subprocess.run([MESHTRAIN, "calibrate", "--out", machine], check=True, stdout=subprocess.DEVNULL)
     rows, step_errors, mem_errors = [], [], []
-    for model, layout in runs:
-        gpt = model.startswith("gpt")
-        steps = a.steps_tiny if model == "gpt-tiny" else a.steps_small if gpt else a.steps_cnn
-        if model.startswith("examples/"):
-            model = os.path.join(ROOT, model)
-        cmd = [MESHTRAIN, "train", "--model", model, "--data", data if gpt else images, "--steps", str(steps),
-               "--eval-every", "0", "--eval-batches", "1", "--log-every", "0", "--machine", machine] + layout.split()
-        model = os.path.basename(model)
-        name = layout or "(one rank)"
-        m = None
-        for _ in range(max(1, a.reps)):
+    # --reps: the whole list is run in rounds (every layout once per round), so that a minute in
+    # which the VM runs slower falls on one run of many layouts, not on every run of one.
+    best, dropped = {}, set()
+    for rnd in range(max(1, a.reps)):
+        for idx, (model, layout) in enumerate(runs):
+            if idx in dropped:
+                continue
+            gpt = model.startswith("gpt")
+            steps = a.steps_tiny if model == "gpt-tiny" else a.steps_small if gpt else a.steps_cnn
+            path = os.path.join(ROOT, model) if model.startswith("examples/") else model
+            cmd = [MESHTRAIN, "train", "--model", path, "--data", data if gpt else images, "--steps", str(steps),
+                   "--eval-every", "0", "--eval-batches", "1", "--log-every", "0", "--machine", machine] + layout.split()
+            name = f"{os.path.basename(model)} {layout or '(one rank)'}"
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode != 0:
                 last = (p.stderr.strip() or p.stdout.strip()).splitlines()[-1:]
-                print(f"{model} {name}: skipped ({' '.join(last)})", file=sys.stderr)
-                m = None
-                break
+                print(f"{name}: skipped ({' '.join(last)})", file=sys.stderr)
+                dropped.add(idx)
+                continue
             rep = LINE.search(p.stdout)
             if not rep:
-                print(f"{model} {name}: no prediction line", file=sys.stderr)
-                m = None
-                break
-            if m is None or float(rep.group(2)) < float(m.group(2)):
-                m = rep
-        if m is None:
+                print(f"{name}: no prediction line", file=sys.stderr)
+                dropped.add(idx)
+                continue
+            if idx not in best or float(rep.group(2)) < float(best[idx].group(2)):
+                best[idx] = rep
+        if a.reps > 1:
+            print(f"round {rnd + 1} of {a.reps} done", file=sys.stderr, flush=True)
+    for idx, (model, layout) in enumerate(runs):
+        m = best.get(idx)
+        if m is None or idx in dropped:
             continue
+        model = os.path.basename(model)
+        name = layout or "(one rank)"
         pred, meas, err = float(m.group(1)), float(m.group(2)), float(m.group(3))
         step_errors.append(abs(err))
         row = f"| {model} | {name} | {pred:.2f} | {meas:.2f} | {err:+.1f}% |"
