@@ -1,7 +1,8 @@
 // `calibrate`: measures this machine into a MachineProfile (plan/machine.h).
 //
-// Every figure is the best of several timed repetitions (a shared machine's noise only ever
-// adds time), each repetition at least a few milliseconds long. The work is a list of named
+// Every figure is the median of several timed repetitions (detail::median_seconds: the cost
+// model predicts a run's median step), each repetition at least a few milliseconds long; the
+// links keep the best of their repetitions' means. The work is a list of named
 // tasks, so the progress callback knows the total before the first one runs:
 //   GEMM      kernels::gemm at a few shape classes x thread counts x float32 (and bf16 where
 //             kernels::bf16_isa() is not "emulated"); bf16 times include converting A and B;
@@ -53,19 +54,19 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// The best time of one run of `fn`: one warm-up run, then at least `reps` runs and at least
-// `min_total` seconds of them.
-double best_seconds(const std::function<void()>& fn, int reps, double min_total) {
+// The median time of one run of `fn` (detail::median_seconds): one warm-up run, then at least
+// `reps` runs and at least `min_total` seconds of them.
+double median_seconds_of(const std::function<void()>& fn, int reps, double min_total) {
   fn();
-  double best = 1e30;
+  std::vector<double> t;
   const auto start = Clock::now();
   for (int i = 0; i < reps || since(start) < min_total; ++i) {
     const auto t0 = Clock::now();
     fn();
-    best = std::min(best, since(t0));
+    t.push_back(since(t0));
     if (i > 10000) break;  // a run too fast to time: enough samples
   }
-  return best;
+  return detail::median_seconds(std::move(t));
 }
 
 std::string cpu_model() {
@@ -226,7 +227,7 @@ GemmRate measure_gemm(const Shape& s, kernels::Precision prec, int threads, bool
     for (int64_t i = 0; i < passes * copies; ++i) product();
     t = since(t0) / static_cast<double>(passes * copies);
   } else {
-    t = best_seconds(product, quick ? 3 : 5, quick ? 0.05 : 0.3);
+    t = median_seconds_of(product, quick ? 3 : 5, quick ? 0.05 : 0.3);
   }
   GemmRate r{s.name, s.m, s.n, s.k, prec == kernels::Precision::bf16 ? "bf16" : "float32", threads,
              2.0 * static_cast<double>(s.m * s.n * s.k) / t / 1e9};
@@ -240,7 +241,7 @@ ElementwiseRate measure_add(int64_t n, int threads, bool quick) {
   float* pa = a.data();
   float* pb = b.data();
   float* pc = c.data();
-  const double t = best_seconds(
+  const double t = median_seconds_of(
       [&] {
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t i = 0; i < n; ++i) pc[i] = pa[i] + pb[i];
@@ -281,7 +282,7 @@ ElementwiseRate measure_kernel(const std::string& op, int64_t n, int threads, bo
     bytes = 12.0 * n;
     fn = [&] { kernels::add(y.data(), x.data(), dy.data(), n, threads); };
   }
-  const double t = best_seconds(fn, quick ? 5 : 10, quick ? 0.05 : 0.15);
+  const double t = median_seconds_of(fn, quick ? 5 : 10, quick ? 0.05 : 0.15);
   return {op, n, threads, bytes / t};
 }
 
@@ -293,7 +294,7 @@ double measure_call_overhead(int threads, bool quick) {
   nn::Linear lin("calibrate", 8, 8);
   Tensor x = Tensor::zeros({1, 8}), dy = Tensor::zeros({1, 8});
   const int inner = 200;
-  const double t = best_seconds(
+  const double t = median_seconds_of(
       [&] {
         for (int i = 0; i < inner; ++i) {
           nn::Context ctx(threads);
@@ -374,7 +375,7 @@ double measure_oversubscribed_handoff(int cores, bool quick) {
       }
     }
     c.barrier();
-    if (c.rank() == cores) compute = best_seconds(work, 20, 0.01);
+    if (c.rank() == cores) compute = median_seconds_of(work, 20, 0.01);
   });
   return std::max(1e-7, per_hop - compute);
 }
@@ -383,7 +384,7 @@ double measure_oversubscribed_handoff(int cores, bool quick) {
 AttentionRate measure_attention(int64_t B, int64_t T, int64_t C, int64_t NH, int threads, bool quick) {
   std::vector<float> qkv(B * T * 3 * C), out(B * T * C), lse(B * NH * T), dout(B * T * C, 0.01f), dqkv(B * T * 3 * C);
   for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.f - 0.5f;
-  const double t = best_seconds(
+  const double t = median_seconds_of(
       [&] {
         kernels::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, threads);
         kernels::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, threads);

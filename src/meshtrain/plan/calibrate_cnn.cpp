@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <ctime>
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "meshtrain/kernels/conv.h"
 #include "meshtrain/kernels/elementwise.h"
@@ -17,6 +19,13 @@
 #include "meshtrain/nn/shape.h"
 
 namespace meshtrain::plan::detail {
+
+double median_seconds(std::vector<double> times) {
+  if (times.empty()) return 0;
+  const auto mid = times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2);
+  std::nth_element(times.begin(), mid, times.end());
+  return *mid;
+}
 
 namespace {
 
@@ -37,12 +46,11 @@ std::string fmt(const char* f, double a) {
   return buf;
 }
 
-// The best of `reps` runs (at least `min_total` seconds of them) of each of two calls made one
+// The median of `reps` runs (at least `min_total` seconds of them) of each of two calls made one
 // after the other (a layer's forward, then its backward). On one thread, its CPU time (the
 // smaller of the two clocks): other work on a loaded machine does not stretch it.
-std::pair<double, double> best_pair(const std::function<void()>& a, const std::function<void()>& b, int reps,
-                                    double min_total, bool one_thread) {
-  double ba = std::numeric_limits<double>::infinity(), bb = ba;
+std::pair<double, double> median_pair(const std::function<void()>& a, const std::function<void()>& b, int reps,
+                                      double min_total, bool one_thread) {
   a(), b();  // untimed: primitives built, pages touched
   const auto start = Clock::now();
   auto timed = [&](const std::function<void()>& f) {
@@ -52,12 +60,13 @@ std::pair<double, double> best_pair(const std::function<void()>& a, const std::f
     const double wall = since(t0);
     return one_thread ? std::min(wall, thread_cpu_s() - c0) : wall;
   };
+  std::vector<double> ta, tb;
   for (int i = 0; i < reps || since(start) < min_total; ++i) {
-    ba = std::min(ba, timed(a));
-    bb = std::min(bb, timed(b));
+    ta.push_back(timed(a));
+    tb.push_back(timed(b));
     if (i > 5000) break;
   }
-  return {ba, bb};
+  return {median_seconds(std::move(ta)), median_seconds(std::move(tb))};
 }
 
 struct ConvClass {
@@ -89,10 +98,10 @@ ConvRate measure_conv(const ConvClass& c, int64_t n, bool blocked, int threads, 
       bias(static_cast<size_t>(s.OC)), db(static_cast<size_t>(s.OC));
   const int reps = quick ? 3 : 5;
   const double min_total = quick ? 0.01 : 0.08;
-  auto [f, d] = best_pair([&] { kernels::conv2d_forward(y.data(), x.data(), w.data(), bias.data(), s, threads); },
+  auto [f, d] = median_pair([&] { kernels::conv2d_forward(y.data(), x.data(), w.data(), bias.data(), s, threads); },
                           [&] { kernels::conv2d_backward(dx.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), s, threads); },
                           reps, min_total, threads == 1);
-  auto [wt, unused] = best_pair(
+  auto [wt, unused] = median_pair(
       [&] { kernels::conv2d_backward(nullptr, dw.data(), db.data(), dy.data(), x.data(), w.data(), s, threads); }, [] {},
       reps, min_total, threads == 1);
   (void)unused;
@@ -167,7 +176,7 @@ LayerRate measure_layer(const std::string& op, bool blocked, int64_t n, int64_t 
     fwd = [&, rb] { kernels::to_activation_layout(y.data(), x.data(), n, C, h * h, rb); };
     bwd = [&, rb] { kernels::from_activation_layout(other.data(), y.data(), n, C, h * h, rb); };
   }
-  const auto [f, bw] = best_pair(fwd, bwd, quick ? 3 : 10, quick ? 0.01 : 0.06, threads == 1);
+  const auto [f, bw] = median_pair(fwd, bwd, quick ? 3 : 10, quick ? 0.01 : 0.06, threads == 1);
   LayerRate r;
   r.op = op, r.format = blocked ? "blocked" : "nchw", r.elements = x.numel(), r.threads = threads;
   r.fwd_s = std::max(f, 1e-9), r.bwd_s = std::max(bw, 1e-9);

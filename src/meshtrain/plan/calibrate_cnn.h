@@ -22,6 +22,12 @@
 
 namespace meshtrain::plan::detail {
 
+// The figure calibrate keeps of a measurement's timed repetitions: their median. The cost model
+// predicts a run's median step, and a step meets each kernel in whatever state the machine is
+// in at the time; the fastest repetition is the machine's best moment, which a shared VM may
+// reach in a calibration and not in the run it predicts (docs/planner.md). Empty: 0.
+double median_seconds(std::vector<double> times);
+
 // Appends one task per measurement to `tasks`; each pushes its row into `p` and returns its line
 // of progress.
 void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick,
