@@ -5,7 +5,6 @@
 #include <cstddef>
 #include <ctime>
 #include <cstdio>
-#include <limits>
 #include <memory>
 #include <vector>
 

@@ -11,7 +11,8 @@
 //     conversion NCHW <-> blocked, at three sizes so the cost model has each call's fixed cost
 //     and its cost per element (quick mode: 3 convolution classes at one batch, the layers at
 //     one size, about a second more).
-// Internal to plan/ (calibrate.cpp adds these tasks to its list).
+// Internal to plan/: calibrate.cpp adds these tasks to its list, and takes its own kernels'
+// figures by median_seconds below, as these do (its links keep their best).
 #pragma once
 
 #include <functional>
