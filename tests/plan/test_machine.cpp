@@ -328,6 +328,62 @@ TEST(Calibrate, KeepsTheMedianRepetitionNotTheFastest) {
   EXPECT_DOUBLE_EQ(meshtrain::plan::detail::median_seconds({}), 0.0);
 }
 
+TEST(Calibrate, ACnnRowKeepsTheMedianOfItsRounds) {
+  // Three rounds of one convolution class: one ran in a slow moment, one in a fast one. Each
+  // figure of the row is the middle round's, the row's key the class's.
+  using meshtrain::plan::ConvRate;
+  using meshtrain::plan::LayerRate;
+  auto conv = [](double f, double d, double w) {
+    ConvRate r;
+    r.format = "nchw", r.n = 8, r.ic = 32, r.oc = 64, r.k = 3, r.h = 14, r.threads = 2;
+    r.fwd_gflops = f, r.bwd_data_gflops = d, r.bwd_weights_gflops = w;
+    return r;
+  };
+  const ConvRate c = meshtrain::plan::detail::median_conv({conv(50, 40, 30), conv(20, 90, 31), conv(48, 41, 80)});
+  EXPECT_DOUBLE_EQ(c.fwd_gflops, 48);
+  EXPECT_DOUBLE_EQ(c.bwd_data_gflops, 41);
+  EXPECT_DOUBLE_EQ(c.bwd_weights_gflops, 31);
+  EXPECT_EQ(c.format, "nchw");
+  EXPECT_EQ(c.ic, 32);
+  EXPECT_EQ(c.oc, 64);
+  EXPECT_EQ(c.threads, 2);
+  auto layer = [](double f, double b) {
+    LayerRate r;
+    r.op = "maxpool", r.format = "nchw", r.elements = 1 << 18, r.threads = 1, r.fwd_s = f, r.bwd_s = b;
+    return r;
+  };
+  const LayerRate l = meshtrain::plan::detail::median_layer({layer(2e-4, 9e-4), layer(7e-4, 3e-4), layer(2.5e-4, 3.2e-4)});
+  EXPECT_DOUBLE_EQ(l.fwd_s, 2.5e-4);
+  EXPECT_DOUBLE_EQ(l.bwd_s, 3.2e-4);
+  EXPECT_EQ(l.op, "maxpool");
+}
+
+TEST(Calibrate, CnnRoundsGiveOneRowPerClass) {
+  // The quick classes measured in one round and in two: the same rows, one each, in the same
+  // order; the second list's tasks are one per row and round, and one that keeps the medians.
+  namespace d = meshtrain::plan::detail;
+  MachineProfile one, two;
+  std::vector<std::function<std::string()>> t1, t2;
+  d::add_cnn_tasks(one, {1}, true, t1, 1);
+  d::add_cnn_tasks(two, {1}, true, t2, 2);
+  ASSERT_GT(t1.size(), 1u);
+  EXPECT_EQ(t2.size(), 2 * (t1.size() - 1) + 1);
+  for (auto& t : t2) EXPECT_FALSE(t().empty());
+  for (auto& t : t1) (void)t();
+  ASSERT_EQ(two.conv.size(), one.conv.size());
+  ASSERT_EQ(two.cnn_layers.size(), one.cnn_layers.size());
+  EXPECT_EQ(two.conv.size() + two.cnn_layers.size(), t1.size() - 1);
+  for (size_t i = 0; i < two.conv.size(); ++i) {
+    EXPECT_EQ(two.conv[i].ic, one.conv[i].ic);
+    EXPECT_EQ(two.conv[i].format, one.conv[i].format);
+    EXPECT_GT(two.conv[i].fwd_gflops, 0);
+  }
+  for (size_t i = 0; i < two.cnn_layers.size(); ++i) {
+    EXPECT_EQ(two.cnn_layers[i].op, one.cnn_layers[i].op);
+    EXPECT_GT(two.cnn_layers[i].bwd_s, 0);
+  }
+}
+
 TEST(Calibrate, GemmRateAgreesWithTheTrainersMeasurement) {
   // The same product (1024^3, one thread, float32) measured two ways.
   const double mine = quick().p.gemm_gflops("square_1024", "float32", 1);
@@ -369,11 +425,12 @@ TEST(Calibrate, ReportsProgressOncePerMeasurement) {
     EXPECT_EQ(pr[i].first, static_cast<int>(i + 1));
     EXPECT_EQ(pr[i].second, static_cast<int>(pr.size()));
   }
-  // gemm + element-wise kernels + attention + convolutions + CNN layers per thread count, plus
-  // ranks sharing cores, the call overhead and the threads link.
+  // gemm + element-wise kernels + attention + convolutions + CNN layers per thread count (one
+  // round in quick mode), plus the line that keeps the CNN rows' medians, ranks sharing cores,
+  // the call overhead and the threads link.
   const MachineProfile& p = quick().p;
   EXPECT_EQ(pr.size(),
-            p.gemm.size() + p.elementwise.size() + p.attention.size() + p.conv.size() + p.cnn_layers.size() + 3);
+            p.gemm.size() + p.elementwise.size() + p.attention.size() + p.conv.size() + p.cnn_layers.size() + 4);
 }
 
 TEST(Calibrate, RefusesMoreThreadsThanCores) {

@@ -603,7 +603,7 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
                " GFLOP/s";
       });
     // Convolutional networks' layers as they run (plan/calibrate_cnn.h).
-    detail::add_cnn_tasks(p, threads, o.quick, tasks);
+    detail::add_cnn_tasks(p, threads, o.quick, tasks, o.quick ? 1 : detail::kCnnRounds);
     tasks.push_back([&p, cores, q = o.quick] {
       p.shared_core_efficiency = measure_shared_core_efficiency(cores, q);
       p.oversubscribed_handoff_s = measure_oversubscribed_handoff(cores, q);

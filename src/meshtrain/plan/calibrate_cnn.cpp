@@ -96,7 +96,7 @@ ConvRate measure_conv(const ConvClass& c, int64_t n, bool blocked, int threads, 
       dy(static_cast<size_t>(out), 0.01f), w(static_cast<size_t>(wn), 0.1f), dw(static_cast<size_t>(wn)),
       bias(static_cast<size_t>(s.OC)), db(static_cast<size_t>(s.OC));
   const int reps = quick ? 3 : 5;
-  const double min_total = quick ? 0.01 : 0.08;
+  const double min_total = quick ? 0.01 : 0.03;  // a round's
   auto [f, d] = median_pair([&] { kernels::conv2d_forward(y.data(), x.data(), w.data(), bias.data(), s, threads); },
                           [&] { kernels::conv2d_backward(dx.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), s, threads); },
                           reps, min_total, threads == 1);
@@ -175,7 +175,7 @@ LayerRate measure_layer(const std::string& op, bool blocked, int64_t n, int64_t 
     fwd = [&, rb] { kernels::to_activation_layout(y.data(), x.data(), n, C, h * h, rb); };
     bwd = [&, rb] { kernels::from_activation_layout(other.data(), y.data(), n, C, h * h, rb); };
   }
-  const auto [f, bw] = median_pair(fwd, bwd, quick ? 3 : 10, quick ? 0.01 : 0.06, threads == 1);
+  const auto [f, bw] = median_pair(fwd, bwd, quick ? 3 : 5, quick ? 0.01 : 0.02, threads == 1);  // a round's
   LayerRate r;
   r.op = op, r.format = blocked ? "blocked" : "nchw", r.elements = x.numel(), r.threads = threads;
   r.fwd_s = std::max(f, 1e-9), r.bwd_s = std::max(bw, 1e-9);
@@ -184,9 +184,42 @@ LayerRate measure_layer(const std::string& op, bool blocked, int64_t n, int64_t 
 
 }  // namespace
 
+ConvRate median_conv(const std::vector<ConvRate>& rounds) {
+  if (rounds.empty()) return {};
+  ConvRate r = rounds.front();
+  auto median_of = [&](double ConvRate::*f) {
+    std::vector<double> v;
+    for (const ConvRate& x : rounds) v.push_back(x.*f);
+    return median_seconds(std::move(v));
+  };
+  r.fwd_gflops = median_of(&ConvRate::fwd_gflops);
+  r.bwd_data_gflops = median_of(&ConvRate::bwd_data_gflops);
+  r.bwd_weights_gflops = median_of(&ConvRate::bwd_weights_gflops);
+  return r;
+}
+
+LayerRate median_layer(const std::vector<LayerRate>& rounds) {
+  if (rounds.empty()) return {};
+  LayerRate r = rounds.front();
+  auto median_of = [&](double LayerRate::*f) {
+    std::vector<double> v;
+    for (const LayerRate& x : rounds) v.push_back(x.*f);
+    return median_seconds(std::move(v));
+  };
+  r.fwd_s = median_of(&LayerRate::fwd_s);
+  r.bwd_s = median_of(&LayerRate::bwd_s);
+  return r;
+}
+
 void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick,
-                   std::vector<std::function<std::string()>>& tasks) {
+                   std::vector<std::function<std::string()>>& tasks, int rounds) {
   const int block = kernels::conv_activation_block();
+  // One measuring function per row, run in rounds below.
+  struct Row {
+    std::function<ConvRate()> conv;
+    std::function<LayerRate()> layer;
+  };
+  std::vector<Row> rows;
   for (const ConvClass& c : conv_classes(quick))
     for (bool blocked : {true, false}) {
       // The blocked format differs from NCHW only where a channel count divides by the block.
@@ -194,15 +227,7 @@ void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quic
       // A small micro-batch (the activations in the core's caches) and a large one (the layout
       // conversions of NCHW calls go to memory): the cost model picks by output positions.
       for (int64_t n : quick ? std::vector<int64_t>{32} : std::vector<int64_t>{8, 64})
-        for (int t : threads)
-        tasks.push_back([&p, c, n, blocked, t, quick] {
-          p.conv.push_back(measure_conv(c, n, blocked, t, quick));
-          const ConvRate& r = p.conv.back();
-          return "conv " + r.format + " n" + std::to_string(r.n) + " " + std::to_string(r.ic) + "->" + std::to_string(r.oc) + " k" + std::to_string(r.k) +
-                 " s" + std::to_string(r.stride) + " at " + std::to_string(r.h) + " threads " + std::to_string(t) + ": " +
-                 fmt("%.1f", r.fwd_gflops) + " / " + fmt("%.1f", r.bwd_data_gflops) + " / " + fmt("%.1f", r.bwd_weights_gflops) +
-                 " GFLOP/s (forward / data / weights)";
-        });
+        for (int t : threads) rows.push_back({[c, n, blocked, t, quick] { return measure_conv(c, n, blocked, t, quick); }, {}});
     }
   // (n, h): 25 Ki floats (the caches), 784 Ki and 1.5 Mi floats
   // (quick: the middle one alone, priced in proportion to the elements).
@@ -220,13 +245,44 @@ void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quic
       if (blocked && (!op.both_formats || block == 0)) continue;
       for (const auto& [n, h] : sizes)
         for (int t : threads)
-          tasks.push_back([&p, name = std::string(op.name), blocked, n, h, t, quick] {
-            p.cnn_layers.push_back(measure_layer(name, blocked, n, h, t, quick));
-            const LayerRate& r = p.cnn_layers.back();
-            return name + " " + r.format + " " + std::to_string(r.elements) + " floats threads " + std::to_string(t) + ": " +
-                   fmt("%.1f", r.fwd_s * 1e6) + " / " + fmt("%.1f", r.bwd_s * 1e6) + " us (forward / backward)";
-          });
+          rows.push_back({{}, [name = std::string(op.name), blocked, n, h, t, quick] {
+                            return measure_layer(name, blocked, n, h, t, quick);
+                          }});
     }
+
+  // The rounds' figures of every row, then each row's median into the machine file.
+  rounds = std::max(1, rounds);
+  struct Measured {
+    std::vector<std::vector<ConvRate>> conv;
+    std::vector<std::vector<LayerRate>> layer;
+  };
+  auto measured = std::make_shared<Measured>();
+  measured->conv.resize(rows.size()), measured->layer.resize(rows.size());
+  for (int round = 0; round < rounds; ++round)
+    for (size_t i = 0; i < rows.size(); ++i)
+      tasks.push_back([measured, row = rows[i], i, round, rounds] {
+        const std::string of = rounds > 1 ? " (round " + std::to_string(round + 1) + " of " + std::to_string(rounds) + ")" : "";
+        if (row.conv) {
+          const ConvRate r = row.conv();
+          measured->conv[i].push_back(r);
+          return "conv " + r.format + " n" + std::to_string(r.n) + " " + std::to_string(r.ic) + "->" + std::to_string(r.oc) +
+                 " k" + std::to_string(r.k) + " s" + std::to_string(r.stride) + " at " + std::to_string(r.h) + " threads " +
+                 std::to_string(r.threads) + ": " + fmt("%.1f", r.fwd_gflops) + " / " + fmt("%.1f", r.bwd_data_gflops) + " / " +
+                 fmt("%.1f", r.bwd_weights_gflops) + " GFLOP/s (forward / data / weights)" + of;
+        }
+        const LayerRate r = row.layer();
+        measured->layer[i].push_back(r);
+        return r.op + " " + r.format + " " + std::to_string(r.elements) + " floats threads " + std::to_string(r.threads) +
+               ": " + fmt("%.1f", r.fwd_s * 1e6) + " / " + fmt("%.1f", r.bwd_s * 1e6) + " us (forward / backward)" + of;
+      });
+  tasks.push_back([&p, measured, rounds] {
+    for (size_t i = 0; i < measured->conv.size(); ++i) {
+      if (!measured->conv[i].empty()) p.conv.push_back(median_conv(measured->conv[i]));
+      if (!measured->layer[i].empty()) p.cnn_layers.push_back(median_layer(measured->layer[i]));
+    }
+    return "convolutional layers: " + std::to_string(p.conv.size()) + " convolution and " + std::to_string(p.cnn_layers.size()) +
+           " layer rows, each the median of " + std::to_string(rounds) + " round(s)";
+  });
 }
 
 }  // namespace meshtrain::plan::detail

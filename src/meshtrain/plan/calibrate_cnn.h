@@ -11,6 +11,10 @@
 //     conversion NCHW <-> blocked, at three sizes so the cost model has each call's fixed cost
 //     and its cost per element (quick mode: 3 convolution classes at one batch, the layers at
 //     one size, about a second more).
+// Each row is measured in rounds, one after the other over the whole list (calibrate: three,
+// quick mode one), and keeps the median of its rounds' figures: a moment of a shared VM that
+// runs a kernel at half or twice its rate, a few hundred milliseconds long, then does not
+// become the row (docs/planner.md).
 // Internal to plan/: calibrate.cpp adds these tasks to its list, and takes its own kernels'
 // figures by median_seconds below, as these do (its links keep their best).
 #pragma once
@@ -29,9 +33,16 @@ namespace meshtrain::plan::detail {
 // reach in a calibration and not in the run it predicts (docs/planner.md). Empty: 0.
 double median_seconds(std::vector<double> times);
 
-// Appends one task per measurement to `tasks`; each pushes its row into `p` and returns its line
-// of progress.
+// The row kept of one class's rounds (the same shape, format, batch and threads): each figure
+// the median of the rounds'. Empty: a default row.
+ConvRate median_conv(const std::vector<ConvRate>& rounds);
+LayerRate median_layer(const std::vector<LayerRate>& rounds);
+
+inline constexpr int kCnnRounds = 3;
+
+// Appends one task per measurement and round (`rounds` of them) to `tasks`, each returning its
+// line of progress, and a last one that pushes every row's median into `p`.
 void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick,
-                   std::vector<std::function<std::string()>>& tasks);
+                   std::vector<std::function<std::string()>>& tasks, int rounds);
 
 }  // namespace meshtrain::plan::detail
