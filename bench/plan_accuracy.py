@@ -24,7 +24,10 @@ machine file, unless --machine names one), then trains each model at each layout
 `meshtrain train --machine FILE`, which prints the prediction at the start and, at the end,
 "predicted against measured" for the step time (the median of the steps after the first two)
 and for every rank's peak tensor memory (its largest error). It prints a markdown table and the
-mean absolute percentage error (MAPE) of the step time, and the largest memory error.
+mean absolute percentage error (MAPE) of the step time, and the largest memory error. A last line,
+a diagnostic and not the target, gives the overall shift (the median of predicted / measured
+over the layouts: a shared VM that runs everything slower or faster than when it was calibrated
+moves every prediction alike) and the MAPE left once that shift is divided out.
 
 Every layout runs the model's default global batch (gpt-tiny 12 x 64, gpt-small 8 x 256),
 AdamW, on data/corpus.txt (the set-up's corpus). Ranks are threads of one process; each gets
@@ -35,6 +38,7 @@ turns on them).
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -160,7 +164,7 @@ def main():
             runs_of.setdefault(idx, []).append(rep)
         if a.reps > 1:
             print(f"round {rnd + 1} of {a.reps} done", file=sys.stderr, flush=True)
-    fastest_errors = []
+    fastest_errors, ratios = [], []
     for idx, (model, layout) in enumerate(runs):
         if idx not in runs_of or idx in dropped:
             continue
@@ -171,6 +175,7 @@ def main():
         name = layout or "(one rank)"
         pred, meas, err = float(m.group(1)), float(m.group(2)), float(m.group(3))
         step_errors.append(abs(err))
+        ratios.append(pred / meas)
         row = f"| {model} | {name} | {pred:.2f} | {meas:.2f} | {err:+.1f}% |"
         if m.group(4):
             mem_errors.append(abs(float(m.group(7))))
@@ -186,6 +191,15 @@ def main():
     if a.reps > 1 and fastest_errors:
         summary += (f"\nthe same with each layout's fastest run: MAPE {sum(fastest_errors) / len(fastest_errors):.1f}% "
                     f"(largest {max(fastest_errors):.1f}%, {sum(e > 20 for e in fastest_errors)} over 20%)")
+    if ratios:
+        # A diagnostic, not the target: the machine's state at the runs against its state at the
+        # calibration moves every prediction alike; what is left after dividing that out is the
+        # model's own error.
+        shift = statistics.median(ratios)
+        rest = [abs(r / shift - 1) * 100 for r in ratios]
+        summary += (f"\noverall shift (median predicted / measured): {(shift - 1) * 100:+.1f}%; with it divided out "
+                    f"(diagnostic only): MAPE {sum(rest) / len(rest):.1f}%, largest {max(rest):.1f}%, "
+                    f"{sum(e > 20 for e in rest)} over 20%")
     try:
         load = open("/proc/loadavg").read().split()[:3]
         summary += f"\nload average at the end: {' '.join(load)}"
