@@ -4,7 +4,7 @@ against measured, over the layouts the tests run (docs/benchmarks.md, "The plann
 
   python3 bench/plan_accuracy.py [--models gpt-tiny,gpt-small] [--steps-tiny 30] [--steps-small 10]
                                  [--machine FILE] [--layouts "dp 2;tp 2;..."] [--out table.md]
-  python3 bench/plan_accuracy.py --suite all [--steps-cnn 8] [--machine FILE] [--out table.md] [--reps N]
+  python3 bench/plan_accuracy.py --suite all [--steps-cnn 16] [--machine FILE] [--out table.md] [--reps N]
 
 --reps N runs every layout N times, in rounds (every layout once, then again), so that a slow
 or a fast minute of a shared VM falls on one run of several layouts rather than on every run of
@@ -15,7 +15,10 @@ error both ways. The prediction is the same in every run.
 --suite all runs the mixed set (SUITE below): transformers (gpt-tiny, gpt-small), the named CNNs
 (resnet-small, inception-small, cnn-small) and user-written graphs (examples/models/vgg-mini.json,
 resnet-cut.json, branchy.json) at dp, tp (filters/channels), spatial (row bands), branch, pp and
-mixes, a few steps each (about ten minutes on two cores); the CNNs train on Fashion-MNIST
+mixes, a few steps each (about ten minutes on two cores; the CNNs 16 steps, so that the median of
+steps 3-16 is the steady state: with 8, a data-parallel layout's slower early steps filled half
+the median's window; in one run of vgg-mini.json at dp 2, steps 2-7 took 19, 15, 5.9, 15, 3.9 and
+8.9 ms where the steps after the tenth took 3.3-4.2 ms, with single spikes); the CNNs train on Fashion-MNIST
 (/usr/share/datasets/fashion-mnist, or $FASHION_MNIST). It reports the same table, with the mean
 absolute error over all layouts, the worst layout, and the largest memory error.
 
@@ -116,7 +119,7 @@ def main():
     ap.add_argument("--layouts", default="")
     ap.add_argument("--out", default="")
     ap.add_argument("--suite", default="gpt", choices=["gpt", "all"])
-    ap.add_argument("--steps-cnn", type=int, default=8)
+    ap.add_argument("--steps-cnn", type=int, default=16)
     ap.add_argument("--reps", type=int, default=1,
                     help="runs per layout, in rounds; --keep says which counts (the prediction is the same)")
     ap.add_argument("--keep", default="median", choices=["median", "fastest"],
