@@ -421,15 +421,22 @@ TEST(HierSliced, RankThatThrowsFailsTheOthersPromptly) {
   // Rank 3 throws instead of entering a sliced all-reduce: its host peer fails in the shared-
   // memory exchange, the other host's ranks in the ring across hosts or their exchange; every
   // one of them reports all_reduce #1, long before the deadline, and the workers let go.
+  // Rank 3 throws once every rank has left all_reduce #0: it may leave #0 first (its host's
+  // part done), and its failure would then fail the others still finishing #0.
   SliceBytes s(kSlice);
   std::vector<std::string> errors(4);
+  std::atomic<int> past_first{0};
   const auto t0 = std::chrono::steady_clock::now();
   try {
     mc::run_threads(4, [&](Communicator& c) {
       c.set_hosts(mc::hosts_in_blocks(4, 2));
       std::vector<float> x(20000, 1.0f);
       c.all_reduce(x, {.algorithm = Algorithm::hier});
-      if (c.rank() == 3) throw std::runtime_error("boom in rank 3");
+      past_first.fetch_add(1);
+      if (c.rank() == 3) {
+        while (past_first.load() < 4) std::this_thread::yield();
+        throw std::runtime_error("boom in rank 3");
+      }
       try {
         c.all_reduce(x, {.algorithm = Algorithm::hier});
       } catch (const mc::CommError& e) {
