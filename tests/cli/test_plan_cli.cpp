@@ -310,3 +310,37 @@ TEST(CliTrainPrediction, PrintsPredictedAgainstMeasuredAndWritesItInTheMetrics) 
   EXPECT_NE(r.output.find(bad), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("step    1"), std::string::npos) << r.output;
 }
+
+
+// train says when the cost model predicts its layout well below one rank on the same cores: with
+// a machine file whose links are a thousand times slower, tp 2's collectives make it so, and
+// one rank gets no such note.
+TEST(CliTrainPrediction, SaysWhenALayoutDoesNotPayAgainstOneRank) {
+  meshtrain::testing::TempDir tmp("train_pays");
+  const std::string corpus = tmp.file("corpus.txt");
+  {
+    std::ofstream f(corpus);
+    for (int i = 0; i < 3000; ++i) f << "the quick brown fox jumps over the lazy dog " << i << "\n";
+  }
+  nlohmann::json m;
+  std::ifstream(example("this-machine.machine.json")) >> m;
+  for (auto& l : m["links"]) {
+    l["alpha_s"] = l["alpha_s"].get<double>() * 1000;
+    l["beta_s_per_byte"] = l["beta_s_per_byte"].get<double>() * 1000;
+    for (auto& p : l["points"]) p["seconds"] = p["seconds"].get<double>() * 1000;
+  }
+  const std::string machine = tmp.file("slow-links.json");
+  std::ofstream(machine) << m.dump(1);
+  const std::string train = "train --model gpt-tiny --data " + corpus + " --steps 1 --batch 4 --seq 32 --eval-every 0 "
+                            "--eval-batches 1 --threads 1 --machine " + machine;
+  const auto split = run_cli(train + " --tp 2", 300);
+  ASSERT_EQ(split.code, 0) << split.output;
+  const std::regex note(R"(cost model: note: one rank on the same cores \(--threads 2\) is predicted at ([\d.]+) ms a step against this layout's ([\d.]+) ms, so this layout would run at ([\d.]+)x one rank's speed: it does not pay)");
+  std::smatch n;
+  ASSERT_TRUE(std::regex_search(split.output, n, note)) << split.output;
+  EXPECT_LT(std::stod(n[3].str()), 0.9);
+  EXPECT_NEAR(std::stod(n[3].str()), std::stod(n[1].str()) / std::stod(n[2].str()), 0.01);
+  const auto one = run_cli(train, 300);
+  ASSERT_EQ(one.code, 0) << one.output;
+  EXPECT_EQ(one.output.find("does not pay"), std::string::npos) << one.output;
+}

@@ -337,3 +337,39 @@ TEST(CnnCostModel, TheOpsListedAddUpToTheStep) {
     EXPECT_NEAR(sum, p.compute_s, 1e-6 * p.compute_s) << name;
   }
 }
+
+// A layout of several ranks on one node's cores, against one rank on the cores they use: the
+// ratio of the two predicted steps, lower as the split's collectives get slower; nothing for one
+// rank or for hardware whose ranks do not share cores (devices).
+TEST(CnnCostModel, ALayoutIsSetAgainstOneRankOnTheSameCores) {
+  auto spec = model::model_spec("resnet-small");
+  const int64_t batch = 16;
+  const plan::Hardware hw = plan::hardware_from_machine(machine(), 0);
+  const plan::Layout tp2 = layout(batch, 2);
+  const plan::Prediction p = plan::predict(*spec, tp2, hw);
+  const auto a = plan::against_one_rank(*spec, tp2, hw, p.step_s);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->one_rank_threads, 2);  // two ranks of one thread: one rank of two
+  plan::Layout one = layout(batch);
+  one.threads = 2;
+  EXPECT_DOUBLE_EQ(a->one_rank_step_s, plan::predict(*spec, one, hw).step_s);
+  EXPECT_DOUBLE_EQ(a->speed, a->one_rank_step_s / p.step_s);
+  // The same split over a link 1000 times slower: its step grows, one rank's does not.
+  plan::MachineProfile slow = machine();
+  for (plan::LinkFit& f : slow.links) {
+    f.alpha_s *= 1000, f.beta_s_per_byte *= 1000;
+    for (plan::LinkPoint& pt : f.points) pt.seconds *= 1000;
+  }
+  const plan::Hardware hw_slow = plan::hardware_from_machine(slow, 0);
+  const plan::Prediction ps = plan::predict(*spec, tp2, hw_slow);
+  const auto b = plan::against_one_rank(*spec, tp2, hw_slow, ps.step_s);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_DOUBLE_EQ(b->one_rank_step_s, a->one_rank_step_s);
+  EXPECT_LT(b->speed, a->speed);
+  EXPECT_LT(b->speed, 0.9);
+  // One rank has no peer; devices that do not share cores are not set against one.
+  EXPECT_FALSE(plan::against_one_rank(*spec, layout(batch), hw, 1.0).has_value());
+  plan::Hardware devices = hw;
+  devices.cores = 0;
+  EXPECT_FALSE(plan::against_one_rank(*spec, tp2, devices, p.step_s).has_value());
+}

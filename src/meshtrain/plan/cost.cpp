@@ -356,6 +356,21 @@ std::string Layout::describe() const {
   return s;
 }
 
+std::optional<AgainstOneRank> against_one_rank(const model::ModelSpec& spec, const Layout& l, const Hardware& hw,
+                                               double step_s) {
+  if (l.world() <= 1 || hw.cores <= 0 || hw.nodes != 1 || step_s <= 0) return std::nullopt;
+  Layout one;
+  one.batch = l.batch, one.seq = l.seq, one.bf16 = l.bf16, one.optimizer_state = l.optimizer_state;
+  one.threads = std::max(1, std::min(hw.cores, l.world() * l.threads));
+  try {
+    const Prediction p = predict(spec, one, hw);
+    if (p.step_s <= 0) return std::nullopt;
+    return AgainstOneRank{p.step_s, one.threads, p.step_s / step_s};
+  } catch (const std::invalid_argument&) {
+    return std::nullopt;
+  }
+}
+
 Hardware hardware_from_machine(const MachineProfile& m, double memory_bytes) {
   Hardware hw;
   hw.name = m.host + " (" + m.cpu_model + ")";

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -153,6 +154,20 @@ void check_layout(const model::ModelSpec& spec, const Layout& l);
 // Predicts one layout. Throws std::invalid_argument with a sentence for a layout the model
 // cannot take (check_layout).
 Prediction predict(const model::ModelSpec& spec, const Layout& l, const Hardware& hw);
+
+// Where several ranks share one node's cores (a machine file's hardware: ranks are threads of one
+// process), one rank on all the cores they use (threads = theirs together, at most the cores;
+// the same global batch, one micro-batch, no ZeRO): its predicted step, and `l`'s speed as a
+// share of that rank's (one rank's step / `l`'s; below 1: `l` is slower). nullopt for one
+// rank, hardware without shared cores, or a layout either side the model cannot price. train
+// says so when a split does not pay at its size (below 0.9); plan ranks the layouts.
+struct AgainstOneRank {
+  double one_rank_step_s = 0;
+  int one_rank_threads = 1;
+  double speed = 1;  // one_rank_step_s / the layout's step
+};
+std::optional<AgainstOneRank> against_one_rank(const model::ModelSpec& spec, const Layout& l, const Hardware& hw,
+                                               double step_s);
 
 // The memory model alone (also train's start-up check).
 std::vector<RankMemory> predict_memory(const model::ModelSpec& spec, const Layout& l);
