@@ -61,8 +61,11 @@ int64_t RankTrainer::begin_run() {
       res.predicted = plan::predict(sh_.spec, plan_layout(o_, spans_), *o_.hardware);
       if (talk)
         for (const std::string& n : res.predicted->notes) std::printf("cost model: note: %s\n", n.c_str());
-      // A layout predicted well below one rank on the same cores: say so before the run spends them.
-      const auto one = plan::against_one_rank(sh_.spec, plan_layout(o_, spans_), *o_.hardware, res.predicted->step_s);
+      // A layout predicted well below one rank on the same cores: say so before the run spends them
+      // (ranks as threads of this process; MPI ranks may be on other hosts).
+      const auto one = o_.backend == "threads"
+                           ? plan::against_one_rank(sh_.spec, plan_layout(o_, spans_), *o_.hardware, res.predicted->step_s)
+                           : std::nullopt;
       if (talk && one && one->speed < kPaysAgainstOneRank)
         std::printf("cost model: note: one rank on the same cores (--threads %d) is predicted at %.2f ms a step against "
                     "this layout's %.2f ms, so this layout would run at %.2fx one rank's speed: it does not pay at this "
