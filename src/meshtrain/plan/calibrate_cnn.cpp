@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <ctime>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -184,31 +185,27 @@ LayerRate measure_layer(const std::string& op, bool blocked, int64_t n, int64_t 
 
 }  // namespace
 
-ConvRate median_conv(const std::vector<ConvRate>& rounds) {
+namespace {
+// The first round's row with each of `fields` the median of the rounds' (their key fields agree).
+template <class Row>
+Row median_of_rounds(const std::vector<Row>& rounds, std::initializer_list<double Row::*> fields) {
   if (rounds.empty()) return {};
-  ConvRate r = rounds.front();
-  auto median_of = [&](double ConvRate::*f) {
+  Row r = rounds.front();
+  for (double Row::*f : fields) {
     std::vector<double> v;
-    for (const ConvRate& x : rounds) v.push_back(x.*f);
-    return median_seconds(std::move(v));
-  };
-  r.fwd_gflops = median_of(&ConvRate::fwd_gflops);
-  r.bwd_data_gflops = median_of(&ConvRate::bwd_data_gflops);
-  r.bwd_weights_gflops = median_of(&ConvRate::bwd_weights_gflops);
+    for (const Row& x : rounds) v.push_back(x.*f);
+    r.*f = median_seconds(std::move(v));
+  }
   return r;
+}
+}  // namespace
+
+ConvRate median_conv(const std::vector<ConvRate>& rounds) {
+  return median_of_rounds(rounds, {&ConvRate::fwd_gflops, &ConvRate::bwd_data_gflops, &ConvRate::bwd_weights_gflops});
 }
 
 LayerRate median_layer(const std::vector<LayerRate>& rounds) {
-  if (rounds.empty()) return {};
-  LayerRate r = rounds.front();
-  auto median_of = [&](double LayerRate::*f) {
-    std::vector<double> v;
-    for (const LayerRate& x : rounds) v.push_back(x.*f);
-    return median_seconds(std::move(v));
-  };
-  r.fwd_s = median_of(&LayerRate::fwd_s);
-  r.bwd_s = median_of(&LayerRate::bwd_s);
-  return r;
+  return median_of_rounds(rounds, {&LayerRate::fwd_s, &LayerRate::bwd_s});
 }
 
 void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick,
