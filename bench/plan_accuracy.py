@@ -18,8 +18,8 @@ resnet-cut.json, branchy.json) at dp, tp (filters/channels), spatial (row bands)
 mixes, a few steps each (about ten minutes on two cores; the CNNs 16 steps, so that the median of
 steps 3-16 is the steady state: with 8, a data-parallel layout's slower early steps filled half
 the median's window; in one run of vgg-mini.json at dp 2, steps 2-7 took 19, 15, 5.9, 15, 3.9 and
-8.9 ms where the steps after the tenth took 3.3-4.2 ms, with single spikes); the CNNs train on Fashion-MNIST
-(/usr/share/datasets/fashion-mnist, or $FASHION_MNIST). It reports the same table, with the mean
+8.9 ms where the steps after the tenth took 3.3-4.2 ms, with single spikes); the CNNs train on
+Fashion-MNIST (/usr/share/datasets/fashion-mnist, or $FASHION_MNIST). It reports the same table, with the mean
 absolute error over all layouts, the worst layout, and the largest memory error.
 
 The script first measures this machine (`meshtrain calibrate`, full mode, into a temporary
