@@ -52,12 +52,12 @@ TEST(CliCalibrate, KeepsAFileItDidNotWriteAndReplacesItsOwn) {
   const auto p = meshtrain::plan::read_machine_file(out);
   EXPECT_EQ(p.mode, "quick");
   // One progress line per measurement: gemm, the element-wise kernels, attention, convolutions
-  // and CNN layers at 1 thread (one round in quick mode); the line that keeps the CNN rows'
-  // medians; ranks sharing cores, the call overhead and the link.
+  // and CNN layers at 1 thread (one round in quick mode); the lines that keep the kernels' and
+  // the CNN rows' medians; ranks sharing cores, the call overhead and the link.
   std::size_t lines = 0;
   for (std::size_t at = r.output.find("calibrate ["); at != std::string::npos; at = r.output.find("calibrate [", at + 1))
     ++lines;
-  EXPECT_EQ(lines, p.gemm.size() + p.elementwise.size() + p.attention.size() + p.conv.size() + p.cnn_layers.size() + 4)
+  EXPECT_EQ(lines, p.gemm.size() + p.elementwise.size() + p.attention.size() + p.conv.size() + p.cnn_layers.size() + 5)
       << r.output;
   EXPECT_NE(r.output.find("machine file: " + out), std::string::npos) << r.output;
 

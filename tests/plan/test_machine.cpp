@@ -384,6 +384,59 @@ TEST(Calibrate, CnnRoundsGiveOneRowPerClass) {
   }
 }
 
+TEST(Calibrate, RoundsRunOverTheWholeListAndKeepEachRowsFigures) {
+  // Three rows of two rounds: the tasks measure every row once, then every row again; `keep`
+  // gets each row's two figures, in the rows' order; every line names its round.
+  namespace d = meshtrain::plan::detail;
+  std::vector<int> order;
+  std::vector<std::function<double()>> rows;
+  for (int i = 0; i < 3; ++i)
+    rows.push_back([&order, i] {
+      order.push_back(i);
+      return 10.0 * i + static_cast<double>(order.size());
+    });
+  std::vector<std::vector<double>> kept;
+  std::vector<std::function<std::string()>> tasks;
+  d::add_round_tasks<double>(
+      rows, [](const double& x) { return "figure " + std::to_string(static_cast<int>(x)); },
+      [&kept](const std::vector<std::vector<double>>& m) {
+        kept = m;
+        return std::string("kept");
+      },
+      tasks, 2);
+  ASSERT_EQ(tasks.size(), 7u);
+  std::vector<std::string> lines;
+  for (auto& t : tasks) lines.push_back(t());
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 0, 1, 2}));
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept[0], (std::vector<double>{1, 4}));
+  EXPECT_EQ(kept[1], (std::vector<double>{12, 15}));
+  EXPECT_EQ(kept[2], (std::vector<double>{23, 26}));
+  EXPECT_EQ(lines[0], "figure 1 (round 1 of 2)");
+  EXPECT_EQ(lines[5], "figure 26 (round 2 of 2)");
+  EXPECT_EQ(lines[6], "kept");
+  // One round: no round in the lines.
+  tasks.clear();
+  d::add_round_tasks<double>(rows, [](const double&) { return std::string("one"); },
+                             [](const std::vector<std::vector<double>>&) { return std::string("kept"); }, tasks, 1);
+  ASSERT_EQ(tasks.size(), 4u);
+  EXPECT_EQ(tasks[0](), "one");
+}
+
+TEST(Calibrate, AKernelRowKeepsTheMedianOfItsRounds) {
+  // A GEMM row whose second round ran while a shared VM held one of its cores.
+  using meshtrain::plan::GemmRate;
+  auto g = [](double gflops) {
+    GemmRate r;
+    r.shape = "small_128", r.m = r.n = r.k = 128, r.precision = "float32", r.threads = 2, r.gflops = gflops;
+    return r;
+  };
+  const GemmRate r = meshtrain::plan::detail::median_of_rounds<GemmRate>({g(120), g(9), g(131)}, {&GemmRate::gflops});
+  EXPECT_DOUBLE_EQ(r.gflops, 120);
+  EXPECT_EQ(r.shape, "small_128");
+  EXPECT_EQ(r.threads, 2);
+}
+
 TEST(Calibrate, GemmRateAgreesWithTheTrainersMeasurement) {
   // The same product (1024^3, one thread, float32) measured two ways.
   const double mine = quick().p.gemm_gflops("square_1024", "float32", 1);
@@ -426,11 +479,11 @@ TEST(Calibrate, ReportsProgressOncePerMeasurement) {
     EXPECT_EQ(pr[i].second, static_cast<int>(pr.size()));
   }
   // gemm + element-wise kernels + attention + convolutions + CNN layers per thread count (one
-  // round in quick mode), plus the line that keeps the CNN rows' medians, ranks sharing cores,
-  // the call overhead and the threads link.
+  // round in quick mode), plus the two lines that keep the kernels' and the CNN rows' medians,
+  // ranks sharing cores, the call overhead and the threads link.
   const MachineProfile& p = quick().p;
   EXPECT_EQ(pr.size(),
-            p.gemm.size() + p.elementwise.size() + p.attention.size() + p.conv.size() + p.cnn_layers.size() + 4);
+            p.gemm.size() + p.elementwise.size() + p.attention.size() + p.conv.size() + p.cnn_layers.size() + 5);
 }
 
 TEST(Calibrate, RefusesMoreThreadsThanCores) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "meshtrain/kernels/conv.h"
@@ -185,21 +186,6 @@ LayerRate measure_layer(const std::string& op, bool blocked, int64_t n, int64_t 
 
 }  // namespace
 
-namespace {
-// The first round's row with each of `fields` the median of the rounds' (their key fields agree).
-template <class Row>
-Row median_of_rounds(const std::vector<Row>& rounds, std::initializer_list<double Row::*> fields) {
-  if (rounds.empty()) return {};
-  Row r = rounds.front();
-  for (double Row::*f : fields) {
-    std::vector<double> v;
-    for (const Row& x : rounds) v.push_back(x.*f);
-    r.*f = median_seconds(std::move(v));
-  }
-  return r;
-}
-}  // namespace
-
 ConvRate median_conv(const std::vector<ConvRate>& rounds) {
   return median_of_rounds(rounds, {&ConvRate::fwd_gflops, &ConvRate::bwd_data_gflops, &ConvRate::bwd_weights_gflops});
 }
@@ -211,12 +197,12 @@ LayerRate median_layer(const std::vector<LayerRate>& rounds) {
 void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick,
                    std::vector<std::function<std::string()>>& tasks, int rounds) {
   const int block = kernels::conv_activation_block();
-  // One measuring function per row, run in rounds below.
+  // One measuring function per row, run in rounds below: a convolution's row or a layer's.
   struct Row {
-    std::function<ConvRate()> conv;
-    std::function<LayerRate()> layer;
+    std::optional<ConvRate> conv;
+    std::optional<LayerRate> layer;
   };
-  std::vector<Row> rows;
+  std::vector<std::function<Row()>> rows;
   for (const ConvClass& c : conv_classes(quick))
     for (bool blocked : {true, false}) {
       // The blocked format differs from NCHW only where a channel count divides by the block.
@@ -224,7 +210,8 @@ void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quic
       // A small micro-batch (the activations in the core's caches) and a large one (the layout
       // conversions of NCHW calls go to memory): the cost model picks by output positions.
       for (int64_t n : quick ? std::vector<int64_t>{32} : std::vector<int64_t>{8, 64})
-        for (int t : threads) rows.push_back({[c, n, blocked, t, quick] { return measure_conv(c, n, blocked, t, quick); }, {}});
+        for (int t : threads)
+          rows.push_back([c, n, blocked, t, quick] { return Row{measure_conv(c, n, blocked, t, quick), {}}; });
     }
   // (n, h): 25 Ki floats (the caches), 784 Ki and 1.5 Mi floats
   // (quick: the middle one alone, priced in proportion to the elements).
@@ -242,44 +229,39 @@ void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quic
       if (blocked && (!op.both_formats || block == 0)) continue;
       for (const auto& [n, h] : sizes)
         for (int t : threads)
-          rows.push_back({{}, [name = std::string(op.name), blocked, n, h, t, quick] {
-                            return measure_layer(name, blocked, n, h, t, quick);
-                          }});
+          rows.push_back([name = std::string(op.name), blocked, n, h, t, quick] {
+            return Row{{}, measure_layer(name, blocked, n, h, t, quick)};
+          });
     }
 
   // The rounds' figures of every row, then each row's median into the machine file.
-  rounds = std::max(1, rounds);
-  struct Measured {
-    std::vector<std::vector<ConvRate>> conv;
-    std::vector<std::vector<LayerRate>> layer;
+  const auto line = [](const Row& row) {
+    if (row.conv) {
+      const ConvRate& r = *row.conv;
+      return "conv " + r.format + " n" + std::to_string(r.n) + " " + std::to_string(r.ic) + "->" + std::to_string(r.oc) + " k" +
+             std::to_string(r.k) + " s" + std::to_string(r.stride) + " at " + std::to_string(r.h) + " threads " +
+             std::to_string(r.threads) + ": " + fmt("%.1f", r.fwd_gflops) + " / " + fmt("%.1f", r.bwd_data_gflops) + " / " +
+             fmt("%.1f", r.bwd_weights_gflops) + " GFLOP/s (forward / data / weights)";
+    }
+    const LayerRate& r = *row.layer;
+    return r.op + " " + r.format + " " + std::to_string(r.elements) + " floats threads " + std::to_string(r.threads) + ": " +
+           fmt("%.1f", r.fwd_s * 1e6) + " / " + fmt("%.1f", r.bwd_s * 1e6) + " us (forward / backward)";
   };
-  auto measured = std::make_shared<Measured>();
-  measured->conv.resize(rows.size()), measured->layer.resize(rows.size());
-  for (int round = 0; round < rounds; ++round)
-    for (size_t i = 0; i < rows.size(); ++i)
-      tasks.push_back([measured, row = rows[i], i, round, rounds] {
-        const std::string of = rounds > 1 ? " (round " + std::to_string(round + 1) + " of " + std::to_string(rounds) + ")" : "";
-        if (row.conv) {
-          const ConvRate r = row.conv();
-          measured->conv[i].push_back(r);
-          return "conv " + r.format + " n" + std::to_string(r.n) + " " + std::to_string(r.ic) + "->" + std::to_string(r.oc) +
-                 " k" + std::to_string(r.k) + " s" + std::to_string(r.stride) + " at " + std::to_string(r.h) + " threads " +
-                 std::to_string(r.threads) + ": " + fmt("%.1f", r.fwd_gflops) + " / " + fmt("%.1f", r.bwd_data_gflops) + " / " +
-                 fmt("%.1f", r.bwd_weights_gflops) + " GFLOP/s (forward / data / weights)" + of;
-        }
-        const LayerRate r = row.layer();
-        measured->layer[i].push_back(r);
-        return r.op + " " + r.format + " " + std::to_string(r.elements) + " floats threads " + std::to_string(r.threads) +
-               ": " + fmt("%.1f", r.fwd_s * 1e6) + " / " + fmt("%.1f", r.bwd_s * 1e6) + " us (forward / backward)" + of;
-      });
-  tasks.push_back([&p, measured, rounds] {
-    for (size_t i = 0; i < measured->conv.size(); ++i) {
-      if (!measured->conv[i].empty()) p.conv.push_back(median_conv(measured->conv[i]));
-      if (!measured->layer[i].empty()) p.cnn_layers.push_back(median_layer(measured->layer[i]));
+  const auto keep = [&p, rounds = std::max(1, rounds)](const std::vector<std::vector<Row>>& measured) {
+    for (const std::vector<Row>& of : measured) {
+      std::vector<ConvRate> conv;
+      std::vector<LayerRate> layer;
+      for (const Row& r : of) {
+        if (r.conv) conv.push_back(*r.conv);
+        if (r.layer) layer.push_back(*r.layer);
+      }
+      if (!conv.empty()) p.conv.push_back(median_conv(conv));
+      if (!layer.empty()) p.cnn_layers.push_back(median_layer(layer));
     }
     return "convolutional layers: " + std::to_string(p.conv.size()) + " convolution and " + std::to_string(p.cnn_layers.size()) +
            " layer rows, each the median of " + std::to_string(rounds) + " round(s)";
-  });
+  };
+  add_round_tasks<Row>(std::move(rows), line, keep, tasks, rounds);
 }
 
 }  // namespace meshtrain::plan::detail

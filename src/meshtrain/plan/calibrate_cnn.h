@@ -15,11 +15,15 @@
 // quick mode one), and keeps the median of its rounds' figures: a moment of a shared VM that
 // runs a kernel at half or twice its rate, a few hundred milliseconds long, then does not
 // become the row (docs/planner.md).
-// Internal to plan/: calibrate.cpp adds these tasks to its list, and takes its own kernels'
-// figures by median_seconds below, as these do (its links keep their best).
+// Internal to plan/: calibrate.cpp adds these tasks to its list, and measures its own kernels'
+// rows (GEMM, element-wise, attention) in rounds too, through add_round_tasks and
+// median_of_rounds below (its links keep their best).
 #pragma once
 
+#include <algorithm>
 #include <functional>
+#include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,12 +37,45 @@ namespace meshtrain::plan::detail {
 // reach in a calibration and not in the run it predicts (docs/planner.md). Empty: 0.
 double median_seconds(std::vector<double> times);
 
-// The row kept of one class's rounds (the same shape, format, batch and threads): each figure
-// the median of the rounds'. Empty: a default row.
+// The row kept of one class's rounds (the same shape, format, batch and threads): the first
+// round's row with each of `fields` the median of the rounds'. Empty: a default row.
+template <class Row>
+Row median_of_rounds(const std::vector<Row>& rounds, std::initializer_list<double Row::*> fields) {
+  if (rounds.empty()) return {};
+  Row r = rounds.front();
+  for (double Row::*f : fields) {
+    std::vector<double> v;
+    for (const Row& x : rounds) v.push_back(x.*f);
+    r.*f = median_seconds(std::move(v));
+  }
+  return r;
+}
 ConvRate median_conv(const std::vector<ConvRate>& rounds);
 LayerRate median_layer(const std::vector<LayerRate>& rounds);
 
+// The rounds calibrate measures its kernels' rows in (quick mode: one).
 inline constexpr int kCnnRounds = 3;
+inline constexpr int kKernelRounds = 3;
+
+// Appends to `tasks` one task per row and round, `rounds` times over the whole list of `rows`
+// (so that the rounds of one row lie far apart), each returning `line` of the figure it
+// measured, and a last one that hands every row's rounds, in the order of `rows`, to `keep`
+// and returns its line.
+template <class Row>
+void add_round_tasks(std::vector<std::function<Row()>> rows, std::function<std::string(const Row&)> line,
+                     std::function<std::string(const std::vector<std::vector<Row>>&)> keep,
+                     std::vector<std::function<std::string()>>& tasks, int rounds) {
+  rounds = std::max(1, rounds);
+  auto measured = std::make_shared<std::vector<std::vector<Row>>>(rows.size());
+  for (int round = 0; round < rounds; ++round)
+    for (size_t i = 0; i < rows.size(); ++i)
+      tasks.push_back([measured, fn = rows[i], line, i, round, rounds] {
+        (*measured)[i].push_back(fn());
+        return line((*measured)[i].back()) +
+               (rounds > 1 ? " (round " + std::to_string(round + 1) + " of " + std::to_string(rounds) + ")" : "");
+      });
+  tasks.push_back([measured, keep] { return keep(*measured); });
+}
 
 // Appends one task per measurement and round (`rounds` of them) to `tasks`, each returning its
 // line of progress, and a last one that pushes every row's median into `p`.
