@@ -2,7 +2,9 @@
 //
 // Every figure is the median of several timed repetitions (detail::median_seconds: the cost
 // model predicts a run's median step), each repetition at least a few milliseconds long; the
-// links keep the best of their repetitions' means. The work is a list of named
+// kernels' and the CNN rows are measured in three rounds over their lists and keep the median
+// of their rounds' (detail::add_round_tasks; quick mode: one round); the links keep the best of
+// their repetitions' means. The work is a list of named
 // tasks, so the progress callback knows the total before the first one runs:
 //   GEMM      kernels::gemm at a few shape classes x thread counts x float32 (and bf16 where
 //             kernels::bf16_isa() is not "emulated"); bf16 times include converting A and B;
@@ -792,7 +794,7 @@ std::optional<MachineProfile> machine_for_run(const std::string& path, bool may_
     }
   }
   if (!may_calibrate) return std::nullopt;
-  std::fprintf(stderr, "note: measuring this machine for the cost model (meshtrain calibrate --quick, about two seconds)%s\n",
+  std::fprintf(stderr, "note: measuring this machine for the cost model (meshtrain calibrate --quick, a few seconds)%s\n",
                cached.empty() ? "" : ("; kept in " + cached + " for the next runs").c_str());
   {  // other work on the cores lowers every rate measured now, and the file is kept
     std::ifstream avg("/proc/loadavg");
