@@ -200,7 +200,7 @@ std::string default_machine_path();
 // The machine file of `meshtrain train`'s cost model: `path` when given (read; a bad file
 // throws std::invalid_argument naming it); else the file at default_machine_path() when it
 // was measured on this host, CPU model and number of cores; else, when `may_calibrate`, a
-// quick calibration (about 8 s on the 2-core VM), written there for the next run (a note on stderr; a
+// quick calibration (about 8 s on a 2-core AMD EPYC VM), written there for the next run (a note on stderr; a
 // failed write is said and the run goes on). nullopt: none could be had. `source` says which.
 // `quick_calibration(path)` makes the quick calibration and writes it to `path` (the program
 // runs it as a child process, so that its buffers never count in the run's memory); null: in
