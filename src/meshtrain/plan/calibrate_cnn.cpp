@@ -18,6 +18,7 @@
 #include "meshtrain/nn/context.h"
 #include "meshtrain/nn/pool.h"
 #include "meshtrain/nn/shape.h"
+#include "meshtrain/plan/calibrate_kernels.h"
 
 namespace meshtrain::plan::detail {
 
@@ -41,11 +42,6 @@ double thread_cpu_s() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-std::string fmt(const char* f, double a) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, a);
-  return buf;
-}
 
 // The median of `reps` runs (at least `min_total` seconds of them) of each of two calls made one
 // after the other (a layer's forward, then its backward). On one thread, its CPU time (the

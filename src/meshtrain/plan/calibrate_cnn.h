@@ -15,9 +15,9 @@
 // quick mode one), and keeps the median of its rounds' figures: a moment of a shared VM that
 // runs a kernel at half or twice its rate, a few hundred milliseconds long, then does not
 // become the row (docs/planner.md).
-// Internal to plan/: calibrate.cpp adds these tasks to its list, and measures its own kernels'
-// rows (GEMM, element-wise, attention) in rounds too, through add_round_tasks and
-// median_of_rounds below (its links keep their best).
+// Internal to plan/: calibrate.cpp adds these tasks to its list; the kernels' rows
+// (plan/calibrate_kernels.h) are measured in rounds too, through add_round_tasks and
+// median_of_rounds below (the links keep their best).
 #pragma once
 
 #include <algorithm>
@@ -53,9 +53,8 @@ Row median_of_rounds(const std::vector<Row>& rounds, std::initializer_list<doubl
 ConvRate median_conv(const std::vector<ConvRate>& rounds);
 LayerRate median_layer(const std::vector<LayerRate>& rounds);
 
-// The rounds calibrate measures its kernels' rows in (quick mode: one).
+// The rounds calibrate measures the CNN rows in (quick mode: one).
 inline constexpr int kCnnRounds = 3;
-inline constexpr int kKernelRounds = 3;
 
 // Appends to `tasks` one task per row and round, `rounds` times over the whole list of `rows`
 // (so that the rounds of one row lie far apart), each returning `line` of the figure it
