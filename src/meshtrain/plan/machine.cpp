@@ -1,5 +1,6 @@
 // The machine file's JSON: writing, and the strict reading that names the file and the field
-// of every refusal (plan/machine.h). The measurements are in plan/calibrate.cpp.
+// of every refusal (plan/machine.h). The measurements are in plan/calibrate.cpp (with
+// the kernels' rows in calibrate_kernels.cpp and the CNN rows in calibrate_cnn.cpp).
 #include "meshtrain/plan/machine.h"
 
 #include <cmath>
