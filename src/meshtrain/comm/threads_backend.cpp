@@ -19,6 +19,10 @@
 // their side, so the error names them rather than a peer that was itself waiting.
 #include "meshtrain/comm/threads_backend.h"
 
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -687,6 +691,22 @@ void set_stuck_ranks_handler(StuckRanksHandler h, Timeout grace) {
   g_stuck_grace = grace.count() > 0 ? grace : std::chrono::seconds(3);
 }
 
+std::vector<int> core_binding(int world, int threads_per_rank) {
+  if (threads_per_rank != 1 || world < 2) return {};
+  if (const char* s = std::getenv("MESHTRAIN_COMM_PIN"); s && std::string(s) == "0") return {};
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(getpid(), sizeof set, &set) != 0) return {};  // the main thread's: rank threads may be bound
+  std::vector<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) allowed.push_back(c);
+  const int n = static_cast<int>(allowed.size());
+  if (n == 0 || world <= n || world % n != 0) return {};
+  std::vector<int> cores(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) cores[static_cast<size_t>(r)] = allowed[static_cast<size_t>(r % n)];
+  return cores;
+}
+
 void run_threads(int world, const std::function<void(Communicator&)>& fn, const ThreadsOptions& opts) {
   if (world < 1) throw std::invalid_argument("run_threads: world must be at least 1, got " + std::to_string(world));
   auto fabric = std::make_shared<Fabric>(world);
@@ -694,8 +714,18 @@ void run_threads(int world, const std::function<void(Communicator&)>& fn, const 
   RunState run;
   std::vector<std::thread> threads;
   threads.reserve(world);
+  const std::vector<int> cores = core_binding(world, opts.threads_per_rank);
   for (int r = 0; r < world; ++r) {
-    std::function<void()> body = [f = fabric, &board, &run, &fn, &opts, r] { rank_main(f, board, run, r, fn, opts); };
+    const int core = cores.empty() ? -1 : cores[static_cast<size_t>(r)];
+    std::function<void()> body = [f = fabric, &board, &run, &fn, &opts, r, core] {
+      if (core >= 0) {  // a hint: a rank that cannot be bound runs where the scheduler puts it
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(core, &set);
+        (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+      }
+      rank_main(f, board, run, r, fn, opts);
+    };
     {
       std::lock_guard g(run.m);
       ++run.running;

@@ -38,6 +38,9 @@ struct ThreadsOptions {
   std::string name = "world";
   StuckRanksHandler on_stuck{};  // empty: the process-wide handler (set_stuck_ranks_handler)
   Timeout stuck_grace{0};      // 0: the process-wide grace (3 s unless set)
+  // Kernel threads each rank computes with (0: not known). With 1, ranks that outnumber the
+  // cores are bound to them (core_binding below).
+  int threads_per_rank = 0;
   // Test hook: starts one rank's thread (empty: std::thread). May throw as std::thread does.
   std::function<std::thread(int rank, std::function<void()> body)> start_thread{};
 };
@@ -56,6 +59,17 @@ class ThreadStartError : public std::runtime_error {
 // The handler used when ThreadsOptions::on_stuck is empty, and its grace (> 0). Process-wide
 // (like Communicator::set_default_timeout): ending a process is the program's decision.
 void set_stuck_ranks_handler(StuckRanksHandler h, Timeout grace = std::chrono::seconds(3));
+
+// The core each rank's thread is bound to, or empty when the ranks are left to the scheduler.
+// Bound only when ranks of one kernel thread outnumber the cores this process may use (its
+// affinity mask) and fill them evenly: rank r on the (r mod n)-th of those n cores. The mesh's
+// rank formula makes the tensor-parallel peers adjacent ranks and the data-parallel ones the
+// next axis, so the ranks that compute in step land on different cores, and the pipeline stages
+// that take turns share one. Unbound, the scheduler at times puts two tp peers on one core,
+// where every all-reduce waits for a switch: gpt-tiny at tp 2 x pp 2 on 2 cores ran steps of
+// 21.2-30.0 ms unbound against 21.1-22.7 bound (docs/benchmarks.md). MESHTRAIN_COMM_PIN=0
+// turns it off.
+std::vector<int> core_binding(int world, int threads_per_rank);
 
 void run_threads(int world, const std::function<void(Communicator&)>& fn, const ThreadsOptions& opts = {});
 

@@ -180,6 +180,8 @@ double measure_shared_core_efficiency(int cores, bool quick) {
   const int iters = quick ? 20 : 60, products = 4;
   auto run = [&](int ranks) {
     double seconds = 0;
+    mc::ThreadsOptions one_thread;
+    one_thread.threads_per_rank = 1;  // bound to the cores as a training run's ranks are
     mc::run_world(mc::Backend::threads, ranks, [&](mc::Communicator& c) {
       std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), out(n * n);
       std::vector<float> v(256, 1.f);
@@ -193,7 +195,7 @@ double measure_shared_core_efficiency(int cores, bool quick) {
       }
       c.barrier();
       if (c.rank() == 0) seconds = since(t0);
-    });
+    }, one_thread);
     return seconds;
   };
   run(cores);  // warm-up
@@ -213,6 +215,8 @@ double measure_oversubscribed_handoff(int cores, bool quick) {
   const int ring = std::max(2, cores), rounds = quick ? 10 : 30;
   std::atomic<bool> done{false};
   double per_hop = 0, compute = 0;
+  mc::ThreadsOptions one_thread;
+  one_thread.threads_per_rank = 1;  // bound to the cores as a training run's ranks are
   mc::run_world(mc::Backend::threads, cores + ring, [&](mc::Communicator& c) {
     const int64_t n = c.rank() < cores ? 256 : 128;
     std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), out(n * n), token(16, 1.f);
@@ -239,7 +243,7 @@ double measure_oversubscribed_handoff(int cores, bool quick) {
     }
     c.barrier();
     if (c.rank() == cores) compute = median_seconds_of(work, 20, 0.01);
-  });
+  }, one_thread);
   return std::max(1e-7, per_hop - compute);
 }
 

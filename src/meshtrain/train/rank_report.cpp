@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <span>
 
+#include "meshtrain/comm/threads_backend.h"
 #include "meshtrain/io/file.h"
 #include "meshtrain/parallel/tensor/tensor_parallel.h"
 #include "meshtrain/pipeline/svg.h"
@@ -77,21 +79,28 @@ void RankTrainer::print_validation(const StepRecord& r) const {
 
 void RankTrainer::print_header() {
   const auto& cfg = sh_.cfg;
+  // The threads backend binds ranks that outnumber the cores (comm::core_binding).
+  std::string bound;
+  if (o_.backend != "mpi") {
+    const std::vector<int> cores = comm::core_binding(mesh_.world().size(), o_.threads);
+    if (!cores.empty())
+      bound = " (bound to the " + std::to_string(std::set<int>(cores.begin(), cores.end()).size()) + " cores in turn)";
+  }
   int64_t n_params = 0;
   for (const auto& [name, shape] : sh_.spec.param_shapes()) n_params += shape_numel(shape);
   if (sh_.images)
-    std::printf("model %s: %lld parameters | batch %lld images | %s | %d thread(s) per rank | data %s (%lld train, "
+    std::printf("model %s: %lld parameters | batch %lld images | %s | %d thread(s) per rank%s | data %s (%lld train, "
                 "%lld test images)\n",
                 sh_.spec.name().c_str(), static_cast<long long>(n_params), static_cast<long long>(o_.batch),
-                mesh_str(o_).c_str(), o_.threads, sh_.images->path().c_str(),
+                mesh_str(o_).c_str(), o_.threads, bound.c_str(), sh_.images->path().c_str(),
                 static_cast<long long>(sh_.images->num_images(Split::train)),
                 static_cast<long long>(sh_.images->num_images(Split::val)));
   if (sh_.images && !sh_.images->describe().empty()) std::printf("%s\n", sh_.images->describe().c_str());
   if (!sh_.images)
-    std::printf("model %s: %lld parameters | batch %lld x %lld | %s | %d thread(s) per rank | data %s (%lld train tokens)\n",
+    std::printf("model %s: %lld parameters | batch %lld x %lld | %s | %d thread(s) per rank%s | data %s (%lld train tokens)\n",
                 cfg.name.c_str(), static_cast<long long>(cfg.num_params()),
                 static_cast<long long>(o_.batch), static_cast<long long>(o_.seq),
-                mesh_str(o_).c_str(), o_.threads, o_.data.c_str(),
+                mesh_str(o_).c_str(), o_.threads, bound.c_str(), o_.data.c_str(),
                 static_cast<long long>(sh_.tokens->num_tokens(Split::train)));
   if (!layout_line_.empty()) std::printf("layout: %s\n", layout_line_.c_str());
   std::printf("%s\n", describe(o_.optim).c_str());

@@ -780,13 +780,15 @@ TrainResult train(TrainOptions o) {
             res, recorder.get(), resume ? &*resume : nullptr};
   const int world = o.dp * o.tp * o.pp;
   comm::Backend backend = o.backend == "mpi" ? comm::Backend::mpi : comm::Backend::threads;
+  comm::ThreadsOptions threads_opts;
+  threads_opts.threads_per_rank = o.threads;  // ranks of one thread that outnumber the cores are bound to them
   comm::run_world(backend, backend == comm::Backend::mpi ? 0 : world, [&](comm::Communicator& w) {
     // --ranks-per-host: emulated hosts on threads, an override of mpirun's under mpi (before the
     // mesh splits the world: the groups inherit their ranks' hosts).
     if (o.ranks_per_host > 0) w.set_hosts(comm::hosts_in_blocks(w.size(), o.ranks_per_host), w.host_link());
     RankTrainer rank(w, sh);
     rank.run();
-  });
+  }, threads_opts);
   if (recorder) write_trace(*recorder, o);
   return res;
 }
