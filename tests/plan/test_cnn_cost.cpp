@@ -373,3 +373,36 @@ TEST(CnnCostModel, ALayoutIsSetAgainstOneRankOnTheSameCores) {
   devices.cores = 0;
   EXPECT_FALSE(plan::against_one_rank(*spec, tp2, devices, p.step_s).has_value());
 }
+
+// Four pipeline stages of one thread on two cores: a stage whose input arrives waits for the
+// rank on its core to end its action, or for the machine file's hand-over, whichever is
+// shorter. A hand-over far longer than any action is capped (1 s and 10 s price the same step)
+// and adds at most one action a message; a hand-over of a hundredth of an action adds at most
+// that a message.
+TEST(CnnCostModel, AStageWaitsForItsCoreAtMostTheRestOfAnAction) {
+  auto spec = model::model_spec("resnet-small");
+  const auto step = [&](double handoff) {
+    plan::MachineProfile m = machine();
+    m.oversubscribed_handoff_s = handoff;
+    plan::Layout l = layout(64);
+    l.pp = 4, l.microbatches = 4, l.schedule = "1f1b";
+    return plan::predict(*spec, l, plan::hardware_from_machine(m, 0));
+  };
+  const plan::Prediction none = step(1e-12), second = step(1.0), ten = step(10.0);
+  EXPECT_DOUBLE_EQ(second.compute_s, ten.compute_s);
+  EXPECT_GT(second.timeline.makespan, none.timeline.makespan);
+  double longest = 0;
+  int messages = 0;
+  for (const auto& rank : none.timeline.ranks)
+    for (const pipeline::TimedAction& t : rank) {
+      if (pipeline::is_compute(t.action.kind)) longest = std::max(longest, t.end - t.start);
+      if (pipeline::is_recv(t.action.kind)) ++messages;
+    }
+  ASSERT_GT(messages, 0);
+  EXPECT_LE(second.timeline.makespan - none.timeline.makespan, messages * longest);
+  // A hand-over of a hundredth of the longest action adds at most that a message.
+  const plan::Prediction small = step(longest / 100);
+  EXPECT_GT(small.timeline.makespan, none.timeline.makespan);
+  EXPECT_LE(small.timeline.makespan - none.timeline.makespan, messages * longest / 100 * (1 + 1e-9));
+  EXPECT_LT(small.timeline.makespan, second.timeline.makespan);
+}
