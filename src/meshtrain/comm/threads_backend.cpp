@@ -691,15 +691,20 @@ void set_stuck_ranks_handler(StuckRanksHandler h, Timeout grace) {
   g_stuck_grace = grace.count() > 0 ? grace : std::chrono::seconds(3);
 }
 
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(getpid(), sizeof set, &set) != 0) return {};
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
 std::vector<int> core_binding(int world, int threads_per_rank) {
   if (threads_per_rank != 1 || world < 2) return {};
   if (const char* s = std::getenv("MESHTRAIN_COMM_PIN"); s && std::string(s) == "0") return {};
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(getpid(), sizeof set, &set) != 0) return {};  // the main thread's: rank threads may be bound
-  std::vector<int> allowed;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) allowed.push_back(c);
+  const std::vector<int> allowed = allowed_cpus();
   const int n = static_cast<int>(allowed.size());
   if (n == 0 || world <= n || world % n != 0) return {};
   std::vector<int> cores(static_cast<size_t>(world));

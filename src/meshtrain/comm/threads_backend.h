@@ -60,6 +60,10 @@ class ThreadStartError : public std::runtime_error {
 // (like Communicator::set_default_timeout): ending a process is the program's decision.
 void set_stuck_ranks_handler(StuckRanksHandler h, Timeout grace = std::chrono::seconds(3));
 
+// The CPUs this process may run on: its main thread's affinity mask (rank threads may be bound),
+// in order; empty when the system does not say.
+std::vector<int> allowed_cpus();
+
 // The core each rank's thread is bound to, or empty when the ranks are left to the scheduler.
 // Bound only when ranks of one kernel thread outnumber the cores this process may use (its
 // affinity mask) and fill them evenly: rank r on the (r mod n)-th of those n cores. The mesh's

@@ -12,7 +12,6 @@
 //             and over MPI when launched by mpirun, at a few sizes, fitted to alpha + beta n.
 // Limits: one host; the threads link is measured at world 2 only; an MPI link is classed as
 // shared memory when every rank runs on one host name, else TCP (other fabrics are not told apart).
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "meshtrain/comm/threads_backend.h"
 #include "meshtrain/comm/world.h"
 #include "meshtrain/kernels/gemm.h"
 #include "meshtrain/nn/linear.h"
@@ -333,12 +333,8 @@ std::vector<int> thread_counts(int most, bool quick) {
 }  // namespace
 
 int usable_cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const size_t n = mc::allowed_cpus().size();  // the mask the threads backend binds ranks within
+  return n > 0 ? static_cast<int>(n) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& progress) {

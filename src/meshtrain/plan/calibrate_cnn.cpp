@@ -42,7 +42,6 @@ double thread_cpu_s() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-
 // The median of `reps` runs (at least `min_total` seconds of them) of each of two calls made one
 // after the other (a layer's forward, then its backward). On one thread, its CPU time (the
 // smaller of the two clocks): other work on a loaded machine does not stretch it.
