@@ -22,9 +22,9 @@ the median's window; in one run of vgg-mini.json at dp 2, steps 2-7 took 19, 15,
 Fashion-MNIST (/usr/share/datasets/fashion-mnist, or $FASHION_MNIST). It reports the same table, with the mean
 absolute error over all layouts, the worst layout, and the largest memory error.
 
-The script first measures this machine (`meshtrain calibrate`, full mode, into a temporary
-machine file, unless --machine names one), then trains each model at each layout with
-`meshtrain train --machine FILE`, which prints the prediction at the start and, at the end,
+The script first measures this machine (`meshtrain calibrate --rounds 6`, or --calibrate-rounds,
+into a temporary machine file, unless --machine names one), then trains each model at each
+layout with `meshtrain train --machine FILE`, which prints the prediction at the start and, at the end,
 "predicted against measured" for the step time (the median of the steps after the first two)
 and for every rank's peak tensor memory (its largest error). It prints a markdown table and the
 mean absolute percentage error (MAPE) of the step time, and the largest memory error. A last line,
@@ -122,6 +122,8 @@ def main():
     ap.add_argument("--steps-cnn", type=int, default=16)
     ap.add_argument("--reps", type=int, default=1,
                     help="runs per layout, in rounds; --keep says which counts (the prediction is the same)")
+    ap.add_argument("--calibrate-rounds", type=int, default=6,
+                    help="calibrate's --rounds when the script measures the machine itself (without --machine)")
     ap.add_argument("--keep", default="median", choices=["median", "fastest"],
                     help="the run of a layout that counts: the median measured step (as calibrate keeps the "
                          "median repetition) or the fastest")
@@ -134,11 +136,15 @@ def main():
     data = data_file()
     images = os.environ.get("FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
     tmp = tempfile.mkdtemp(prefix="plan_accuracy_")
+    if a.calibrate_rounds < 1:
+        sys.exit("plan_accuracy.py: --calibrate-rounds must be at least 1")
     machine = a.machine
     if not machine:
         machine = os.path.join(tmp, "machine.json")
-        print("measuring this machine (meshtrain calibrate) ...", file=sys.stderr)
-        subprocess.run([MESHTRAIN, "calibrate", "--out", machine], check=True, stdout=subprocess.DEVNULL)
+        print(f"measuring this machine (meshtrain calibrate --rounds {a.calibrate_rounds}) ...", file=sys.stderr,
+              flush=True)
+        subprocess.run([MESHTRAIN, "calibrate", "--rounds", str(a.calibrate_rounds), "--out", machine], check=True,
+                       stdout=subprocess.DEVNULL)
     rows, step_errors, mem_errors = [], [], []
     # --reps: the whole list is run in rounds (every layout once per round), so that a minute in
     # which the VM runs slower falls on one run of many layouts, not on every run of one.

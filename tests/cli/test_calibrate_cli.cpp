@@ -29,6 +29,7 @@ TEST(CliCalibrate, BadFlagsAndPathsExit2) {
   };
   for (const Case& c : {Case{"calibrate --threads 0", "--threads"}, Case{"calibrate --threads two", "--threads"},
                         Case{"calibrate --threads 100000", "cores"}, Case{"calibrate --fast", "--fast"},
+                        Case{"calibrate --rounds 0", "--rounds"}, Case{"calibrate --rounds many", "--rounds"},
                         Case{"calibrate --out " + dir.file("no/such/dir/m.json"), "--out"},
                         Case{"calibrate --out " + dir.path().string(), "--out"}}) {
     const auto r = run_cli(c.args + " --quick", 60);

@@ -363,9 +363,10 @@ TEST(Calibrate, CnnRoundsGiveOneRowPerClass) {
   // order; the second list's tasks are one per row and round, and one that keeps the medians.
   namespace d = meshtrain::plan::detail;
   MachineProfile one, two;
-  std::vector<std::function<std::string()>> t1, t2;
-  d::add_cnn_tasks(one, {1}, true, t1, 1);
-  d::add_cnn_tasks(two, {1}, true, t2, 2);
+  d::RoundTasks r1, r2;
+  d::add_cnn_tasks(one, {1}, true, r1, 1);
+  d::add_cnn_tasks(two, {1}, true, r2, 2);
+  const auto t1 = r1.in_order(), t2 = r2.in_order();
   ASSERT_GT(t1.size(), 1u);
   EXPECT_EQ(t2.size(), 2 * (t1.size() - 1) + 1);
   for (auto& t : t2) EXPECT_FALSE(t().empty());
@@ -396,14 +397,15 @@ TEST(Calibrate, RoundsRunOverTheWholeListAndKeepEachRowsFigures) {
       return 10.0 * i + static_cast<double>(order.size());
     });
   std::vector<std::vector<double>> kept;
-  std::vector<std::function<std::string()>> tasks;
+  d::RoundTasks rounded;
   d::add_round_tasks<double>(
       rows, [](const double& x) { return "figure " + std::to_string(static_cast<int>(x)); },
       [&kept](const std::vector<std::vector<double>>& m) {
         kept = m;
         return std::string("kept");
       },
-      tasks, 2);
+      rounded, 2);
+  auto tasks = rounded.in_order();
   ASSERT_EQ(tasks.size(), 7u);
   std::vector<std::string> lines;
   for (auto& t : tasks) lines.push_back(t());
@@ -416,11 +418,54 @@ TEST(Calibrate, RoundsRunOverTheWholeListAndKeepEachRowsFigures) {
   EXPECT_EQ(lines[5], "figure 26 (round 2 of 2)");
   EXPECT_EQ(lines[6], "kept");
   // One round: no round in the lines.
-  tasks.clear();
+  d::RoundTasks once;
   d::add_round_tasks<double>(rows, [](const double&) { return std::string("one"); },
-                             [](const std::vector<std::vector<double>>&) { return std::string("kept"); }, tasks, 1);
+                             [](const std::vector<std::vector<double>>&) { return std::string("kept"); }, once, 1);
+  tasks = once.in_order();
   ASSERT_EQ(tasks.size(), 4u);
   EXPECT_EQ(tasks[0](), "one");
+}
+
+TEST(Calibrate, TwoSectionsRunTheirRoundsInTurn) {
+  // Two rows of section a in three rounds and one row of section b in three: round 1 of both,
+  // then round 2 of both, then round 3, then a's keep and b's. Each keep gets its own rows' three
+  // figures, so a row's rounds lie a whole round of both sections apart.
+  namespace d = meshtrain::plan::detail;
+  std::vector<std::string> order;
+  auto section = [&order](const std::string& name, int n) {
+    std::vector<std::function<int()>> rows;
+    for (int i = 0; i < n; ++i)
+      rows.push_back([&order, name, i] {
+        order.push_back(name + std::to_string(i));
+        return static_cast<int>(order.size());
+      });
+    return rows;
+  };
+  std::vector<std::vector<int>> kept_a, kept_b;
+  d::RoundTasks rounded;
+  const auto line = [](const int& x) { return std::to_string(x); };
+  d::add_round_tasks<int>(section("a", 2), line,
+                          [&kept_a](const std::vector<std::vector<int>>& m) {
+                            kept_a = m;
+                            return std::string("kept a");
+                          },
+                          rounded, 3);
+  d::add_round_tasks<int>(section("b", 1), line,
+                          [&kept_b](const std::vector<std::vector<int>>& m) {
+                            kept_b = m;
+                            return std::string("kept b");
+                          },
+                          rounded, 3);
+  const auto tasks = rounded.in_order();
+  ASSERT_EQ(tasks.size(), 11u);
+  std::vector<std::string> lines;
+  for (const auto& t : tasks) lines.push_back(t());
+  EXPECT_EQ(order, (std::vector<std::string>{"a0", "a1", "b0", "a0", "a1", "b0", "a0", "a1", "b0"}));
+  EXPECT_EQ(lines[9], "kept a");
+  EXPECT_EQ(lines[10], "kept b");
+  EXPECT_EQ(kept_a, (std::vector<std::vector<int>>{{1, 4, 7}, {2, 5, 8}}));
+  EXPECT_EQ(kept_b, (std::vector<std::vector<int>>{{3, 6, 9}}));
+  EXPECT_EQ(lines[2], "3 (round 1 of 3)");
 }
 
 TEST(Calibrate, AKernelRowKeepsTheMedianOfItsRounds) {

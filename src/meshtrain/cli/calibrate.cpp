@@ -1,6 +1,6 @@
-// `meshtrain calibrate [--quick] [-o FILE.json] [--threads N] [--overwrite]`: measures this
-// machine (GEMM rates, element-wise bandwidth, attention rate, communication links; see
-// plan/machine.h) and writes the machine file the planner reads (docs/planner.md).
+// `meshtrain calibrate [--quick] [-o FILE.json] [--threads N] [--rounds N] [--overwrite]`:
+// measures this machine (GEMM rates, element-wise bandwidth, attention rate, communication links;
+// see plan/machine.h) and writes the machine file the planner reads (docs/planner.md).
 //
 // The output path is checked first by the output policy (train/outputs.h): it must be
 // writable and must not replace a file meshtrain did not write unless --overwrite is given.
@@ -22,11 +22,11 @@ namespace {
 struct CalibrateArgs {
   std::string out = "machine.json";
   bool quick = false, overwrite = false;
-  int threads = 0;
+  int threads = 0, rounds = 3;
 };
 
 void run_calibrate(const CalibrateArgs& a) {
-  plan::CalibrateOptions o{.quick = a.quick, .threads = a.threads};
+  plan::CalibrateOptions o{.quick = a.quick, .threads = a.threads, .rounds = a.rounds};
   try {
     train::PathPlan paths(a.overwrite);
     paths.output_file("--out", a.out, train::OutputKind::machine);
@@ -41,7 +41,7 @@ void run_calibrate(const CalibrateArgs& a) {
   const bool lead = !(comm::have_mpi() && comm::launched_by_mpirun()) || comm::mpi_world()->rank() == 0;
   if (lead)
     std::fprintf(stderr, "meshtrain calibrate: measuring this machine (%s mode; %s)\n", a.quick ? "quick" : "full",
-                 a.quick ? "a few seconds" : "under two minutes");
+                 a.quick ? "a few seconds" : a.rounds <= 3 ? "under two minutes" : "a few minutes");
   const plan::MachineProfile p = plan::calibrate(o, [lead](int done, int total, const std::string& line) {
     if (!lead) return;
     std::fprintf(stderr, "calibrate [%d/%d] %s\n", done, total, line.c_str());
@@ -60,6 +60,12 @@ void add_calibrate_command(CLI::App& app) {
   cmd->add_flag("--quick", args->quick, "A few seconds: fewer shapes, thread counts, sizes and repetitions");
   cmd->add_option("-o,--out", args->out, "The machine file to write (default: machine.json)")->check(non_empty_path());
   cmd->add_option("--threads", args->threads, "The most threads measured (default: every core)")->check(integer<int>(1));
+  cmd->add_option("--rounds", args->rounds,
+                  "Measure every kernel and layer row this many times, interleaved over the run, and keep each "
+                  "row's median (default 3, about 70 s on 2 cores; each more round adds about 17 s there; quick "
+                  "mode: 1). More rounds spread the measurement over more of a shared machine's slower and faster "
+                  "states")
+      ->check(integer<int>(1));
   cmd->add_flag("--overwrite", args->overwrite, "Let --out replace an existing file meshtrain did not write");
   cmd->callback([args] { run_calibrate(*args); });
 }

@@ -6,7 +6,8 @@
 // progress callback knows the total before the first one runs:
 //   kernels   GEMMs, element-wise kernels and attention (plan/calibrate_kernels.h) and the
 //             layers of convolutional networks (plan/calibrate_cnn.h), each row in three rounds
-//             over its list, keeping the median of its rounds' (quick mode: one round);
+//             (CalibrateOptions::rounds) over the whole list of both, keeping the median of its
+//             rounds' (quick mode: one round);
 //   cores     ranks sharing cores (their efficiency, a pipeline hand-over) and the call overhead;
 //   links     all_reduce and sendrecv (to the next rank) over the threads backend at world 2,
 //             and over MPI when launched by mpirun, at a few sizes, fitted to alpha + beta n.
@@ -341,6 +342,7 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
   const auto start = Clock::now();
   const int cores = usable_cores();
   if (o.threads < 0) throw std::invalid_argument("--threads must be at least 1 (or 0 for every core)");
+  if (o.rounds < 1) throw std::invalid_argument("--rounds must be at least 1");
   if (o.threads > cores)
     throw std::invalid_argument("--threads " + std::to_string(o.threads) + " is more than the " + std::to_string(cores) +
                                 " cores this process may use; give at most " + std::to_string(cores));
@@ -396,10 +398,13 @@ MachineProfile calibrate(const CalibrateOptions& o, const CalibrateProgress& pro
 
   if (lead) {
     const auto threads = thread_counts(most, o.quick);
-    // GEMMs, element-wise kernels and attention (plan/calibrate_kernels.h).
-    detail::add_kernel_tasks(p, threads, o.quick, bf16, tasks, o.quick ? 1 : detail::kKernelRounds);
-    // Convolutional networks' layers as they run (plan/calibrate_cnn.h).
-    detail::add_cnn_tasks(p, threads, o.quick, tasks, o.quick ? 1 : detail::kCnnRounds);
+    // GEMMs, element-wise kernels and attention (plan/calibrate_kernels.h) and convolutional
+    // networks' layers as they run (plan/calibrate_cnn.h), their rounds interleaved.
+    const int rounds = o.quick ? 1 : o.rounds;
+    detail::RoundTasks rounded;
+    detail::add_kernel_tasks(p, threads, o.quick, bf16, rounded, rounds);
+    detail::add_cnn_tasks(p, threads, o.quick, rounded, rounds);
+    for (auto& t : rounded.in_order()) tasks.push_back(std::move(t));
     tasks.push_back([&p, cores, q = o.quick] {
       p.shared_core_efficiency = measure_shared_core_efficiency(cores, q);
       p.oversubscribed_handoff_s = measure_oversubscribed_handoff(cores, q);

@@ -189,8 +189,7 @@ LayerRate median_layer(const std::vector<LayerRate>& rounds) {
   return median_of_rounds(rounds, {&LayerRate::fwd_s, &LayerRate::bwd_s});
 }
 
-void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick,
-                   std::vector<std::function<std::string()>>& tasks, int rounds) {
+void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick, RoundTasks& tasks, int rounds) {
   const int block = kernels::conv_activation_block();
   // One measuring function per row, run in rounds below: a convolution's row or a layer's.
   struct Row {

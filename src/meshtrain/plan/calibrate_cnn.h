@@ -11,8 +11,9 @@
 //     conversion NCHW <-> blocked, at three sizes so the cost model has each call's fixed cost
 //     and its cost per element (quick mode: 3 convolution classes at one batch, the layers at
 //     one size, about a second more).
-// Each row is measured in rounds, one after the other over the whole list (calibrate: three,
-// quick mode one), and keeps the median of its rounds' figures: a moment of a shared VM that
+// Each row is measured in rounds, one after the other over the whole list and interleaved with
+// the kernels' rounds (RoundTasks below; calibrate: three, or --rounds, quick mode one), and
+// keeps the median of its rounds' figures: a moment of a shared VM that
 // runs a kernel at half or twice its rate, a few hundred milliseconds long, then does not
 // become the row (docs/planner.md).
 // Internal to plan/: calibrate.cpp adds these tasks to its list; the kernels' rows
@@ -53,32 +54,46 @@ Row median_of_rounds(const std::vector<Row>& rounds, std::initializer_list<doubl
 ConvRate median_conv(const std::vector<ConvRate>& rounds);
 LayerRate median_layer(const std::vector<LayerRate>& rounds);
 
-// The rounds calibrate measures the CNN rows in (quick mode: one).
-inline constexpr int kCnnRounds = 3;
+// Calibrate's measurements that run in rounds, kept by round: calibrate runs round 1 of every
+// section (the kernels', then the convolutional layers'), then round 2 of every section, and so
+// on, and each section's `keep` after the last round. A row's rounds then lie a whole round of
+// calibrate apart (about 20 s each on 2 cores), not one section's round:
+// a shared VM's slower and faster states last tens of seconds (docs/planner.md), and a row
+// whose rounds all fell in one of them would carry it into every prediction.
+struct RoundTasks {
+  std::vector<std::vector<std::function<std::string()>>> rounds;  // [round]: every section's tasks
+  std::vector<std::function<std::string()>> keep;                 // one per section
+  // Round 1's tasks, round 2's, ..., then the keeps.
+  std::vector<std::function<std::string()>> in_order() const {
+    std::vector<std::function<std::string()>> all;
+    for (const auto& r : rounds) all.insert(all.end(), r.begin(), r.end());
+    all.insert(all.end(), keep.begin(), keep.end());
+    return all;
+  }
+};
 
-// Appends to `tasks` one task per row and round, `rounds` times over the whole list of `rows`
-// (so that the rounds of one row lie far apart), each returning `line` of the figure it
-// measured, and a last one that hands every row's rounds, in the order of `rows`, to `keep`
-// and returns its line.
+// Adds to `tasks` one task per row and round, round r's in `tasks.rounds[r]`, each returning
+// `line` of the figure it measured, and a keep that hands every row's rounds, in the order of
+// `rows`, to `keep` and returns its line.
 template <class Row>
 void add_round_tasks(std::vector<std::function<Row()>> rows, std::function<std::string(const Row&)> line,
-                     std::function<std::string(const std::vector<std::vector<Row>>&)> keep,
-                     std::vector<std::function<std::string()>>& tasks, int rounds) {
+                     std::function<std::string(const std::vector<std::vector<Row>>&)> keep, RoundTasks& tasks,
+                     int rounds) {
   rounds = std::max(1, rounds);
+  if (static_cast<int>(tasks.rounds.size()) < rounds) tasks.rounds.resize(rounds);
   auto measured = std::make_shared<std::vector<std::vector<Row>>>(rows.size());
   for (int round = 0; round < rounds; ++round)
     for (size_t i = 0; i < rows.size(); ++i)
-      tasks.push_back([measured, fn = rows[i], line, i, round, rounds] {
+      tasks.rounds[round].push_back([measured, fn = rows[i], line, i, round, rounds] {
         (*measured)[i].push_back(fn());
         return line((*measured)[i].back()) +
                (rounds > 1 ? " (round " + std::to_string(round + 1) + " of " + std::to_string(rounds) + ")" : "");
       });
-  tasks.push_back([measured, keep] { return keep(*measured); });
+  tasks.keep.push_back([measured, keep] { return keep(*measured); });
 }
 
-// Appends one task per measurement and round (`rounds` of them) to `tasks`, each returning its
-// line of progress, and a last one that pushes every row's median into `p`.
-void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick,
-                   std::vector<std::function<std::string()>>& tasks, int rounds);
+// Adds one task per measurement and round (`rounds` of them) to `tasks`, each returning its
+// line of progress, and a keep that pushes every row's median into `p`.
+void add_cnn_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick, RoundTasks& tasks, int rounds);
 
 }  // namespace meshtrain::plan::detail

@@ -199,8 +199,8 @@ AttentionRate measure_attention(int64_t B, int64_t T, int64_t C, int64_t NH, int
 
 }  // namespace
 
-void add_kernel_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick, bool bf16,
-                      std::vector<std::function<std::string()>>& tasks, int rounds) {
+void add_kernel_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick, bool bf16, RoundTasks& tasks,
+                      int rounds) {
   rounds = std::max(1, rounds);
   const std::vector<Shape> shapes =
       quick ? std::vector<Shape>{{"square_1024", 1024, 1024, 1024}, {"mlp_up_bt512", 512, 3072, 768},

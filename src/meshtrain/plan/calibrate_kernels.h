@@ -23,7 +23,7 @@
 
 namespace meshtrain::plan::detail {
 
-inline constexpr int kKernelRounds = 3;
+struct RoundTasks;  // plan/calibrate_cnn.h
 
 // The median time of one run of `fn` (median_seconds): one warm-up run, then at least `reps`
 // runs and at least `min_total` seconds of them.
@@ -35,9 +35,9 @@ std::string fmt(const char* f, double a);
 // The largest cache level's size of cpu0 as sysfs gives it ("32768K"), 0 when unknown.
 int64_t llc_bytes();
 
-// Appends one task per kernel row and round (`rounds` of them) to `tasks`, each returning its
-// line of progress, and a last one that pushes every row's median into `p`.
-void add_kernel_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick, bool bf16,
-                      std::vector<std::function<std::string()>>& tasks, int rounds);
+// Adds one task per kernel row and round (`rounds` of them) to `tasks`, each returning its line
+// of progress, and a keep that pushes every row's median into `p`.
+void add_kernel_tasks(MachineProfile& p, const std::vector<int>& threads, bool quick, bool bf16, RoundTasks& tasks,
+                      int rounds);
 
 }  // namespace meshtrain::plan::detail

@@ -177,6 +177,10 @@ void write_machine_file(const MachineProfile& p, const std::string& path);
 struct CalibrateOptions {
   bool quick = false;  // a few seconds: fewer shapes, thread counts, sizes and repetitions
   int threads = 0;     // the most threads measured; 0: every core
+  // The rounds every kernel and layer row is measured in, interleaved over the whole run; each
+  // row keeps the median of its rounds (quick mode: always one). More rounds spread a
+  // calibration over more of a shared machine's slower and faster states.
+  int rounds = 3;
   // Measure the MPI links when launched by mpirun (all ranks take part; only rank 0 measures
   // the compute rates and the threads link).
   bool mpi = true;
