@@ -13,9 +13,9 @@
 //     one size, about a second more).
 // Each row is measured in rounds, one after the other over the whole list and interleaved with
 // the kernels' rounds (RoundTasks below; calibrate: three, or --rounds, quick mode one), and
-// keeps the median of its rounds' figures: a moment of a shared VM that
-// runs a kernel at half or twice its rate, a few hundred milliseconds long, then does not
-// become the row (docs/planner.md).
+// keeps the median of its rounds' figures: a moment of a shared VM that runs a kernel at half
+// or twice its rate, a few hundred milliseconds long, then does not become the row
+// (docs/planner.md).
 // Internal to plan/: calibrate.cpp adds these tasks to its list; the kernels' rows
 // (plan/calibrate_kernels.h) are measured in rounds too, through add_round_tasks and
 // median_of_rounds below (the links keep their best).
@@ -57,9 +57,9 @@ LayerRate median_layer(const std::vector<LayerRate>& rounds);
 // Calibrate's measurements that run in rounds, kept by round: calibrate runs round 1 of every
 // section (the kernels', then the convolutional layers'), then round 2 of every section, and so
 // on, and each section's `keep` after the last round. A row's rounds then lie a whole round of
-// calibrate apart (about 20 s each on 2 cores), not one section's round:
-// a shared VM's slower and faster states last tens of seconds (docs/planner.md), and a row
-// whose rounds all fell in one of them would carry it into every prediction.
+// calibrate apart (about 20 s each on 2 cores), not one section's round: a shared VM's slower
+// and faster states last tens of seconds (docs/planner.md), and a row whose rounds all fell in
+// one of them would carry it into every prediction.
 struct RoundTasks {
   std::vector<std::vector<std::function<std::string()>>> rounds;  // [round]: every section's tasks
   std::vector<std::function<std::string()>> keep;                 // one per section

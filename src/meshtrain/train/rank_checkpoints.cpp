@@ -104,8 +104,8 @@ static std::string shared_message(comm::Communicator& world, int root, const std
 }
 
 // Every rank writes its two files into the step's tmp folder at the same time; rank 0 commits.
-// Two collectives over the world: rank 0's folder is ready (broadcast), every rank's files are
-// written (all-gather of their digests and figures). A rank that fails makes every rank throw;
+// Three collectives over the world: rank 0's folder is ready (broadcast), every rank's files are
+// written (all-gather of their digests and figures), rank 0 has committed (broadcast). A rank that fails makes every rank throw;
 // rank 0 then removes the tmp folder (a full disk gets its space back) and the message says
 // which checkpoint stays `latest`. `metrics_line` (rank 0: the step's metrics line, without the
 // save's timings) goes into the checkpoint's state, so a resume can write it back when a kill
@@ -179,6 +179,10 @@ void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
     }
     throw failed_save(what);
   }
+  // Rank 0 commits; no rank leaves the save before it has (a rank that failed in its next step
+  // would otherwise end the run while `latest` still named the checkpoint before: seen under
+  // load, where rank 0 was still in the all-gather when the fabric was aborted).
+  std::array<int64_t, 1> committed{1};
   if (lead_) {
     nlohmann::json state = {{"updates", optimizer_->updates()}, {"data_position", step}};
     if (metrics_line) state["metrics"] = *metrics_line;
@@ -187,13 +191,17 @@ void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
     } catch (const CheckpointWriteError& e) {
       // When only `latest` (or pruning) failed, the installed folder is complete and --resume takes it.
       std::error_code ec;
+      committed[0] = 0;
       if (std::filesystem::exists(folder + "/index.json", ec) && !std::filesystem::exists(folder + ".tmp", ec))
-        throw CheckpointWriteError(std::string(e.what()) + "; " + step_folder_name(step) + " is complete in " + dir +
-                                   " and --resume continues from it");
-      throw failed_save(e.what());
+        error = std::string(e.what()) + "; " + step_folder_name(step) + " is complete in " + dir +
+                " and --resume continues from it";
+      else
+        error = failed_save(e.what()).what();
     }
-    report_save(step, std::chrono::duration<double>(Clock::now() - t0).count(), std::move(ranks));
   }
+  world.broadcast(committed, {.root = 0});
+  if (!committed[0]) throw CheckpointWriteError(shared_message(world, 0, error));
+  if (lead_) report_save(step, std::chrono::duration<double>(Clock::now() - t0).count(), std::move(ranks));
   saved_step_ = step;
 }
 
