@@ -105,11 +105,12 @@ static std::string shared_message(comm::Communicator& world, int root, const std
 
 // Every rank writes its two files into the step's tmp folder at the same time; rank 0 commits.
 // Three collectives over the world: rank 0's folder is ready (broadcast), every rank's files are
-// written (all-gather of their digests and figures), rank 0 has committed (broadcast). A rank that fails makes every rank throw;
-// rank 0 then removes the tmp folder (a full disk gets its space back) and the message says
-// which checkpoint stays `latest`. `metrics_line` (rank 0: the step's metrics line, without the
-// save's timings) goes into the checkpoint's state, so a resume can write it back when a kill
-// came between the commit and the metrics file (train/metrics.h, trim_metrics_for_resume).
+// written (all-gather of their digests and figures), rank 0 has committed (broadcast). A rank
+// that fails makes every rank throw; rank 0 then removes the tmp folder (a full disk gets its
+// space back) and the message says which checkpoint stays `latest`. `metrics_line` (rank 0: the
+// step's metrics line, without the save's timings) goes into the checkpoint's state, so a
+// resume can write it back when a kill came between the commit and the metrics file
+// (train/metrics.h, trim_metrics_for_resume).
 void RankTrainer::save(int64_t step, const nlohmann::json* metrics_line) {
   flush_pipeline();  // asynchronous pipelines: a checkpoint holds no step in flight
   comm::Communicator& world = mesh_.world();
