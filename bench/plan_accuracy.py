@@ -12,6 +12,11 @@ one. The run that counts is the one with the median measured step (--keep median
 keeps each kernel's median repetition), or the fastest (--keep fastest); the summary gives the
 error both ways. The prediction is the same in every run.
 
+--recalibrate-after, a diagnostic, makes a second machine file after the runs and reports how
+far its predictions of the same layouts lie from the first file's, and their error against the
+measured steps: on a shared VM whose speed drifts over minutes, a table whose two files differ
+by much was measured on a machine that changed under it.
+
 --suite all runs the mixed set (SUITE below): transformers (gpt-tiny, gpt-small), the named CNNs
 (resnet-small, inception-small, cnn-small) and user-written graphs (examples/models/vgg-mini.json,
 resnet-cut.json, branchy.json) at dp, tp (filters/channels), spatial (row bands), branch, pp and
@@ -102,6 +107,9 @@ SUITE = [
 LINE = re.compile(r"predicted against measured: step ([\d.]+) ms vs ([\d.]+) ms .*?error ([+-][\d.]+)%"
                   r"(?: \| peak tensor memory of rank (\d+) ([\d.]+) MiB vs ([\d.]+) MiB, error ([+-][\d.]+)%)?")
 
+# The prediction a run prints at its start (the machine file's name may hold parentheses).
+PREDICTED = re.compile(r"^predicted \(cost model.*?\): step ([\d.]+) ms", re.M)
+
 
 def data_file():
     for f in (os.path.join(ROOT, "data", "corpus.txt"), os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare.txt")):
@@ -124,6 +132,8 @@ def main():
                     help="runs per layout, in rounds; --keep says which counts (the prediction is the same)")
     ap.add_argument("--calibrate-rounds", type=int, default=6,
                     help="calibrate's --rounds when the script measures the machine itself (without --machine)")
+    ap.add_argument("--recalibrate-after", action="store_true",
+                    help="a diagnostic: calibrate again after the runs and report that file's predictions")
     ap.add_argument("--keep", default="median", choices=["median", "fastest"],
                     help="the run of a layout that counts: the median measured step (as calibrate keeps the "
                          "median repetition) or the fastest")
@@ -149,15 +159,19 @@ def main():
     # --reps: the whole list is run in rounds (every layout once per round), so that a minute in
     # which the VM runs slower falls on one run of many layouts, not on every run of one.
     runs_of, dropped = {}, set()
+    def train_cmd(model, layout, steps, machine_file):
+        gpt = model.startswith("gpt")
+        path = os.path.join(ROOT, model) if model.startswith("examples/") else model
+        return [MESHTRAIN, "train", "--model", path, "--data", data if gpt else images, "--steps", str(steps),
+                "--eval-every", "0", "--eval-batches", "1", "--log-every", "0", "--machine", machine_file] + layout.split()
+
     for rnd in range(max(1, a.reps)):
         for idx, (model, layout) in enumerate(runs):
             if idx in dropped:
                 continue
             gpt = model.startswith("gpt")
             steps = a.steps_tiny if model == "gpt-tiny" else a.steps_small if gpt else a.steps_cnn
-            path = os.path.join(ROOT, model) if model.startswith("examples/") else model
-            cmd = [MESHTRAIN, "train", "--model", path, "--data", data if gpt else images, "--steps", str(steps),
-                   "--eval-every", "0", "--eval-batches", "1", "--log-every", "0", "--machine", machine] + layout.split()
+            cmd = train_cmd(model, layout, steps, machine)
             name = f"{os.path.basename(model)} {layout or '(one rank)'}"
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode != 0:
@@ -173,7 +187,7 @@ def main():
             runs_of.setdefault(idx, []).append(rep)
         if a.reps > 1:
             print(f"round {rnd + 1} of {a.reps} done", file=sys.stderr, flush=True)
-    fastest_errors, ratios = [], []
+    fastest_errors, ratios, kept = [], [], []
     for idx, (model, layout) in enumerate(runs):
         if idx not in runs_of or idx in dropped:
             continue
@@ -183,6 +197,7 @@ def main():
         model = os.path.basename(model)
         name = layout or "(one rank)"
         pred, meas, err = float(m.group(1)), float(m.group(2)), float(m.group(3))
+        kept.append((runs[idx], pred, meas))
         step_errors.append(abs(err))
         ratios.append(pred / meas)
         row = f"| {model} | {name} | {pred:.2f} | {meas:.2f} | {err:+.1f}% |"
@@ -209,6 +224,27 @@ def main():
         summary += (f"\noverall shift (median predicted / measured): {(shift - 1) * 100:+.1f}%; with it divided out "
                     f"(diagnostic only): MAPE {sum(rest) / len(rest):.1f}%, largest {max(rest):.1f}%, "
                     f"{sum(e > 20 for e in rest)} over 20%")
+    if a.recalibrate_after and kept:
+        # A diagnostic: a second machine file made after the runs, and its predictions of the same
+        # layouts. Far from the first file's, the machine itself changed during the table.
+        after = os.path.join(tmp, "machine_after.json")
+        print(f"measuring this machine again (meshtrain calibrate --rounds {a.calibrate_rounds}) ...", file=sys.stderr,
+              flush=True)
+        subprocess.run([MESHTRAIN, "calibrate", "--rounds", str(a.calibrate_rounds), "--out", after], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        moved, errs = [], []
+        for (model, layout), pred, meas in kept:
+            p = subprocess.run(train_cmd(model, layout, 1, after), capture_output=True, text=True)
+            got = PREDICTED.search(p.stdout)
+            if not got:
+                continue
+            moved.append(float(got.group(1)) / pred)
+            errs.append(abs(float(got.group(1)) / meas - 1) * 100)
+        if errs:
+            summary += (f"\na machine file made after the runs (diagnostic only): its predictions "
+                        f"{(statistics.median(moved) - 1) * 100:+.1f}% from the first file's (median; "
+                        f"{min(moved):.2f}-{max(moved):.2f}x); against the measured steps MAPE "
+                        f"{sum(errs) / len(errs):.1f}%, largest {max(errs):.1f}%, {sum(e > 20 for e in errs)} over 20%")
     try:
         load = open("/proc/loadavg").read().split()[:3]
         summary += f"\nload average at the end: {' '.join(load)}"
