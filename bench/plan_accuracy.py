@@ -231,7 +231,7 @@ def main():
         print(f"measuring this machine again (meshtrain calibrate --rounds {a.calibrate_rounds}) ...", file=sys.stderr,
               flush=True)
         subprocess.run([MESHTRAIN, "calibrate", "--rounds", str(a.calibrate_rounds), "--out", after], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       stdout=subprocess.DEVNULL)
         moved, errs = [], []
         for (model, layout), pred, meas in kept:
             p = subprocess.run(train_cmd(model, layout, 1, after), capture_output=True, text=True)
