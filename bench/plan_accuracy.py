@@ -29,13 +29,13 @@ absolute error over all layouts, the worst layout, and the largest memory error.
 
 The script first measures this machine (`meshtrain calibrate --rounds 6`, or --calibrate-rounds,
 into a temporary machine file, unless --machine names one), then trains each model at each
-layout with `meshtrain train --machine FILE`, which prints the prediction at the start and, at the end,
-"predicted against measured" for the step time (the median of the steps after the first two)
-and for every rank's peak tensor memory (its largest error). It prints a markdown table and the
-mean absolute percentage error (MAPE) of the step time, and the largest memory error. A last line,
-a diagnostic and not the target, gives the overall shift (the median of predicted / measured
-over the layouts: a shared VM that runs everything slower or faster than when it was calibrated
-moves every prediction alike) and the MAPE left once that shift is divided out.
+layout with `meshtrain train --machine FILE`, which prints the prediction at the start and, at
+the end, "predicted against measured" for the step time (the median of the steps after the first
+two) and for every rank's peak tensor memory (its largest error). It prints a markdown table and
+the mean absolute percentage error (MAPE) of the step time, and the largest memory error. A last
+line, a diagnostic and not the target, gives the overall shift (the median of predicted /
+measured over the layouts: a shared VM that runs everything slower or faster than when it was
+calibrated moves every prediction alike) and the MAPE left once that shift is divided out.
 
 Every layout runs the model's default global batch (gpt-tiny 12 x 64, gpt-small 8 x 256),
 AdamW, on data/corpus.txt (the set-up's corpus). Ranks are threads of one process; each gets

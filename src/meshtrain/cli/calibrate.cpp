@@ -22,7 +22,7 @@ namespace {
 struct CalibrateArgs {
   std::string out = "machine.json";
   bool quick = false, overwrite = false;
-  int threads = 0, rounds = 3;
+  int threads = 0, rounds = plan::CalibrateOptions{}.rounds;
 };
 
 void run_calibrate(const CalibrateArgs& a) {
